@@ -1,0 +1,1 @@
+"""hacfed participant side (installed as ``hacfed.clients``)."""

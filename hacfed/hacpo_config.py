@@ -1,0 +1,93 @@
+"""HACPO hyper-parameters (hacpo.md §5-§6). Torch-free so the coordinator can carry them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+Mode = Literal["hacpo", "naive", "gspo"]
+MODES: tuple[str, ...] = ("hacpo", "naive", "gspo")
+
+
+@dataclass(frozen=True)
+class HacpoConfig:
+    """Every setting of the HACPO objective. Defaults reproduce the paper (App. A, authors' code).
+
+    mode:
+      - "hacpo": the four mechanisms (capability-aware baseline, coefficient ω, exponential IS
+        with α, stepwise clipping of cross-agent ratios).
+      - "naive": pooled group baseline (plain mean/std over all agents' samples), no ω, no α,
+        every sample clipped like an own sample against its source log-prob.
+      - "gspo": own samples only; other agents' samples are ignored.
+    Ablation flags (only meaningful in "hacpo" mode):
+      capability_baseline: off -> plain group mean as baseline (paper's "-Adv").
+      capability_coefficient: off -> ω = 1 (paper's "-ω").
+      stepwise_clip: off -> static lower bound 1 - δ for cross samples.
+      cross_clip: off -> cross-agent ratios are not clipped at all.
+    """
+
+    mode: Mode = "hacpo"
+    self_clip_low: float = 3e-4
+    self_clip_high: float = 4e-4
+    cross_clip_delta: float = 0.2
+    cross_clip_step: float = 0.025
+    alpha: float = 1.0
+    capability_window: int = 5
+    ratio_min: float = 0.1
+    ratio_max: float = 10.0
+    max_abs_log_ratio: float = 10.0
+    adv_eps: float = 1e-6
+    reward_max: float = 1.0
+    kl_coef: float = 0.001
+    capability_baseline: bool = True
+    capability_coefficient: bool = True
+    stepwise_clip: bool = True
+    cross_clip: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"HacpoConfig.mode must be one of {MODES}, got {self.mode!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mode":
+                continue
+            if f.type in ("bool",) or isinstance(value, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"HacpoConfig.{f.name} must be a bool, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"HacpoConfig.{f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"HacpoConfig.{f.name} must be finite, got {value!r}")
+        _check(self.self_clip_low > 0 and self.self_clip_low < 1, "self_clip_low", self.self_clip_low, "in (0, 1)")
+        _check(self.self_clip_high > 0, "self_clip_high", self.self_clip_high, "> 0")
+        _check(0 < self.cross_clip_delta < 1, "cross_clip_delta", self.cross_clip_delta, "in (0, 1)")
+        _check(self.cross_clip_step >= 0, "cross_clip_step", self.cross_clip_step, ">= 0")
+        _check(self.alpha >= 0, "alpha", self.alpha, ">= 0")
+        _check(
+            isinstance(self.capability_window, int) and self.capability_window >= 1,
+            "capability_window", self.capability_window, "an integer >= 1",
+        )
+        _check(self.ratio_min > 0, "ratio_min", self.ratio_min, "> 0")
+        _check(self.ratio_max >= self.ratio_min, "ratio_max", self.ratio_max, f">= ratio_min ({self.ratio_min})")
+        _check(self.max_abs_log_ratio > 0, "max_abs_log_ratio", self.max_abs_log_ratio, "> 0")
+        _check(self.adv_eps > 0, "adv_eps", self.adv_eps, "> 0")
+        _check(self.reward_max > 0, "reward_max", self.reward_max, "> 0")
+        _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HacpoConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown HacpoConfig field(s): {unknown}")
+        return cls(**data)
+
+
+def _check(ok: bool, name: str, value: object, requirement: str) -> None:
+    if not ok:
+        raise ValueError(f"HacpoConfig.{name} must be {requirement}, got {value!r}")

@@ -1,0 +1,115 @@
+"""Synthetic verifiable arithmetic: `a+b=` / `a-b=` with exact-match rewards.
+
+Problems are drawn from a seeded RNG, so the train/held-out split and every prompt id are the same
+on every machine and run: the prompt id is the expression itself (e.g. ``add2:37+58``).
+
+    task = ArithmeticTask(digits=2, operators="+")
+    p = task.train_problems()[0]; task.verify(p, "95").reward
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from hacfed.tasks.base import Problem, Verdict
+from hacfed.trajectory import ChatMessage
+
+_OPS = {"+": "add", "-": "sub"}
+_INT_RE = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """digits: max digits per operand (difficulty). operators: any of "+-".
+    Subtraction keeps the result non-negative (the larger operand comes first)."""
+
+    digits: int = 2
+    operators: str = "+"
+    seed: int = 0
+    num_train: int = 4000
+    num_eval: int = 200
+
+    def __post_init__(self) -> None:
+        if isinstance(self.digits, bool) or not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
+            raise ValueError(f"ArithmeticTask.digits must be an int in [1, 9], got {self.digits!r}")
+        if not self.operators or any(op not in _OPS for op in self.operators) or len(set(self.operators)) != len(self.operators):
+            raise ValueError(f"ArithmeticTask.operators must be a non-empty set of '+-', got {self.operators!r}")
+        if self.num_train < 1 or self.num_eval < 1:
+            raise ValueError(f"ArithmeticTask needs num_train/num_eval >= 1, got {self.num_train}/{self.num_eval}")
+        space = (10 ** self.digits) ** 2 * len(self.operators)
+        if self.num_train + self.num_eval > space // 2:
+            raise ValueError(
+                f"ArithmeticTask: {self.num_train}+{self.num_eval} problems requested but only {space} "
+                f"distinct {self.digits}-digit problems exist; lower num_train/num_eval or raise digits"
+            )
+
+    @property
+    def name(self) -> str:
+        ops = "".join(_OPS[o] for o in self.operators)
+        return f"arith-{ops}{self.digits}"
+
+    @cached_property
+    def _splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+        rng = random.Random(f"hacfed-arith:{self.digits}:{self.operators}:{self.seed}")
+        seen: set[str] = set()
+        problems: list[Problem] = []
+        hi = 10**self.digits - 1
+        while len(problems) < self.num_train + self.num_eval:
+            a, b = rng.randint(0, hi), rng.randint(0, hi)
+            op = self.operators[rng.randrange(len(self.operators))]
+            if op == "-" and b > a:
+                a, b = b, a
+            expr = f"{a}{op}{b}"
+            if expr in seen:
+                continue
+            seen.add(expr)
+            problems.append(_make_problem(self.digits, op, a, b))
+        # Held-out first so growing num_train never moves a problem between splits.
+        return tuple(problems[self.num_eval :]), tuple(problems[: self.num_eval])
+
+    def train_problems(self) -> tuple[Problem, ...]:
+        return self._splits[0]
+
+    def eval_problems(self) -> tuple[Problem, ...]:
+        return self._splits[1]
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.prompt_id: p for split in self._splits for p in split}
+
+    def problem(self, prompt_id: str) -> Problem:
+        try:
+            return self._by_id[prompt_id]
+        except KeyError:
+            raise KeyError(f"unknown prompt id {prompt_id!r} for task {self.name}") from None
+
+    def verify(self, problem: Problem, response: str) -> Verdict:
+        return verify_exact_integer(problem.answer, response)
+
+
+def _make_problem(digits: int, op: str, a: int, b: int) -> Problem:
+    answer = a + b if op == "+" else a - b
+    expr = f"{a}{op}{b}"
+    return Problem(
+        prompt_id=f"{_OPS[op]}{digits}:{expr}",
+        messages=(ChatMessage("user", f"{expr}="),),
+        answer=str(answer),
+        solution=str(answer),
+    )
+
+
+def verify_exact_integer(gold: str, response: str) -> Verdict:
+    """Reward 1 iff the response, stripped of surrounding whitespace, is exactly the gold integer."""
+    if not isinstance(response, str):
+        return Verdict(0.0, "response is not text")
+    text = response.strip()
+    if not text:
+        return Verdict(0.0, "empty response")
+    if len(text) > 64:
+        return Verdict(0.0, "response too long for an integer answer")
+    if not _INT_RE.fullmatch(text):
+        return Verdict(0.0, "not an integer")
+    return Verdict(1.0, "exact match") if int(text) == int(gold) else Verdict(0.0, "wrong answer")

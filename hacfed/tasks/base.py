@@ -1,0 +1,38 @@
+"""The task interface shared by the coordinator (verification) and participants (prompts, SFT)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from hacfed.trajectory import ChatMessage
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task item. `prompt_id` is stable across runs and machines (derived from content/seed)."""
+
+    prompt_id: str
+    messages: tuple[ChatMessage, ...]
+    answer: str  # the gold answer in the task's canonical form
+    solution: str  # a reference completion for supervised warm-up (ends where the model should stop)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reward: float
+    reason: str = ""
+
+
+class Task(Protocol):
+    """A verifiable task. Implementations: `hacfed.tasks.arithmetic.ArithmeticTask`, ..."""
+
+    name: str
+
+    def train_problems(self) -> Sequence[Problem]: ...
+
+    def eval_problems(self) -> Sequence[Problem]: ...
+
+    def problem(self, prompt_id: str) -> Problem: ...
+
+    def verify(self, problem: Problem, response: str) -> Verdict: ...

@@ -1,0 +1,1 @@
+"""hacfed wire schema (installed as ``hacfed.proto``)."""

@@ -1,0 +1,1 @@
+"""hacfed coordinator (installed as ``hacfed.server``). Never imports torch."""
