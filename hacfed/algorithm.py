@@ -1,0 +1,223 @@
+"""HACPO math: pure functions on torch tensors (Zhang et al., arXiv 2603.02604; hacpo.md).
+
+One function per mechanism, no model, tokenizer, I/O or global state:
+  - capability estimate P̂ and ratios ........ `CapabilityTracker`, `capability_ratio` (§2, Eq. 10)
+  - Mechanism 1, capability-aware advantage .. `hacpo_advantages` (§3, Eqs. 6-8)
+  - Mechanisms 2-4, the policy objective ..... `hacpo_policy_loss` (§4-§5, Eq. 10 and the GSPO ratio)
+  - stepwise clipping bound .................. `cross_clip_lower` (§5)
+  - KL regulariser on own samples ............ `kl_k3` (§5)
+
+Everything generalises the paper's two agents to any number n of agents; groups are keyed by
+prompt id and hold every agent's samples for that prompt.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from hacfed.capability import CapabilityTracker, capability_ratio
+from hacfed.hacpo_config import HacpoConfig
+
+__all__ = [
+    "HacpoConfig",
+    "CapabilityTracker",
+    "capability_ratio",
+    "hacpo_advantages",
+    "cross_clip_lower",
+    "hacpo_policy_loss",
+    "kl_k3",
+]
+
+
+def hacpo_advantages(
+    rewards: Tensor,
+    prompt_ids: Sequence,
+    source_ids: Sequence[str],
+    learner: str,
+    capabilities: Mapping[str, float],
+    cfg: HacpoConfig,
+) -> Tensor:
+    """Advantages of every sample for learner k (hacpo.md §3, Eqs. 6-8).
+
+    rewards: (N,) raw rewards; prompt_ids / source_ids: length N. Per prompt group:
+      - all rewards identical -> every advantage 0 (uniform-reward guard);
+      - baseline μ_k = mean_i(w_i · r_i), w_i = 1 / ratio(source_i, k) (1 for own samples);
+        if μ_k > reward_max (binary guard) -> mean of the learner's own rewards in the group;
+      - A_i = (r_i − μ_k) / (std(r) + eps), std = unbiased std of the group's raw rewards
+        (a one-sample group uses std = 1).
+    mode "naive": plain pooled mean/std over all samples (no weights). mode "gspo": only the
+    learner's own samples form the group; other samples get advantage 0.
+    `capability_baseline=False` (ablation "-Adv") uses w_i = 1.
+
+    hacfed extension (not in the paper, where the learner always has own samples): if the binary
+    guard fires in a group without own samples (the learner's submission was lost), the
+    unweighted group mean is used.
+    """
+    rewards = _as_1d_float(rewards, "rewards")
+    n = rewards.shape[0]
+    if len(prompt_ids) != n or len(source_ids) != n:
+        raise ValueError(
+            f"rewards ({n}), prompt_ids ({len(prompt_ids)}) and source_ids ({len(source_ids)}) differ in length"
+        )
+    out = torch.zeros_like(rewards)
+    groups: dict[object, list[int]] = {}
+    for i, pid in enumerate(prompt_ids):
+        groups.setdefault(pid, []).append(i)
+    use_weights = cfg.mode == "hacpo" and cfg.capability_baseline
+    for members in groups.values():
+        if cfg.mode == "gspo":
+            members = [i for i in members if source_ids[i] == learner]
+            if not members:
+                continue
+        idx = torch.tensor(members, dtype=torch.long)
+        r = rewards[idx]  # (n_g,)
+        if bool((r == r[0]).all()):
+            continue  # uniform-reward guard: A = 0
+        own = torch.tensor([source_ids[i] == learner for i in members], dtype=torch.bool)
+        if use_weights:
+            w = torch.tensor(
+                [1.0 / capability_ratio(capabilities, source_ids[i], learner, cfg) for i in members],
+                dtype=rewards.dtype,
+            )
+            baseline = (w * r).mean()
+            if baseline > cfg.reward_max:  # binary guard
+                baseline = r[own].mean() if bool(own.any()) else r.mean()
+        else:
+            baseline = r.mean()
+        std = r.std(unbiased=True) if r.numel() > 1 else torch.ones((), dtype=rewards.dtype)
+        out[idx] = (r - baseline) / (std + cfg.adv_eps)
+    return out
+
+
+def cross_clip_lower(update_index: int, cfg: HacpoConfig) -> float:
+    """Stepwise lower bound L_m = min(1, 1 − δ + m·δ_step) for the m-th minibatch update (§5).
+
+    With `stepwise_clip=False` (ablation) the bound stays at the static 1 − δ.
+    """
+    if isinstance(update_index, bool) or not isinstance(update_index, int) or update_index < 0:
+        raise ValueError(f"update_index must be an int >= 0, got {update_index!r}")
+    if not cfg.stepwise_clip:
+        return 1.0 - cfg.cross_clip_delta
+    return min(1.0, 1.0 - cfg.cross_clip_delta + update_index * cfg.cross_clip_step)
+
+
+def hacpo_policy_loss(
+    learner_mean_logp: Tensor,
+    source_mean_logp: Tensor,
+    advantages: Tensor,
+    is_self: Tensor,
+    capability_ratios: Tensor,
+    update_index: int,
+    cfg: HacpoConfig,
+) -> tuple[Tensor, dict[str, float]]:
+    """The HACPO objective for one minibatch (hacpo.md §4-§5). All inputs are (B,).
+
+    learner_mean_logp: token-mean log-prob of each response under the current learner (grad flows).
+    source_mean_logp: the source's old per-token mean (= sum / count of the summary), no grad.
+    Sequence ratio s = exp(clamp(learner − source, ±max_abs_log_ratio)).
+      own samples:   obj = min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A)            (GSPO)
+      cross samples: c = clip(s, L_m, 1);  obj = c · sg(c)^α · ω · A               (Mech. 2-4)
+                     ω = capability_ratios (ratio(source, learner)); L_m = cross_clip_lower(m).
+    mode "naive": every sample uses the own-sample (GSPO) objective against its source log-prob.
+    mode "gspo": cross samples are dropped. Loss = −mean over included sequences of obj.
+    """
+    lp = _as_1d_float(learner_mean_logp, "learner_mean_logp")
+    src = _as_1d_float(source_mean_logp, "source_mean_logp")
+    adv = _as_1d_float(advantages, "advantages")
+    omega = _as_1d_float(capability_ratios, "capability_ratios")
+    if not isinstance(is_self, Tensor) or is_self.dtype != torch.bool or is_self.dim() != 1:
+        raise ValueError(f"is_self must be a 1-D bool tensor, got {is_self!r}")
+    b = lp.shape[0]
+    for name, t in (("source_mean_logp", src), ("advantages", adv), ("is_self", is_self), ("capability_ratios", omega)):
+        if t.shape[0] != b:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({b},) like learner_mean_logp")
+    if b == 0:
+        raise ValueError("empty minibatch: learner_mean_logp has 0 elements")
+    if bool((omega <= 0).any()):
+        raise ValueError(f"capability_ratios must be > 0, got min {omega.min().item()!r}")
+    lower = cross_clip_lower(update_index, cfg)
+
+    log_ratio = torch.clamp(lp - src.detach(), -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio)
+    s = torch.exp(log_ratio)  # (B,)
+    self_style = is_self if cfg.mode == "hacpo" else torch.ones_like(is_self)
+    if cfg.mode == "gspo":
+        include = is_self
+    else:
+        include = torch.ones_like(is_self)
+    if not bool(include.any()):
+        raise ValueError("no sample left in the minibatch (mode 'gspo' with no own samples)")
+
+    # Own-sample (GSPO) objective, also naive mode's objective for every sample.
+    s_clipped = torch.clamp(s, 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
+    obj_self = torch.minimum(s * adv, s_clipped * adv)
+
+    # Cross-agent objective: c · sg(c)^α · ω · A with c clipped into [L_m, 1].
+    c = torch.clamp(s, lower, 1.0) if cfg.cross_clip else s
+    coef = omega if cfg.capability_coefficient else torch.ones_like(omega)
+    obj_cross = c * c.detach().pow(cfg.alpha) * coef.detach() * adv
+
+    obj = torch.where(self_style, obj_self, obj_cross)
+    weight = include.to(obj.dtype)
+    loss = -(obj * weight).sum() / weight.sum()
+
+    with torch.no_grad():
+        own = include & is_self
+        cross = include & ~is_self
+        outside_self = (s < 1.0 - cfg.self_clip_low) | (s > 1.0 + cfg.self_clip_high)
+        outside_cross = (s < lower) | (s > 1.0) if cfg.cross_clip else torch.zeros_like(is_self)
+        clipped = torch.where(self_style, outside_self, outside_cross)
+        metrics = {
+            "loss": float(loss.detach()),
+            "self_ratio_mean": _masked_mean(s, own),
+            "cross_ratio_mean": _masked_mean(s, cross),
+            "self_clip_frac": _masked_mean(clipped.to(s.dtype), own),
+            "cross_clip_frac": _masked_mean(clipped.to(s.dtype), cross),
+            "cross_lower_bound": float(lower),
+            "num_self": float(own.sum()),
+            "num_cross": float(cross.sum()),
+        }
+    return loss, metrics
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """Low-variance KL(π‖π_ref) estimator k3 = exp(ref − logp) − (ref − logp) − 1 (Schulman).
+
+    logp, ref_logp, mask: (B, T). Token-mean inside each sequence, mean over sequences (the same
+    aggregation as the policy loss). The log difference is clamped to ±20 for numerical safety.
+    Applied to the learner's own samples only (hacpo.md §5).
+    """
+    if logp.shape != ref_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, ref_logp {tuple(ref_logp.shape)} and mask {tuple(mask.shape)} "
+            "must all be the same (B, T) shape"
+        )
+    m = mask.to(logp.dtype)
+    counts = m.sum(dim=1)
+    if bool((counts <= 0).any()):
+        raise ValueError("kl_k3: every sequence needs at least one unmasked token")
+    diff = torch.clamp(ref_logp.detach() - logp, -20.0, 20.0) * m  # (B, T)
+    k3 = (torch.exp(diff) - diff - 1.0) * m  # (B, T)
+    return (k3.sum(dim=1) / counts).mean()
+
+
+def _as_1d_float(t: Tensor, name: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+    if not bool(torch.isfinite(t).all()):
+        bad = t[~torch.isfinite(t)][0].item()
+        raise ValueError(f"{name} must be finite, got {bad!r}")
+    return t
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    if not bool(mask.any()):
+        return math.nan
+    return float(values[mask].mean())
