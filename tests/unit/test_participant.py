@@ -1,0 +1,132 @@
+"""Participant round: rollout, update on a mixed pool, checkpoint round trip (random-init tiny models)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hacfed.hacpo_config import HacpoConfig
+from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
+from hacfed.models.zoo import build_untrained
+from hacfed.participant import Participant, ParticipantConfig
+from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.update import mean_logp_over_ratio_tokens, order_pool
+
+TASK = ArithmeticTask(digits=2, num_train=200, num_eval=20)
+
+
+def plan(round_id: int, n: int = 4, g: int = 4, mode: str = "hacpo", evaluate: bool = False) -> RoundPlan:
+    problems = TASK.train_problems()[round_id * n : (round_id + 1) * n]
+    return RoundPlan(
+        run_id="run", round_id=round_id, prompts=tuple(PlannedPrompt(p.prompt_id, p.messages) for p in problems),
+        group_size=g, sampling=SamplingParams(max_new_tokens=6), hacpo=HacpoConfig(mode=mode), evaluate=evaluate,
+    )
+
+
+def make(pid: str, preset: str, tmp_path=None, **kw) -> Participant:
+    model, tok = build_untrained(preset, seed=1)
+    cfg = ParticipantConfig(pid, preset, eval_problems=8, checkpoint_dir=str(tmp_path) if tmp_path else None, **kw)
+    return Participant(cfg, model, tok, TASK)
+
+
+def params(p: Participant) -> torch.Tensor:
+    return torch.cat([x.detach().flatten() for x in p.model.parameters() if x.requires_grad])
+
+
+@pytest.fixture(scope="module")
+def two_rollouts():
+    a, b = make("a", "tiny-llama"), make("b", "tiny-gpt2")
+    first = RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0), ("a", "b"))
+    sa, sb = a.step(first), b.step(first)
+    return a, b, sa, sb
+
+
+def test_rollout_submission_is_complete_and_tokenizer_neutral(two_rollouts):
+    a, _, sa, _ = two_rollouts
+    assert sa.round_id == 0 and sa.participant_id == "a"
+    assert len(sa.trajectories) == 4 * 4
+    counts = {}
+    for t in sa.trajectories:
+        counts[t.prompt_id] = counts.get(t.prompt_id, 0) + 1
+        assert t.response_token_ids is None  # local ids never leave the lab
+        assert t.source_logp_sum <= 0 and math.isfinite(t.source_logp_sum)
+        assert t.reward == TASK.verify(TASK.problem(t.prompt_id), t.response_text).reward
+    assert set(counts.values()) == {4}
+    assert "reward_mean" in sa.report.metrics
+
+
+def test_update_on_mixed_pool_changes_parameters_and_reports(two_rollouts):
+    a, _, sa, sb = two_rollouts
+    # Force reward variance so advantages are non-zero whatever the random model produced.
+    pool = []
+    for i, t in enumerate(sa.trajectories + sb.trajectories):
+        pool.append(type(t)(**{**t.__dict__, "reward": float(i % 2)}))
+    before = params(a).clone()
+    update = RoundUpdate("run", 0, tuple(pool), {"a": 0.5, "b": 0.25}, plan(1), ("a", "b"))
+    sub = a.step(update)
+    m = sub.report.metrics
+    assert not torch.equal(before, params(a))
+    assert math.isfinite(m["loss"]) and m["num_samples"] == 32
+    assert m["num_updates"] == 4  # own 16 + other 16 samples, minibatch = 16 / 2 = 8
+    assert 0 < m["num_cross"] and "kl" in m and m["kl"] >= 0
+    assert a.policy_version == 1
+    assert {t.policy_version for t in sub.trajectories} == {1}
+
+
+def test_own_samples_first_then_agent_order(two_rollouts):
+    _, _, sa, sb = two_rollouts
+    pool = list(sb.trajectories[:2]) + list(sa.trajectories[:2])
+    ordered = order_pool(pool, "a", ["b", "a"], HacpoConfig())
+    assert [t.source_id for t in ordered] == ["a", "a", "b", "b"]
+    assert [t.source_id for t in order_pool(pool, "a", ["a", "b"], HacpoConfig(mode="gspo"))] == ["a", "a"]
+
+
+def test_own_sample_ratio_starts_at_one():
+    # The log-prob summary of our own rollout equals the teacher-forced recomputation.
+    from hacfed.rollout.logprobs import sequence_logprobs
+    from hacfed.update import build_views, UpdateSettings
+
+    p = make("a", "tiny-qwen2")
+    sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0, n=2, g=3), ("a",)))
+    own = [p._own[t.trajectory_id] for t in sub.trajectories if t.source_token_count > 0]
+    views = build_views(own, "a", p.tokenizer, UpdateSettings(8))
+    logp, _ = sequence_logprobs(p.model, [v.prompt_ids for v in views], [v.response_ids for v in views], p.tokenizer.pad_token_id)
+    learner = mean_logp_over_ratio_tokens(logp, views)
+    source = torch.tensor([v.source_mean_logp for v in views])
+    assert torch.allclose(learner.double(), source.double(), atol=1e-4)
+
+
+def test_checkpoint_round_trip_resumes_exactly(tmp_path):
+    a = make("a", "tiny-llama", tmp_path)
+    sub0 = a.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0), ("a",)))
+    pool = tuple(type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(sub0.trajectories))
+    nxt = RoundUpdate("run", 0, pool, {"a": 0.5}, plan(1), ("a",))
+    resumed = make("a", "tiny-llama", tmp_path)  # restart from the checkpoint written after round 0
+    assert resumed.last_round == 0 and resumed.policy_version == 0
+    assert torch.equal(params(resumed), params(a))
+    out_a, out_r = a.step(nxt), resumed.step(nxt)
+    assert torch.allclose(params(a), params(resumed), atol=1e-6)
+    assert [t.response_text for t in out_a.trajectories] == [t.response_text for t in out_r.trajectories]
+    assert (tmp_path / "LATEST").read_text().strip() == "ckpt-000001"
+
+
+def test_lora_trains_adapter_only():
+    p = make("a", "tiny-llama", finetune="lora", learning_rate=1e-2)
+    base = {n: x.detach().clone() for n, x in p.model.named_parameters() if not x.requires_grad}
+    sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0), ("a",)))
+    pool = tuple(type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(sub.trajectories))
+    before = params(p).clone()
+    p.step(RoundUpdate("run", 0, pool, {"a": 0.5}, plan(1), ("a",)))
+    assert not torch.equal(before, params(p))
+    for n, x in p.model.named_parameters():
+        if not x.requires_grad:
+            assert torch.equal(x, base[n])
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="finetune.*'qlora'"):
+        ParticipantConfig("a", "tiny-llama", finetune="qlora")
+    with pytest.raises(ValueError, match="learning_rate"):
+        ParticipantConfig("a", "tiny-llama", learning_rate=-1.0)
