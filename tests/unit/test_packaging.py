@@ -1,0 +1,42 @@
+"""Packaging: console scripts exist and no generic top-level names (server, clients, proto) are installed."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_console_scripts_declared():
+    scripts = {ep.name: ep.value for ep in md.entry_points(group="console_scripts") if ep.dist and ep.dist.name == "hacfed"}
+    assert scripts == {
+        "hacfed": "hacfed.cli:main",
+        "hacfed-server": "hacfed.server.main:main",
+        "hacfed-client": "hacfed.clients.main:main",
+    }
+
+
+@pytest.mark.parametrize("generic", ["server", "clients", "proto"])
+def test_no_generic_top_level_package(generic, tmp_path):
+    # Run from an empty directory so the repository root is not on sys.path.
+    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({generic!r}) is None else 1)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path)
+    assert result.returncode == 0, f"a top-level package {generic!r} is importable from site-packages"
+
+
+def test_folders_map_into_the_hacfed_namespace():
+    for name, folder in (("hacfed.server", "server"), ("hacfed.clients", "clients"), ("hacfed.proto", "proto")):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and Path(spec.origin).parent == ROOT / folder
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "./scripts/test.sh" in readme and "./scripts/test.sh" in ci
