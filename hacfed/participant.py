@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import math
+import secrets
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -99,6 +100,7 @@ class Participant:
         self.last_round: int | None = None  # the last plan rolled out
         self.capabilities: dict[str, float] = {}
         self.timings = RoundTimings()
+        self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
         self._own: dict[str, Trajectory] = {}  # own trajectories of the last rollout, with local ids
         if cfg.rollout_backend == "vllm":
             from hacfed.rollout.vllm_backend import VllmRollout
@@ -133,9 +135,10 @@ class Participant:
             self.timings.training_s = time.perf_counter() - t0
         plan = update.next_plan
         eval_accuracy = None
-        if plan is not None and plan.evaluate:
+        # Evaluate when the plan asks, and always after training on the final pool (no plan).
+        if (plan is not None and plan.evaluate) or (plan is None and update.pool):
             t0 = time.perf_counter()
-            eval_accuracy = self.evaluate(plan.sampling.max_new_tokens)
+            eval_accuracy = self.evaluate(plan.sampling.max_new_tokens if plan else self._eval_max_new_tokens)
             self.timings.eval_s = time.perf_counter() - t0
         trajectories: tuple[Trajectory, ...] = ()
         if plan is not None:
@@ -145,9 +148,11 @@ class Participant:
             rewards = [t.reward for t in trajectories]
             metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
             self.last_round = plan.round_id
+            self._eval_max_new_tokens = plan.sampling.max_new_tokens
         metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})
-        report_round = update.pool_round if update.pool_round is not None else -1
-        report = StepReport(self.participant_id, max(report_round, 0), metrics, eval_accuracy)
+        # The submission answers plan r (or, after the last round, closes the run as round R).
+        round_id = plan.round_id if plan is not None else (update.pool_round or 0) + 1
+        report = StepReport(self.participant_id, round_id, metrics, eval_accuracy)
         if self.cfg.checkpoint_dir:
             t0 = time.perf_counter()
             self.save(Path(self.cfg.checkpoint_dir))
@@ -155,9 +160,11 @@ class Participant:
         return Submission(
             run_id=update.run_id,
             participant_id=self.participant_id,
-            round_id=plan.round_id if plan is not None else (update.pool_round or 0),
+            round_id=round_id,
             trajectories=tuple(t.without_local_ids() for t in trajectories),
             report=report,
+            nonce=secrets.token_hex(16),  # replay defence (security.md T4); resends reuse the object
+            created_at_ms=int(time.time() * 1000),
         )
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:

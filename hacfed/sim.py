@@ -1,0 +1,214 @@
+"""`hacfed sim`: a whole federation in one process, with the real coordinator and participants.
+
+    hacfed sim --agents tiny-llama,tiny-gpt2 --mode hacpo --rounds 30 --seed 0 --metrics-out runs/sim.jsonl
+
+The same coordinator logic as a real federation (seeded prompt plans shared by all agents,
+re-verification, capability tracker, SQLite journal, redistribution of the pool) driven with direct
+calls instead of a network (`hacfed.coordinator.transport.run_rounds`).
+
+Modes: hacpo | naive | gspo (each agent alone, G responses) | gspo2 (each agent alone with 2G
+responses per prompt: the paper's GSPO×2 baseline). Every mode uses the same minibatch size, so
+gspo2 makes twice the updates of gspo, as in the paper.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+SIM_MODES = ("hacpo", "naive", "gspo", "gspo2")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    agents: tuple[str, ...] = ("tiny-llama", "tiny-gpt2")
+    mode: str = "hacpo"
+    rounds: int = 30
+    seed: int = 0
+    prompts_per_round: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 6
+    eval_every: int = 5
+    eval_problems: int = 200
+    learning_rate: float = 1e-4
+    finetune: str = "full"
+    task: dict = field(default_factory=lambda: {"kind": "arithmetic", "digits": 2, "operators": "+"})
+    state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in SIM_MODES:
+            raise ValueError(f"mode must be one of {SIM_MODES}, got {self.mode!r}")
+        if not self.agents:
+            raise ValueError("agents must name at least one model")
+        for name in ("rounds", "prompts_per_round", "group_size", "max_new_tokens", "eval_problems"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0, got {self.eval_every!r}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+
+
+def participant_ids(agents: Sequence[str]) -> list[str]:
+    """One id per agent; a model used twice gets a suffix."""
+    ids: list[str] = []
+    for name in agents:
+        pid, k = name, 2
+        while pid in ids:
+            pid, k = f"{name}-{k}", k + 1
+        ids.append(pid)
+    return ids
+
+
+class _Recorder:
+    """Wraps a participant endpoint and remembers the report of its final (plan-less) answer."""
+
+    def __init__(self, participant: Any) -> None:
+        self.inner = participant
+        self.participant_id = participant.participant_id
+        self.final_report = None
+
+    def exchange(self, update):
+        submission = self.inner.step(update)
+        if update.next_plan is None:
+            self.final_report = submission.report
+        return submission
+
+
+def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = True,
+            on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run the federation; returns the metrics rows (also written to `metrics_out` as JSONL)."""
+    from tqdm import tqdm
+
+    from hacfed.coordinator.config import CoordinatorConfig
+    from hacfed.coordinator.journal import Journal
+    from hacfed.coordinator.state import Coordinator
+    from hacfed.coordinator.transport import run_rounds
+    from hacfed.hacpo_config import HacpoConfig
+    from hacfed.messages import SamplingParams
+    from hacfed.models.loading import load_model
+    from hacfed.participant import Participant, ParticipantConfig
+    from hacfed.tasks.registry import load_task
+
+    task = load_task(cfg.task)
+    ids = participant_ids(cfg.agents)
+    hacpo_mode = "gspo" if cfg.mode == "gspo2" else cfg.mode
+    group = cfg.group_size * (2 if cfg.mode == "gspo2" else 1)
+    minibatch = max(1, cfg.prompts_per_round * cfg.group_size // 2)  # the paper's 2 updates per source
+    state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.mkdtemp(prefix="hacfed-sim-"))
+    ccfg = CoordinatorConfig(
+        run_id=f"sim-{cfg.mode}-s{cfg.seed}", task=cfg.task, rounds=cfg.rounds,
+        prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
+        min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
+        sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens), hacpo=HacpoConfig(mode=hacpo_mode),
+        eval_every=cfg.eval_every, seed=cfg.seed,
+    )
+    endpoints = []
+    for pid, spec in zip(ids, cfg.agents):
+        loaded = load_model(spec)
+        pcfg = ParticipantConfig(
+            pid, spec, finetune=cfg.finetune, learning_rate=cfg.learning_rate, minibatch_size=minibatch,
+            eval_problems=cfg.eval_problems, seed=cfg.seed,
+        )
+        endpoints.append(_Recorder(Participant(pcfg, loaded.model, loaded.tokenizer, task)))
+
+    rows: list[dict] = []
+    out = open(metrics_out, "w") if metrics_out else None
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+        if on_row:
+            on_row(row)
+
+    bar = tqdm(total=cfg.rounds, desc=f"sim {cfg.mode} seed {cfg.seed}", unit="round", disable=not progress)
+
+    def on_round(outcome) -> None:
+        for m in outcome.summary.participants:
+            row = {"round": outcome.round_id, "agent": m.participant_id, "mode": cfg.mode, "seed": cfg.seed,
+                   "reward_mean": m.reward_mean, "accepted": m.accepted, "rejected": m.rejected,
+                   "capability": m.capability}
+            if m.eval_accuracy is not None:
+                row["eval_accuracy"] = m.eval_accuracy
+            row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
+            emit(row)
+        rewards = {m.participant_id: m.reward_mean for m in outcome.summary.participants}
+        bar.set_postfix({k: f"{v:.2f}" for k, v in rewards.items() if v is not None})
+        bar.update(1)
+
+    try:
+        with Journal(ccfg.journal_path) as journal:
+            coordinator = Coordinator(ccfg, task, journal)
+            run_rounds(coordinator, endpoints, on_round=on_round)
+        for ep in endpoints:
+            report = ep.final_report
+            if report is not None and report.eval_accuracy is not None:
+                emit({"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
+                      "eval_accuracy": report.eval_accuracy, "final": True})
+    finally:
+        bar.close()
+        if out:
+            out.close()
+    return rows
+
+
+def summary_table(rows: Sequence[dict]) -> str:
+    """Per agent: first and final held-out accuracy, and mean reward over the first/last 5 rounds."""
+    agents = sorted({r["agent"] for r in rows})
+    lines = [f"{'agent':<16} {'acc start':>9} {'acc final':>9} {'reward first5':>13} {'reward last5':>12}"]
+    for agent in agents:
+        mine = [r for r in rows if r["agent"] == agent]
+        evals = [r for r in mine if r.get("eval_accuracy") is not None]
+        rewards = [r["reward_mean"] for r in sorted(mine, key=lambda r: r["round"]) if r.get("reward_mean") is not None]
+        start = f"{evals[0]['eval_accuracy']:.3f}" if evals else "-"
+        final = f"{evals[-1]['eval_accuracy']:.3f}" if evals else "-"
+        first5 = f"{sum(rewards[:5]) / len(rewards[:5]):.3f}" if rewards else "-"
+        last5 = f"{sum(rewards[-5:]) / len(rewards[-5:]):.3f}" if rewards else "-"
+        lines.append(f"{agent:<16} {start:>9} {final:>9} {first5:>13} {last5:>12}")
+    return "\n".join(lines)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("sim", help="run a whole federation in one process (fast experiments)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--agents", default="tiny-llama,tiny-gpt2", help="comma-separated model specs (presets, HF dirs)")
+    p.add_argument("--mode", default="hacpo", choices=SIM_MODES)
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompts-per-round", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
+    p.add_argument("--max-new-tokens", type=int, default=6)
+    p.add_argument("--eval-every", type=int, default=5, help="greedy held-out evaluation every K rounds (0: off)")
+    p.add_argument("--eval-problems", type=int, default=200)
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate of every agent")
+    p.add_argument("--finetune", choices=("full", "lora"), default="full")
+    p.add_argument("--digits", type=int, default=2, help="arithmetic task difficulty (digits per operand)")
+    p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temp dir)")
+    p.add_argument("--metrics-out", default=None, help="write JSON Lines metrics here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_from_args(args: Any) -> int:
+    agents = tuple(a.strip() for a in args.agents.split(",") if a.strip())
+    cfg = SimConfig(
+        agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, prompts_per_round=args.prompts_per_round,
+        group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
+        eval_problems=args.eval_problems, learning_rate=args.lr, finetune=args.finetune,
+        task={"kind": "arithmetic", "digits": args.digits, "operators": "+"}, state_dir=args.state_dir,
+    )
+    metrics_out = Path(args.metrics_out) if args.metrics_out else None
+    if metrics_out:
+        metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rows = run_sim(cfg, metrics_out, progress=not args.quiet)
+    print(summary_table(rows))
+    print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s" + (f"; metrics in {metrics_out}" if metrics_out else ""))
+    return 0
