@@ -1,0 +1,260 @@
+"""Real math data (GSM8K / MATH style) from local JSONL or Parquet, scored by `MathVerifier`.
+
+Records are read through `datasets.load_dataset("json" | "parquet", data_files=...)`, one file at a
+time so an error can name the file and record. Each record's question becomes one user message (the
+`prompt_template`), its answer field is reduced to a canonical gold answer by `answer_format`:
+
+  "gsm8k"            text after the last "####", thousands separators removed ("1,080" -> "1080")
+  "boxed"            content of the last \\boxed{...} (MATH solutions)
+  "raw"              the whole field, stripped
+  "regex:<pattern>"  the last match of <pattern>; its group 1 when the pattern has a group
+
+Prompt ids are `"<name>:" + sha256(question)[:16]`, the same on every machine and run. A question
+repeated within a split keeps its first record; a train question that also appears in the eval
+files is dropped from train, so the held-out split stays held out.
+
+    task = MathDataTask(name="gsm8k", train_files=("data/gsm8k/train.jsonl",),
+                        eval_files=("data/gsm8k/test.jsonl",))
+    p = task.train_problems()[0]; task.verify(p, "... \\boxed{72}").reward   # 1.0
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from hacfed.tasks.base import Problem, Verdict
+from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig, extract_boxed
+from hacfed.trajectory import ChatMessage
+
+DEFAULT_PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{}."
+DATA_FORMATS = ("jsonl", "parquet")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's `<<48/2=24>>` calculator annotations
+_log = logging.getLogger(__name__)
+
+Extractor = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True)
+class MathDataTask:
+    """A verifiable math task over local files. Loading is lazy; `hacfed.tasks.registry.load_task` forces it.
+
+    max_train / max_eval keep the first N problems of each split (file order, after de-duplication).
+    prompt_template must contain "{question}"; it is substituted literally, so `\\boxed{}` needs
+    no escaping. cache_dir is handed to `datasets` (default: its own cache)."""
+
+    name: str = "math"
+    train_files: tuple[str, ...] = ()
+    eval_files: tuple[str, ...] = ()
+    data_format: Literal["jsonl", "parquet"] = "jsonl"
+    question_field: str = "question"
+    answer_field: str = "answer"
+    answer_format: str = "gsm8k"
+    max_train: int | None = None
+    max_eval: int | None = None
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    system_prompt: str | None = None
+    cache_dir: str | None = None
+    verifier: MathVerifierConfig = field(default_factory=MathVerifierConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ValueError(f"MathDataTask.name must match {_NAME.pattern}, got {self.name!r}")
+        if self.data_format not in DATA_FORMATS:
+            raise ValueError(f"MathDataTask.data_format must be one of {DATA_FORMATS}, got {self.data_format!r}")
+        for split in ("train_files", "eval_files"):
+            files = getattr(self, split)
+            if not isinstance(files, tuple) or not files or not all(isinstance(f, str) and f for f in files):
+                raise ValueError(f"MathDataTask.{split} must be a non-empty tuple of paths, got {files!r}")
+            for f in files:
+                if not Path(f).is_file():
+                    raise ValueError(f"MathDataTask.{split}: file not found: {f}")
+        for name in ("question_field", "answer_field"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"MathDataTask.{name} must be a non-empty string, got {getattr(self, name)!r}")
+        answer_extractor(self.answer_format)  # raises ValueError naming a bad format or regex
+        for name in ("max_train", "max_eval"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"MathDataTask.{name} must be None or an int >= 1, got {value!r}")
+        if not isinstance(self.prompt_template, str) or "{question}" not in self.prompt_template:
+            raise ValueError(f"MathDataTask.prompt_template must contain '{{question}}', got {self.prompt_template!r}")
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            raise ValueError(f"MathDataTask.system_prompt must be a string or None, got {self.system_prompt!r}")
+        if not isinstance(self.verifier, MathVerifierConfig):
+            raise ValueError(f"MathDataTask.verifier must be a MathVerifierConfig, got {self.verifier!r}")
+
+    @cached_property
+    def _splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+        eval_all = self._load(self.eval_files)
+        eval_ids = {p.prompt_id for p in eval_all}
+        train_all = self._load(self.train_files)
+        train = [p for p in train_all if p.prompt_id not in eval_ids]
+        if len(train) < len(train_all):
+            _log.info("%s: dropped %d train questions that are also in the eval files", self.name, len(train_all) - len(train))
+        if not train:
+            raise ValueError(f"MathDataTask {self.name}: no train problems left after removing eval questions")
+        return tuple(train[: self.max_train]), tuple(eval_all[: self.max_eval])
+
+    def train_problems(self) -> tuple[Problem, ...]:
+        return self._splits[0]
+
+    def eval_problems(self) -> tuple[Problem, ...]:
+        return self._splits[1]
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.prompt_id: p for split in self._splits for p in split}
+
+    def problem(self, prompt_id: str) -> Problem:
+        try:
+            return self._by_id[prompt_id]
+        except KeyError:
+            raise KeyError(f"unknown prompt id {prompt_id!r} for task {self.name}") from None
+
+    def verify(self, problem: Problem, response: str) -> Verdict:
+        return self._verifier.verify(problem.answer, response)
+
+    @cached_property
+    def _verifier(self) -> MathVerifier:
+        return MathVerifier(self.verifier)
+
+    def close(self) -> None:
+        """Stop the verifier's worker process (it is also stopped at interpreter exit)."""
+        if "_verifier" in self.__dict__:
+            self._verifier.close()
+
+    def _load(self, files: tuple[str, ...]) -> list[Problem]:
+        """Problems from `files` in order, one per distinct question (the first record wins)."""
+        extract = answer_extractor(self.answer_format)
+        problems: list[Problem] = []
+        seen: set[str] = set()
+        for path in files:
+            questions, answers = read_columns(path, self.data_format, (self.question_field, self.answer_field), self.cache_dir)
+            for index, (question, answer) in enumerate(zip(questions, answers), start=1):
+                where = f"{path}, record {index}"
+                if not isinstance(question, str) or not question.strip():
+                    raise ValueError(f"{where}: field {self.question_field!r} must be non-empty text, got {question!r:.80}")
+                problem = self._make_problem(question.strip(), _answer_text(answer, where, self.answer_field), extract, where)
+                if problem.prompt_id not in seen:
+                    seen.add(problem.prompt_id)
+                    problems.append(problem)
+        return problems
+
+    def _make_problem(self, question: str, answer_text: str, extract: Extractor, where: str) -> Problem:
+        gold = extract(answer_text)
+        if gold is None or not gold.strip():
+            raise ValueError(
+                f"{where}: cannot extract an answer from field {self.answer_field!r} with format "
+                f"{self.answer_format!r}: {answer_text[-80:]!r}"
+            )
+        gold = gold.strip()
+        messages = (ChatMessage("user", self.prompt_template.replace("{question}", question)),)
+        if self.system_prompt is not None:
+            messages = (ChatMessage("system", self.system_prompt), *messages)
+        return Problem(
+            prompt_id=f"{self.name}:{question_hash(question)}",
+            messages=messages,
+            answer=gold,
+            solution=reference_solution(answer_text, gold, self.answer_format),
+        )
+
+
+def question_hash(question: str) -> str:
+    """First 16 hex digits of sha256 over the stripped question's UTF-8 bytes."""
+    return hashlib.sha256(question.strip().encode("utf-8")).hexdigest()[:16]
+
+
+def answer_extractor(answer_format: str) -> Extractor:
+    """A function mapping an answer field to the canonical gold answer (None if absent), by format name."""
+    if not isinstance(answer_format, str):
+        raise ValueError(f"answer_format must be a string, got {answer_format!r}")
+    if answer_format == "gsm8k":
+        return _extract_gsm8k
+    if answer_format == "boxed":
+        return extract_boxed
+    if answer_format == "raw":
+        return lambda text: text
+    if answer_format.startswith("regex:"):
+        try:
+            pattern = re.compile(answer_format[len("regex:"):])
+        except re.error as e:
+            raise ValueError(f"answer_format {answer_format!r}: invalid regular expression: {e}") from None
+        if pattern.groups > 1:
+            raise ValueError(f"answer_format {answer_format!r}: use at most one capturing group")
+        return lambda text: _last_match(pattern, text)
+    raise ValueError(f"answer_format must be gsm8k, boxed, raw or regex:<pattern>, got {answer_format!r}")
+
+
+def _extract_gsm8k(text: str) -> str | None:
+    if "####" not in text:
+        return None
+    gold = text.rsplit("####", 1)[1].strip()
+    return gold.replace(",", "") if _GROUPED.fullmatch(gold) else gold
+
+
+def _last_match(pattern: re.Pattern[str], text: str) -> str | None:
+    last = None
+    for last in pattern.finditer(text):
+        pass
+    if last is None:
+        return None
+    return last.group(1) if pattern.groups else last.group(0)
+
+
+def reference_solution(answer_text: str, gold: str, answer_format: str) -> str:
+    """A completion for supervised warm-up that ends in the form the verifier scores (a \\boxed{} answer)."""
+    final = f"The final answer is \\boxed{{{gold}}}."
+    if answer_format == "boxed":
+        return answer_text.strip()
+    if answer_format == "gsm8k":
+        reasoning = _CALCULATOR.sub("", answer_text.rsplit("####", 1)[0]).strip()
+        return f"{reasoning}\n{final}" if reasoning else final
+    if answer_format == "raw":
+        return final
+    return f"{answer_text.strip()}\n{final}"
+
+
+def _answer_text(value: object, where: str, field_name: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    raise ValueError(f"{where}: field {field_name!r} must be text or a number, got {value!r:.80}")
+
+
+def read_columns(path: str, data_format: str, fields: tuple[str, ...], cache_dir: str | None) -> tuple[list[Any], ...]:
+    """The named columns of one JSONL/Parquet file, read through `datasets`; ValueError for any user mistake."""
+    import datasets  # heavy (pyarrow, pandas): imported only when data is actually read
+    import pyarrow
+
+    if not Path(path).is_file():
+        raise ValueError(f"data file not found: {path}")
+    if Path(path).stat().st_size == 0:
+        raise ValueError(f"data file is empty: {path}")
+    builder = "json" if data_format == "jsonl" else "parquet"
+    bars_were_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        dataset = datasets.load_dataset(builder, data_files=[str(path)], split="train", cache_dir=cache_dir)
+    except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowException) as e:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        raise ValueError(f"{path}: cannot be read as {data_format}: {cause}") from e
+    finally:
+        if bars_were_on:
+            datasets.enable_progress_bars()
+    missing = [f for f in fields if f not in dataset.column_names]
+    if missing:
+        raise ValueError(f"{path}: missing field(s) {missing}; the records have {dataset.column_names}")
+    if len(dataset) == 0:
+        raise ValueError(f"data file has no records: {path}")
+    return tuple(list(dataset[f]) for f in fields)

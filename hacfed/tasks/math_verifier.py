@@ -1,0 +1,271 @@
+"""Math answer verification on `math-verify`, with model text kept out of the caller's process.
+
+Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 with a reason:
+  1. in-process pre-checks on the raw response: text, at most `max_response_chars`, no NUL, valid
+     Unicode (no lone surrogates);
+  2. in-process extraction of the final answer: the content of the last `\\boxed{...}` (brace
+     matching, iterative, escaped braces skipped) and/or the last plain number;
+  3. answer checks: non-empty, at most `max_answer_chars`, bracket nesting ((, [, {) at most
+     `max_nesting` (math-verify's LaTeX parser is exponential in nesting: 15 bare braces take ~2 s,
+     95 parentheses time out);
+  4. numeric fast path (`numeric_fast_path`): when gold and answer are both plain decimals
+     (optional sign, optional 1,000-style grouping), they are compared exactly as `Decimal`s, in
+     process, without the worker. This decides most GSM8K items. It is exact where math-verify
+     rounds to 6 places, so "0.3333333" vs gold "0.333333" is 0 here;
+  5. otherwise the sandboxed worker (`hacfed.tasks.sandbox`) parses both sides with math-verify's
+     LaTeX parser only (no `ExprExtractionConfig`, which goes through sympy's `parse_expr`/`eval`)
+     and calls `math_verify.verify`. Timeouts, crashes and limits become
+     "HACFED-E-VERIFIER-ABORT: ..." with reward 0.
+
+    with MathVerifier() as v:
+        v.verify("72", "... so she sold \\boxed{72} clips.")   # Verdict(1.0, 'numeric match')
+        v.verify("0.5", "\\boxed{\\frac{1}{2}}")             # Verdict(1.0, 'equivalent (math-verify)')
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any, Callable, Iterable, Literal
+
+from hacfed.tasks.base import Verdict
+from hacfed.tasks.sandbox import VERIFIER_ABORT, SandboxAbort, SandboxedWorker, SandboxLimits
+
+AnswerMode = Literal["boxed", "last_number", "boxed_or_last_number"]
+ANSWER_MODES = ("boxed", "last_number", "boxed_or_last_number")
+WORKER_FACTORY = "hacfed.tasks.math_verifier:worker_handler"
+
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_BOXED = "\\boxed"
+
+
+@dataclass(frozen=True)
+class MathVerifierConfig:
+    """answer_mode: where the final answer is taken from ("boxed": last \\boxed{}; "last_number": the
+    last number in the text; "boxed_or_last_number": boxed if present, else the last number)."""
+
+    answer_mode: AnswerMode = "boxed"
+    max_response_chars: int = 10_000
+    max_answer_chars: int = 200
+    max_nesting: int = 8
+    numeric_fast_path: bool = True
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+
+    def __post_init__(self) -> None:
+        if self.answer_mode not in ANSWER_MODES:
+            raise ValueError(f"MathVerifierConfig.answer_mode must be one of {ANSWER_MODES}, got {self.answer_mode!r}")
+        for name in ("max_response_chars", "max_answer_chars", "max_nesting"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MathVerifierConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.numeric_fast_path, bool):
+            raise ValueError(f"MathVerifierConfig.numeric_fast_path must be a bool, got {self.numeric_fast_path!r}")
+        if not isinstance(self.sandbox, SandboxLimits):
+            raise ValueError(f"MathVerifierConfig.sandbox must be a SandboxLimits, got {self.sandbox!r}")
+
+
+# ----------------------------------------------------------------------------- extraction (pure)
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last complete `\\boxed{...}`, or None.
+
+    The last occurrence wins (final answers come last); if it is unclosed (a truncated generation)
+    there is no answer rather than an earlier, intermediate one. `\\boxed 5` (no braces) gives "5"."""
+    start = text.rfind(_BOXED)
+    while start != -1 and text[start + len(_BOXED): start + len(_BOXED) + 1].isalpha():
+        start = text.rfind(_BOXED, 0, start)  # `\boxedfoo` is another macro
+    if start == -1:
+        return None
+    i = start + len(_BOXED)
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i >= len(text):
+        return None
+    if text[i] != "{":
+        token = re.match(r"[^\s$]+", text[i:])
+        return token.group(0) if token else None
+    depth, j = 1, i + 1
+    while j < len(text):
+        c = text[j]
+        if c == "\\":
+            j += 2  # `\{`, `\}` and `\\` are literal, not grouping
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+        j += 1
+    return None
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last number in `text` (optional minus, 1,000-style grouping, decimals), or None."""
+    last = None
+    for last in _NUMBER_IN_TEXT.finditer(text):
+        pass
+    return last.group(0) if last else None
+
+
+def extract_answer(text: str, mode: AnswerMode = "boxed") -> str | None:
+    """The final answer by `mode`; None when the text holds no answer of that kind."""
+    if mode in ("boxed", "boxed_or_last_number"):
+        boxed = extract_boxed(text)
+        if boxed is not None or mode == "boxed":
+            return boxed
+    return extract_last_number(text)
+
+
+def nesting_depth(text: str) -> int:
+    """Deepest nesting of (), [] and {} together (escaped or not; stray closers are ignored)."""
+    depth = deepest = 0
+    for c in text:
+        if c in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ")]}" and depth > 0:
+            depth -= 1
+    return deepest
+
+
+def parse_plain_number(text: str) -> Decimal | None:
+    """A Decimal when `text` is a plain number ("-1,080.5"), else None (anything else goes to math-verify)."""
+    text = text.strip()
+    if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    return Decimal(text.replace(",", ""))
+
+
+def precheck_response(response: object, config: MathVerifierConfig) -> str | None:
+    """Why a raw response is refused before any parsing, or None. Linear in the (capped) length."""
+    if not isinstance(response, str):
+        return f"response is a {type(response).__name__}, not text"
+    if len(response) > config.max_response_chars:
+        return f"response of {len(response)} chars exceeds {config.max_response_chars}"
+    if "\x00" in response:
+        return "response contains a NUL character"
+    try:
+        response.encode("utf-8")
+    except UnicodeEncodeError:
+        return "response is not valid Unicode (lone surrogate)"
+    return None
+
+
+# ----------------------------------------------------------------------------- caller side
+
+
+class MathVerifier:
+    """Scores responses against gold answers; hostile input gives reward 0 with a reason, never an exception.
+
+    Thread-safe. The sandboxed worker starts on the first item that needs math-verify and is
+    killed by `close()`, by `with`, or at interpreter exit."""
+
+    def __init__(self, config: MathVerifierConfig | None = None) -> None:
+        self.config = config if config is not None else MathVerifierConfig()
+        self._worker = SandboxedWorker(WORKER_FACTORY, self.config.sandbox)
+        self.worker_calls = 0  # items that needed the sandboxed worker
+
+    def verify(self, gold: str, response: str) -> Verdict:
+        if not isinstance(gold, str) or not gold.strip():
+            raise ValueError(f"MathVerifier.verify needs a non-empty gold answer string, got {gold!r}")
+        refusal = precheck_response(response, self.config)
+        if refusal is not None:
+            return _abort(f"refused: {refusal}")
+        extracted = extract_answer(response, self.config.answer_mode)
+        if extracted is None:
+            what = "\\boxed{} answer" if self.config.answer_mode == "boxed" else "final answer"
+            return Verdict(0.0, f"no {what} found")
+        answer = extracted.strip()
+        if not answer:
+            return Verdict(0.0, "empty answer")
+        if len(answer) > self.config.max_answer_chars:
+            return _abort(f"refused: answer of {len(answer)} chars exceeds {self.config.max_answer_chars}")
+        depth = nesting_depth(answer)
+        if depth > self.config.max_nesting:
+            return _abort(f"refused: answer nests brackets {depth} deep (max {self.config.max_nesting})")
+        if self.config.numeric_fast_path:
+            gold_number, answer_number = parse_plain_number(gold), parse_plain_number(answer)
+            if gold_number is not None and answer_number is not None:
+                return Verdict(1.0, "numeric match") if gold_number == answer_number else Verdict(0.0, "wrong answer")
+        return self._verify_in_sandbox(gold.strip(), answer)
+
+    def verify_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
+        """`verify` over (gold, response) pairs, in order, through the one worker."""
+        return [self.verify(gold, response) for gold, response in pairs]
+
+    @property
+    def network_isolated(self) -> bool:
+        """Whether the worker has no network but loopback (starts it if needed)."""
+        return self._worker.network_isolated
+
+    @property
+    def worker_starts(self) -> int:
+        return self._worker.starts
+
+    def close(self) -> None:
+        self._worker.close()
+
+    def __enter__(self) -> "MathVerifier":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _verify_in_sandbox(self, gold: str, answer: str) -> Verdict:
+        self.worker_calls += 1
+        try:
+            result = self._worker.call({"gold": gold, "answer": answer})
+        except SandboxAbort as e:
+            return _abort(e.reason)
+        if result.get("equal") is True:
+            return Verdict(1.0, "equivalent (math-verify)")
+        note = result.get("note")
+        return Verdict(0.0, "wrong answer" if note is None else str(note)[:100])
+
+
+def _abort(reason: str) -> Verdict:
+    return Verdict(0.0, f"{VERIFIER_ABORT}: {reason}")
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def worker_handler() -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Runs inside the sandboxed worker only: import math-verify, warm it up, return the handler.
+
+    math-verify's own signal timeouts are off (None): the sandbox arms one SIGALRM per request
+    instead, with float precision, and the parent's wall timeout backs it up."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    extraction = [LatexExtractionConfig()]
+
+    def parse_boxed(text: str) -> list[Any]:
+        return parse("\\boxed{" + text + "}", extraction_config=extraction, parsing_timeout=None)
+
+    parse_gold = lru_cache(maxsize=4096)(parse_boxed)
+
+    def handle(request: dict[str, Any]) -> dict[str, Any]:
+        gold, answer = request.get("gold"), request.get("answer")
+        if not isinstance(gold, str) or not isinstance(answer, str):
+            return {"equal": False, "note": "malformed request"}
+        gold_parsed = parse_gold(gold)
+        if not gold_parsed:
+            return {"equal": False, "note": "gold answer unparseable"}
+        answer_parsed = parse_boxed(answer)
+        if not answer_parsed:
+            return {"equal": False, "note": "answer unparseable"}
+        return {"equal": bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))}
+
+    # Load the grammar and sympy's lazily imported modules now, so a first real item is not charged
+    # for them against its timeout (a spurious 0 the participant's own verifier would not give).
+    for gold, answer in (("\\frac{1}{2}", "0.5"), ("x^2+2x+1", "(x+1)^2"), ("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}")):
+        warm = handle({"gold": gold, "answer": answer})
+        if warm.get("equal") is not True:
+            raise RuntimeError(f"math-verify warm-up failed on {gold!r}: {warm}")
+    parse_gold.cache_clear()
+    return handle

@@ -1,0 +1,100 @@
+"""Build a Task from a plain config mapping (a TOML table or the coordinator's run config).
+
+Torch-free on purpose: the coordinator builds its task here and must never import torch
+(design.md). `datasets` is imported only when a data-file task actually reads its files.
+
+    load_task({"kind": "arithmetic", "digits": 2, "operators": "+", "seed": 0})
+    load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["gsm8k/train.jsonl"],
+               "eval_files": ["gsm8k/test.jsonl"], "answer_format": "gsm8k",
+               "verifier": {"answer_mode": "boxed", "sandbox": {"timeout_s": 5}}}, base_dir="configs/")
+
+Unknown kinds and unknown keys are ValueErrors naming them, so a typo never silently falls back to
+a default. Data-file tasks are loaded eagerly here so bad files fail at config load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping
+
+from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.tasks.base import Task
+from hacfed.tasks.math_data import MathDataTask
+from hacfed.tasks.math_verifier import MathVerifierConfig
+from hacfed.tasks.sandbox import SandboxLimits
+
+TASK_KINDS = ("arithmetic", "jsonl", "parquet")
+
+
+def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) -> Task:
+    """The task described by `spec`; relative data paths are resolved against `base_dir` when given."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"task spec must be a mapping, got {type(spec).__name__}")
+    kind = spec.get("kind")
+    if kind not in TASK_KINDS:
+        raise ValueError(f"task spec: unknown kind {kind!r}; expected one of {TASK_KINDS}")
+    options = {k: v for k, v in spec.items() if k != "kind"}
+    if kind == "arithmetic":
+        _check_keys("arithmetic task", options, _field_names(ArithmeticTask))
+        _check_types("arithmetic task", options, {"digits": int, "seed": int, "num_train": int, "num_eval": int, "operators": str})
+        return ArithmeticTask(**options)  # type: ignore[arg-type]
+    return _load_math_data(kind, options, base_dir)
+
+
+def _load_math_data(kind: str, options: dict[str, Any], base_dir: str | Path | None) -> MathDataTask:
+    allowed = _field_names(MathDataTask) - {"data_format"}
+    _check_keys(f"{kind} task", options, allowed)
+    _check_types(f"{kind} task", options, {"name": str, "question_field": str, "answer_field": str,
+                                           "answer_format": str, "prompt_template": str})
+    for split in ("train_files", "eval_files"):
+        if split not in options:
+            raise ValueError(f"{kind} task: {split!r} is required")
+        options[split] = _paths(f"{kind} task {split}", options[split], base_dir)
+    if "cache_dir" in options and options["cache_dir"] is not None:
+        options["cache_dir"] = str(options["cache_dir"])
+    if "verifier" in options:
+        options["verifier"] = _verifier_config(options["verifier"])
+    task = MathDataTask(data_format=kind, **options)  # type: ignore[arg-type]
+    task.train_problems()  # read and validate every file now, not at the first round
+    return task
+
+
+def _verifier_config(spec: object) -> MathVerifierConfig:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"task spec 'verifier' must be a mapping, got {spec!r}")
+    options = dict(spec)
+    _check_keys("task spec 'verifier'", options, _field_names(MathVerifierConfig))
+    if "sandbox" in options:
+        sandbox = options["sandbox"]
+        if not isinstance(sandbox, Mapping):
+            raise ValueError(f"task spec 'verifier.sandbox' must be a mapping, got {sandbox!r}")
+        _check_keys("task spec 'verifier.sandbox'", sandbox, _field_names(SandboxLimits))
+        options["sandbox"] = SandboxLimits(**sandbox)
+    return MathVerifierConfig(**options)
+
+
+def _paths(what: str, value: object, base_dir: str | Path | None) -> tuple[str, ...]:
+    items = [value] if isinstance(value, (str, Path)) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(p, (str, Path)) for p in items):
+        raise ValueError(f"{what} must be a path or a non-empty list of paths, got {value!r}")
+    base = Path(base_dir) if base_dir is not None else None
+    return tuple(str(base / p) if base is not None and not Path(p).is_absolute() else str(p) for p in items)
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _check_keys(what: str, options: Mapping[str, object], allowed: set[str]) -> None:
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"{what}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _check_types(what: str, options: Mapping[str, object], types: Mapping[str, type]) -> None:
+    for key, expected in types.items():
+        if key in options:
+            value = options[key]
+            if isinstance(value, bool) or not isinstance(value, expected):
+                raise ValueError(f"{what}: {key!r} must be {expected.__name__}, got {value!r}")
