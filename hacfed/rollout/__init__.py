@@ -1,0 +1,11 @@
+"""Rollout engine: sampling with per-token policy log-probs, and teacher-forced scoring.
+
+`hacfed.rollout.hf.generate` (transformers) is the default engine; `hacfed.rollout.vllm_backend`
+offers the same call on GPUs with vLLM. `hacfed.rollout.logprobs.sequence_logprobs` recomputes
+log-probs for the trainer. Importing this package pulls in torch but never vLLM.
+"""
+
+from hacfed.rollout.hf import Completion, evaluate_accuracy, generate
+from hacfed.rollout.logprobs import sequence_logprobs
+
+__all__ = ["Completion", "evaluate_accuracy", "generate", "sequence_logprobs"]
