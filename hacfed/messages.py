@@ -109,12 +109,41 @@ class StepReport:
             raise ValueError(f"StepReport.eval_accuracy must be in [0, 1], got {self.eval_accuracy!r}")
 
 
+# A submission nonce: 128 random bits as lowercase hex (security.md T4).
+NONCE_HEX_CHARS = 32
+
+
+def _is_hex(text: str, length: int) -> bool:
+    return isinstance(text, str) and len(text) == length and all(c in "0123456789abcdef" for c in text)
+
+
 @dataclass(frozen=True)
 class Submission:
-    """Participant -> coordinator: all G samples for every prompt of `round_id`'s plan."""
+    """Participant -> coordinator: all G samples for every prompt of `round_id`'s plan.
+
+    `nonce` (32 hex chars = 128 bits, e.g. `secrets.token_hex(16)`) and `created_at_ms` make each
+    submission unique, so the coordinator can tell an identical resend (idempotent) from a reused
+    nonce with a different payload (security.md T4). "" means "not set" (in-process tests).
+    """
 
     run_id: str
     participant_id: str
     round_id: int
     trajectories: tuple[Trajectory, ...]
     report: StepReport | None = None
+    nonce: str = ""
+    created_at_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "participant_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Submission.{name} must be a non-empty string, got {value!r}")
+        if isinstance(self.round_id, bool) or not isinstance(self.round_id, int) or self.round_id < 0:
+            raise ValueError(f"Submission.round_id must be an int >= 0, got {self.round_id!r}")
+        if self.nonce and not _is_hex(self.nonce, NONCE_HEX_CHARS):
+            raise ValueError(f"Submission.nonce must be {NONCE_HEX_CHARS} lowercase hex chars or empty, got {self.nonce!r}")
+        ms = self.created_at_ms
+        if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+            raise ValueError(f"Submission.created_at_ms must be an int >= 0, got {ms!r}")
+
