@@ -1,0 +1,383 @@
+"""The coordinator's round state machine, transport-independent and torch-free.
+
+    journal = Journal(cfg.journal_path)
+    coord = Coordinator(cfg, task, journal); coord.resume()
+    coord.register("lab-a"); plan = coord.open_round(0); update = coord.make_update(0)
+    result = coord.submit(submission)                 # returns after the journal commit (the ACK point)
+    if coord.poll(): coord.close_round(coord.poll())  # quorum or deadline
+
+Rounds go OPEN -> CLOSED(quorum|deadline) -> PUBLISHED (its pool was handed out). All state lives in
+the journal; this object only caches immutable things (plans, pools) and the capability tracker,
+which is restored from the journal on construction. A transport (in-process `transport.run_rounds`
+or Flower) drives it; every method is safe to call from several threads.
+
+Closing rules: a round may close early once every active (registered, not quarantined) participant
+has answered and at least `expected_participants` have. Once the deadline passes it closes if at
+least `min_participants` contributed accepted groups; otherwise the deadline is extended by
+`round_deadline_s` up to `max_deadline_extensions` times (journaled), after which it closes with what
+it has, flagged below quorum and logged as a warning. Submissions are accepted until the round is
+closed, even after its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Callable
+
+from hacfed.capability import CapabilityTracker
+from hacfed.coordinator.config import CoordinatorConfig
+from hacfed.coordinator.errors import CoordinatorStateError, ErrorCode, safe_text
+from hacfed.coordinator.journal import Journal, ParticipantRecord, RoundRecord, SubmissionRecord
+from hacfed.coordinator.metrics import RoundSummary, build_round_summary
+from hacfed.coordinator.plan import make_plan, plan_from_json, plan_to_json
+from hacfed.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
+from hacfed.coordinator.validation import (
+    MAX_ID_CHARS, Rejection, ValidationLimits, check_report, is_short_id, quick_size_rejection, report_to_dict,
+    submission_digest, validate_submission,
+)
+from hacfed.messages import RoundPlan, RoundUpdate, Submission
+from hacfed.tasks.base import Task
+from hacfed.trajectory import Trajectory
+
+log = logging.getLogger("hacfed.coordinator")
+CLOSE_REASONS = ("quorum", "deadline")
+
+
+class Coordinator:
+    def __init__(self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time) -> None:
+        journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
+        self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
+        self._lock = threading.RLock()
+        self._plans: dict[int, RoundPlan] = {}
+        self._pools: dict[int, tuple[Trajectory, ...]] = {}
+        self._tracker = self._restore_tracker()
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    @property
+    def current_round(self) -> int | None:
+        """The open round's id, or None between rounds."""
+        latest = self.journal.latest_round()
+        return latest.round_id if latest and latest.state == "OPEN" else None
+
+    @property
+    def next_round_id(self) -> int:
+        latest = self.journal.latest_round()
+        return 0 if latest is None else latest.round_id + 1
+
+    @property
+    def finished(self) -> bool:
+        return self.current_round is None and self.next_round_id >= self.cfg.rounds
+
+    def round_record(self, round_id: int) -> RoundRecord | None:
+        return self.journal.round(round_id)
+
+    def resume(self) -> ResumeReport:
+        """Pick up after a crash: an open round whose deadline has not passed continues with the
+        same id and deadline; one whose deadline passed is closed with what was accepted. Nothing
+        is re-opened; the capability tracker is the one journaled at the last close."""
+        with self._lock:
+            self._tracker = self._restore_tracker()
+            closed = None
+            latest = self.journal.latest_round()
+            if latest is not None and latest.state == "OPEN" and self._clock() >= latest.deadline:
+                log.warning("resume: round %d passed its deadline while down; closing it", latest.round_id)
+                closed = self.close_round("deadline")
+            return ResumeReport(self.current_round, closed, self.next_round_id)
+
+    def open_round(self, round_id: int | None = None) -> RoundPlan:
+        """Open the next round (idempotent for the round already open) and journal its plan and deadline."""
+        with self._lock:
+            current = self.current_round
+            if round_id is None:
+                round_id = current if current is not None else self.next_round_id
+            if current is not None:
+                if current != round_id:
+                    raise CoordinatorStateError(f"cannot open round {round_id}: round {current} is still open")
+                return self.plan_for(round_id)
+            if round_id != self.next_round_id:
+                raise CoordinatorStateError(f"cannot open round {round_id}: the next round is {self.next_round_id}")
+            if round_id >= self.cfg.rounds:
+                raise CoordinatorStateError(f"cannot open round {round_id}: the run has {self.cfg.rounds} rounds")
+            plan = make_plan(self.cfg, self.task, round_id)
+            now = self._clock()
+            self.journal.insert_round(round_id, now, now + self.cfg.round_deadline_s, plan_to_json(plan))
+            self._plans[round_id] = plan
+            log.info(
+                "round %d open: %d prompts x G=%d, deadline in %.0f s",
+                round_id, len(plan.prompts), plan.group_size, self.cfg.round_deadline_s,
+            )
+            return plan
+
+    def plan_for(self, round_id: int) -> RoundPlan:
+        """The journaled plan of an opened round, else the deterministic plan it will get."""
+        if round_id not in self._plans:
+            record = self.journal.round(round_id)
+            if record is None:
+                return make_plan(self.cfg, self.task, round_id)
+            self._plans[round_id] = plan_from_json(record.plan_json)
+        return self._plans[round_id]
+
+    def ready_to_close(self, now: float | None = None) -> str | None:
+        """"quorum" or "deadline" if the open round may close now (see module docstring), else None."""
+        record = self.journal.latest_round()
+        if record is None or record.state != "OPEN":
+            return None
+        now = self._clock() if now is None else now
+        submitters = self.journal.submitters(record.round_id)
+        active = {p.participant_id for p in self.journal.participants() if not p.quarantined}
+        if len(submitters) >= self.cfg.expected_participants and active <= set(submitters):
+            return "quorum"
+        if now >= record.deadline:
+            contributors = sum(1 for n in submitters.values() if n > 0)
+            if contributors >= self.cfg.min_participants or record.extensions >= self.cfg.max_deadline_extensions:
+                return "deadline"
+        return None
+
+    def poll(self, now: float | None = None) -> str | None:
+        """`ready_to_close`, extending a passed deadline once per allowed extension while below quorum."""
+        with self._lock:
+            now = self._clock() if now is None else now
+            reason = self.ready_to_close(now)
+            record = self.journal.latest_round()
+            if reason is None and record is not None and record.state == "OPEN" and now >= record.deadline:
+                deadline = now + self.cfg.round_deadline_s
+                detail = f"below quorum ({self.cfg.min_participants}) at deadline; extended to {deadline:.3f}"
+                self.journal.extend_deadline(record.round_id, deadline, now, detail)
+                log.warning("round %d: %s", record.round_id, detail)
+            return reason
+
+    def close_round(self, reason: str) -> RoundClosed:
+        """Close the open round: update the capability tracker ONCE with all its accepted (verified)
+        rewards and journal the result in the same transaction as the state change."""
+        if reason not in CLOSE_REASONS:
+            raise ValueError(f"close reason must be one of {CLOSE_REASONS}, got {reason!r}")
+        with self._lock:
+            round_id = self.current_round
+            if round_id is None:
+                raise CoordinatorStateError("no round is open")
+            pairs = self.journal.accepted_rewards(round_id)
+            tracker = self._copy_tracker()
+            if pairs:
+                tracker.update([r for _, r in pairs], [p for p, _ in pairs])
+            capabilities = tracker.capabilities()
+            contributors = tuple(sorted(p for p, n in self.journal.submitters(round_id).items() if n > 0))
+            below = len(contributors) < self.cfg.min_participants
+            self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
+            self._tracker = tracker  # only after the commit: a crash before it leaves the round OPEN
+            if below:
+                log.warning(
+                    "round %d closed by %s below quorum: %d of %d contributors",
+                    round_id, reason, len(contributors), self.cfg.min_participants,
+                )
+            log.info("round %d closed (%s): %d accepted from %s", round_id, reason, len(pairs), list(contributors))
+            return RoundClosed(round_id, reason, below, len(pairs), contributors, capabilities)
+
+    def make_update(self, next_round: int) -> RoundUpdate:
+        """Pool and capabilities of round next_round-1 (closed) plus the plan of next_round (opened
+        first), or no plan after the last round. Marks the pool's round PUBLISHED."""
+        if isinstance(next_round, bool) or not isinstance(next_round, int) or not 0 <= next_round <= self.cfg.rounds:
+            raise ValueError(f"next_round must be an int in [0, {self.cfg.rounds}], got {next_round!r}")
+        with self._lock:
+            active = tuple(p.participant_id for p in self.journal.participants() if not p.quarantined)
+            capabilities = {pid: 1.0 for pid in active} | self._tracker.capabilities()
+            pool_round, pool = None, ()
+            if next_round > 0:
+                pool_round = next_round - 1
+                record = self.journal.round(pool_round)
+                if record is None or record.state == "OPEN":
+                    raise CoordinatorStateError(f"round {pool_round} must be closed before its pool is published")
+                if pool_round not in self._pools:
+                    self._pools[pool_round] = self.journal.pool(pool_round)
+                pool = self._pools[pool_round]
+                capabilities = {pid: 1.0 for pid in active} | dict(record.capabilities or {})
+            next_plan = None
+            if next_round < self.cfg.rounds:
+                if self.journal.round(next_round) is None:
+                    raise CoordinatorStateError(f"open round {next_round} before sending its plan")
+                next_plan = self.plan_for(next_round)
+            if pool_round is not None:
+                self.journal.mark_published(pool_round)
+            return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
+
+    # -- participants ----------------------------------------------------------------------------
+
+    def register(self, participant_id: str) -> ParticipantRecord:
+        """Join or rejoin (after a crash, or late): idempotent; a quarantined participant stays so."""
+        if not is_short_id(participant_id):
+            raise ValueError(f"participant id must be 1-{MAX_ID_CHARS} printable characters, got {safe_text(participant_id)}")
+        with self._lock:
+            record = self.journal.upsert_participant(participant_id, self._clock())
+            if participant_id not in self._tracker.agent_ids:
+                self._tracker.add_agent(participant_id)
+            return record
+
+    def participants(self) -> list[ParticipantRecord]:
+        return self.journal.participants()
+
+    def has_submitted(self, participant_id: str, round_id: int) -> bool:
+        return self.journal.submission_seq(participant_id, round_id) is not None
+
+    # -- submissions -----------------------------------------------------------------------------
+
+    def submit(self, sub: Submission, sender: str | None = None) -> SubmissionResult:
+        """Judge and journal one submission; returns only after the journal commit (the ACK point).
+
+        sender: the authenticated identity the transport verified (mTLS / envelope key), if any.
+        An identical resend returns the stored result and receipt; nothing is written twice.
+        """
+        with self._lock:
+            now = self._clock()
+            gate = self._gate(sub, sender)
+            if isinstance(gate, SubmissionResult):
+                return gate
+            if isinstance(gate, Rejection):  # (a NamedTuple: test it before the plain tuple)
+                pid = safe_text(sub.participant_id) if isinstance(sub, Submission) else None
+                rid = sub.round_id if isinstance(sub, Submission) and isinstance(sub.round_id, int) else None
+                self.journal.record_rejection(pid, rid, gate.code.value, gate.detail, now)
+                log.info("submission from %s for round %s refused: %s %s", pid, rid, gate.code, gate.detail)
+                return SubmissionResult((), (gate,), None)
+            n_bytes, digest = gate
+            return self._judge_and_record(sub, now, n_bytes, digest)
+
+    def _gate(self, sub: object, sender: str | None) -> Rejection | SubmissionResult | tuple[int, str]:
+        """Whole-submission checks, cheapest first. Returns the refusal, the stored result of an
+        identical resend, or (size in bytes, content hash) of a submission to judge."""
+        if not isinstance(sub, Submission):
+            return Rejection(None, ErrorCode.SCHEMA, f"a {type(sub).__name__} is not a Submission")
+        pid = sub.participant_id
+        if not is_short_id(pid):
+            return Rejection(None, ErrorCode.SCHEMA, f"participant_id {safe_text(pid)} is not a short text")
+        if sender is not None and sender != pid:
+            return Rejection(None, ErrorCode.IDENTITY_MISMATCH, f"sent by {safe_text(sender)} but claims {pid}")
+        if sub.run_id != self.cfg.run_id:
+            return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
+        if not isinstance(sub.trajectories, tuple):
+            return Rejection(None, ErrorCode.SCHEMA, "trajectories must be a tuple")
+        too_big = quick_size_rejection(sub, self.cfg.prompts_per_round * self.cfg.group_size, self.cfg.max_submission_bytes)
+        if too_big is not None:
+            return too_big
+        n_bytes, digest = submission_digest(sub)
+        if n_bytes > self.cfg.max_submission_bytes:
+            return Rejection(None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}")
+        stored = self.journal.stored_result(digest)
+        if stored is not None:
+            return SubmissionResult.from_json(stored, replayed=True)
+        if sub.nonce and self.journal.hash_for_nonce(pid, sub.nonce) is not None:
+            return Rejection(None, ErrorCode.NONCE_REUSE, f"nonce {sub.nonce} was used for a different payload")
+        participant = self.journal.participant(pid)
+        if participant is None:
+            return Rejection(None, ErrorCode.UNKNOWN_PARTICIPANT, f"participant {pid} is not registered")
+        if participant.quarantined:
+            detail = f"participant {pid} quarantined since round {participant.quarantined_round}"
+            return Rejection(None, ErrorCode.QUARANTINED, detail)
+        record = self.journal.round(sub.round_id)
+        if record is None:
+            return Rejection(None, ErrorCode.UNKNOWN_ROUND, f"round {sub.round_id} was never opened")
+        if record.state != "OPEN":
+            latest_closed = self.journal.latest_closed_round()
+            code = ErrorCode.ROUND_CLOSED if latest_closed and latest_closed.round_id == sub.round_id else ErrorCode.STALE_ROUND
+            return Rejection(None, code, f"round {sub.round_id} is {record.state.lower()}")
+        seq = self.journal.submission_seq(pid, sub.round_id)
+        if seq is not None:
+            return Rejection(None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})")
+        return n_bytes, digest
+
+    def _judge_and_record(self, sub: Submission, now: float, n_bytes: int, digest: str) -> SubmissionResult:
+        pid, round_id = sub.participant_id, sub.round_id
+        plan = self.plan_for(round_id)
+        limits = ValidationLimits(
+            group_size=plan.group_size,
+            max_new_tokens=plan.sampling.max_new_tokens,
+            max_response_chars=self.cfg.max_response_chars,
+            min_mean_logp=self.cfg.min_mean_logp,
+            min_policy_version=self.journal.last_policy_version(pid),
+        )
+        used = self.journal.used_trajectory_ids([t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)])
+        outcome = validate_submission(sub, plan, self.task, limits, used)
+        strikes = outcome.strikes
+        window_start = round_id - self.cfg.strike_window_rounds + 1
+        quarantine = bool(strikes) and (
+            self.journal.count_strikes(pid, window_start) + len(strikes) >= self.cfg.max_strikes
+        )
+        rejections = outcome.rejections + ((outcome.report_rejection,) if outcome.report_rejection else ())
+        report_json = None
+        if sub.report is not None and outcome.report_rejection is None:
+            report_json = json.dumps(report_to_dict(sub.report), sort_keys=True)
+        accepted_ids = tuple(a.trajectory.trajectory_id for a in outcome.accepted)
+
+        def result_for(seq: int) -> SubmissionResult:
+            receipt = Receipt(self.cfg.run_id, round_id, pid, seq, digest, len(accepted_ids), len(rejections))
+            return SubmissionResult(accepted_ids, rejections, receipt)
+
+        record = SubmissionRecord(
+            pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
+        )
+        seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
+        if strikes:
+            log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
+        if quarantine:
+            log.warning(
+                "participant %s QUARANTINED: reached %d strikes within %d rounds",
+                pid, self.cfg.max_strikes, self.cfg.strike_window_rounds,
+            )
+        log.info("round %d: %s accepted %d, rejected %d (seq %d)", round_id, pid, len(accepted_ids), len(rejections), seq)
+        return result_for(seq)
+
+    def record_final_report(self, sub: Submission, sender: str | None = None) -> Rejection | None:
+        """The answer to the last update (no plan): a Submission for round `cfg.rounds` with no
+        trajectories, carrying the StepReport of training on the final pool. None when stored."""
+        with self._lock:
+            if not isinstance(sub, Submission) or sub.trajectories or sub.round_id != self.cfg.rounds:
+                detail = f"a final report is a Submission for round {self.cfg.rounds} without trajectories"
+                return Rejection(None, ErrorCode.SCHEMA, detail)
+            if sender is not None and sender != sub.participant_id:
+                detail = f"sent by {safe_text(sender)} but claims {safe_text(sub.participant_id)}"
+                return Rejection(None, ErrorCode.IDENTITY_MISMATCH, detail)
+            if sub.run_id != self.cfg.run_id:
+                return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
+            if self.journal.participant(sub.participant_id) is None:
+                detail = f"participant {safe_text(sub.participant_id)} is not registered"
+                return Rejection(None, ErrorCode.UNKNOWN_PARTICIPANT, detail)
+            problem = check_report(sub.report, sub.participant_id, sub.round_id)
+            if problem is not None or sub.report is None:
+                return problem or Rejection(None, ErrorCode.SCHEMA, "final submission carries no report")
+            self.journal.record_report(sub.participant_id, sub.round_id, json.dumps(report_to_dict(sub.report), sort_keys=True))
+            return None
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The coordinator's clock (wall-clock epoch seconds, or a test's fake clock)."""
+        return self._clock()
+
+    def capabilities(self) -> dict[str, float]:
+        return self._tracker.capabilities()
+
+    def round_summary(self, round_id: int) -> RoundSummary:
+        record = self.journal.round(round_id)
+        if record is None:
+            raise ValueError(f"round {round_id} was never opened")
+        return build_round_summary(
+            record, self.journal.participants(), self.journal.round_stats(round_id), self.journal.submitters(round_id)
+        )
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _restore_tracker(self) -> CapabilityTracker:
+        tracker = CapabilityTracker([], window=self.cfg.hacpo.capability_window)
+        closed = self.journal.latest_closed_round()
+        if closed is not None and closed.tracker_state is not None:
+            tracker.load_state_dict(closed.tracker_state)
+        for p in self.journal.participants():
+            if p.participant_id not in tracker.agent_ids:
+                tracker.add_agent(p.participant_id)
+        return tracker
+
+    def _copy_tracker(self) -> CapabilityTracker:
+        tracker = CapabilityTracker([], window=self.cfg.hacpo.capability_window)
+        tracker.load_state_dict(self._tracker.state_dict())
+        return tracker

@@ -1,0 +1,90 @@
+"""The SQLite journal: durability pragmas, schema version, run binding, atomic submissions."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from hacfed.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
+from hacfed.coordinator.journal import SubmissionRecord
+from hacfed.coordinator.plan import plan_to_json
+from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_submission
+
+
+def test_wal_and_synchronous_full_and_schema_version(tmp_path):
+    journal = Journal(tmp_path / "j.sqlite")
+    assert journal.pragma("journal_mode") == "wal"
+    assert journal.pragma("synchronous") == 2  # FULL
+    assert journal.pragma("integrity_check") == "ok"
+    journal.close()
+    db = sqlite3.connect(tmp_path / "j.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    db.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(JournalError, match="schema version 999"):
+        Journal(tmp_path / "j.sqlite")
+
+
+def test_journal_is_bound_to_one_run_and_its_plan_settings(tmp_path):
+    cfg = make_config(tmp_path)
+    with Journal(cfg.journal_path) as journal:
+        journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
+        journal.bind_run(cfg.run_id, cfg.with_overrides({"round_deadline_s": 5}).plan_fingerprint())  # operational: fine
+        with pytest.raises(JournalError, match="belongs to run 'test-run'"):
+            journal.bind_run("other", cfg.plan_fingerprint())
+        with pytest.raises(JournalError, match=r"different \['group_size'\]"):
+            journal.bind_run(cfg.run_id, cfg.with_overrides({"group_size": 4}).plan_fingerprint())
+
+
+def _record(tmp_path):
+    cfg = make_config(tmp_path)
+    journal = Journal(cfg.journal_path)
+    plan = make_plan(cfg, TASK, 0)
+    journal.insert_round(0, 0.0, 100.0, plan_to_json(plan))
+    journal.upsert_participant("a", 0.0)
+    sub = scripted_submission(plan, "a")
+    outcome = validate_submission(sub, plan, TASK, ValidationLimits(plan.group_size, 8, 100, -50.0))
+    record = SubmissionRecord("a", 0, "h" * 64, "", 10, 1.0, outcome.accepted, outcome.rejections, (), False, None)
+    return journal, record
+
+
+def test_a_submission_is_one_transaction(tmp_path):
+    journal, record = _record(tmp_path)
+
+    def explode(seq):
+        raise OSError("disk full while rendering the result")
+
+    with pytest.raises(OSError):
+        journal.record_submission(record, explode)
+    assert journal.count("submissions") == 0 and journal.count("trajectories") == 0  # rolled back whole
+    seq = journal.record_submission(record, lambda seq: f"result {seq}")
+    assert journal.count("trajectories") == len(record.accepted) == 6
+    assert journal.stored_result("h" * 64) == f"result {seq}"
+    assert [t.reward for t in journal.pool(0)] == [1.0, 0.0, 0.0] * 2
+
+
+def test_uniqueness_constraints_refuse_double_counting(tmp_path):
+    journal, record = _record(tmp_path)
+    journal.record_submission(record, str)
+    with pytest.raises(sqlite3.IntegrityError):  # same (participant, round)
+        journal.record_submission(record, str)
+    again = SubmissionRecord("a", 0, "k" * 64, "", 10, 1.0, record.accepted, (), (), False, None)
+    with pytest.raises(sqlite3.IntegrityError):
+        journal.record_submission(again, str)
+    assert journal.count("submissions") == 1 and journal.count("trajectories") == 6
+    journal.close()
+
+
+def test_close_round_is_guarded_and_atomic(tmp_path):
+    journal, record = _record(tmp_path)
+    journal.close_round(0, "deadline", 5.0, True, {"a": 0.5}, {"window": 5, "minimum": 1e-8, "history": {"a": [0.5]}})
+    closed = journal.round(0)
+    assert closed.state == "CLOSED" and closed.close_reason == "deadline" and closed.below_quorum is True
+    assert closed.capabilities == {"a": 0.5} and closed.tracker_state["history"] == {"a": [0.5]}
+    assert [e["kind"] for e in journal.events()] == ["closed_below_quorum"]
+    with pytest.raises(JournalError, match="not open"):
+        journal.close_round(0, "deadline", 6.0, False, {}, {})
+    journal.mark_published(0)
+    assert journal.round(0).state == "PUBLISHED"
