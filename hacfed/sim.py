@@ -193,6 +193,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--digits", type=int, default=2, help="arithmetic task difficulty (digits per operand)")
     p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temp dir)")
     p.add_argument("--metrics-out", default=None, help="write JSON Lines metrics here")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -207,6 +208,12 @@ def run_from_args(args: Any) -> int:
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:
         metrics_out.parent.mkdir(parents=True, exist_ok=True)
+    if args.threads < 0:
+        raise SystemExit(f"hacfed sim: --threads must be >= 0, got {args.threads}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     rows = run_sim(cfg, metrics_out, progress=not args.quiet)
     print(summary_table(rows))
