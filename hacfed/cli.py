@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hacfed import sim  # torch-free at import; heavy modules load inside run_sim
 
     sim.add_parser(sub)
-    sub.add_parser("demo", help="local federation of tiny heterogeneous agents over real Flower processes")
+    from hacfed import demo  # torch-free at import
+
+    demo.add_parser(sub)
     return parser
 
 
@@ -82,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from hacfed import sim
 
         return sim.run_from_args(args)
+    if args.command == "demo":
+        from hacfed import demo
+
+        return demo.run_from_args(args)
     return _not_available(args.command)
 
 
