@@ -102,14 +102,13 @@ class Participant:
         self.timings = RoundTimings()
         self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
         self._own: dict[str, Trajectory] = {}  # own trajectories of the last rollout, with local ids
+        self._vllm = None
+        if cfg.checkpoint_dir:
+            self._maybe_resume(Path(cfg.checkpoint_dir))
         if cfg.rollout_backend == "vllm":
             from hacfed.rollout.vllm_backend import VllmRollout
 
-            self._vllm = VllmRollout(cfg.model)
-        else:
-            self._vllm = None
-        if cfg.checkpoint_dir:
-            self._maybe_resume(Path(cfg.checkpoint_dir))
+            self._vllm = VllmRollout(str(self._export_for_vllm()))
 
     @classmethod
     def from_spec(cls, cfg: ParticipantConfig, task: Task) -> "Participant":
@@ -181,7 +180,22 @@ class Participant:
             agents, self.capabilities, update.hacpo, settings,
         )
         self.policy_version += 1
+        if self._vllm is not None:
+            # vLLM serves weights from disk: hand it the updated policy, or ratios go stale.
+            self._vllm.reload(str(self._export_for_vllm()))
         return metrics
+
+    def _export_for_vllm(self) -> Path:
+        if not self.cfg.checkpoint_dir:
+            raise ValueError("rollout_backend 'vllm' needs checkpoint_dir (vLLM loads the policy from disk)")
+        target = Path(self.cfg.checkpoint_dir) / "vllm-policy"
+        model = self.model
+        if self.cfg.finetune == "lora":
+            # Merge a copy: the live model keeps its adapter for training.
+            model = copy.deepcopy(self.model).merge_and_unload()
+        model.save_pretrained(target)
+        self.tokenizer.save_pretrained(target)
+        return target
 
     def _with_local_ids(self, t: Trajectory) -> Trajectory:
         local = self._own.get(t.trajectory_id) if t.source_id == self.participant_id else None
