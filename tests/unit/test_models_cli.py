@@ -1,0 +1,46 @@
+"""`hacfed models list|build`: user mistakes get messages, a cached preset is reported without training."""
+
+from __future__ import annotations
+
+import pytest
+
+from hacfed import cli
+from hacfed.models import store
+from hacfed.models.zoo import preset_recipe
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HACFED_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_list_shows_presets_and_cache_state(capsys):
+    assert cli.main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("tiny-llama", "tiny-gpt2", "tiny-qwen2", "smollm2"):
+        assert name in out
+    assert "not built" in out
+
+
+def test_build_unknown_preset_is_a_clear_error(capsys):
+    assert cli.main(["models", "build", "tiny-bert"]) == 2
+    assert "unknown preset 'tiny-bert'; available: tiny-llama, tiny-gpt2, tiny-qwen2" in capsys.readouterr().err
+
+
+def test_build_reports_a_cached_preset(capsys):
+    def fake(name, seed, out):
+        (out / "config.json").write_text("{}")
+        return {"heldout_accuracy": 0.4, "warmup_steps": 200, "task": "arith-add2", "parameters": 817280}
+
+    path = store.ensure_built("tiny-llama", builder=fake, expected_hash=store.recipe_hash(preset_recipe("tiny-llama", 0)))
+    assert cli.main(["models", "build", "tiny-llama"]) == 0  # current cache: nothing to train
+    out = capsys.readouterr().out
+    assert str(path) in out and "held-out accuracy 0.4" in out and "200 warm-up steps" in out
+    assert cli.main(["models", "list"]) == 0
+    assert "cached: accuracy 0.4" in capsys.readouterr().out
+
+
+def test_models_needs_a_subcommand(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["models"])

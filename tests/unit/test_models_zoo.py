@@ -1,0 +1,96 @@
+"""Zoo presets: sizes, architectures, determinism, no dropout, validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hacfed.models.warmup import WarmupConfig
+from hacfed.models.zoo import (
+    GPT2_DROPOUTS, PRESETS, Preset, build_untrained, get_preset, parameter_count, preset_recipe,
+)
+from hacfed.trajectory import ChatMessage, render_prompt_ids
+
+ARCH_CLASS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM"}
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {name: build_untrained(name, seed=0) for name in PRESETS}
+
+
+def test_required_presets_exist_with_distinct_tokenizers():
+    assert {"tiny-llama", "tiny-gpt2", "tiny-qwen2"} <= set(PRESETS)
+    assert len({p.tokenizer for p in PRESETS.values()}) == len(PRESETS)
+    assert len({p.arch for p in PRESETS.values()}) == len(PRESETS)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_builds_in_size_range_and_runs(built, name):
+    model, tokenizer = built[name]
+    preset = get_preset(name)
+    assert type(model).__name__ == ARCH_CLASS[preset.arch]
+    assert 500_000 <= parameter_count(model) <= 5_000_000
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert model.generation_config.pad_token_id == tokenizer.pad_token_id
+    assert model.generation_config.top_k is None  # no hidden top-k truncation
+    assert not model.training
+    ids = torch.tensor([render_prompt_ids(tokenizer, [ChatMessage("user", "12+34=")])])  # (1, T)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits  # (1, T, V)
+    assert logits.shape == (1, ids.shape[1], len(tokenizer))
+
+
+def test_gpt2_has_every_dropout_off(built):
+    model, _ = built["tiny-gpt2"]
+    for name in GPT2_DROPOUTS:
+        assert getattr(model.config, name) == 0.0, name
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(m.p == 0.0 for m in dropouts)
+
+
+def test_build_is_deterministic_in_seed_and_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    a, _ = build_untrained("tiny-llama", seed=5)
+    assert torch.equal(torch.rand(3), expected_next)
+    b, _ = build_untrained("tiny-llama", seed=5)
+    c, _ = build_untrained("tiny-llama", seed=6)
+    for (key, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+        assert torch.equal(pa, pb), key
+    assert not all(torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters()))
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ValueError, match="unknown preset 'tiny-bert'.*tiny-llama, tiny-gpt2, tiny-qwen2"):
+        build_untrained("tiny-bert")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(arch="bert"), "arch must be one of"),
+        (dict(tokenizer="wordpiece"), "tokenizer must be one of"),
+        (dict(name="bad name"), "Preset.name"),
+        (dict(config_kwargs={"vocab_size": 10}), "may not set \\['vocab_size'\\]"),
+        (dict(warmup={"target_accuracy": 0.4}), "warmup must be a WarmupConfig"),
+    ],
+)
+def test_preset_validation(kwargs, match):
+    base = dict(name="x", arch="llama", tokenizer="char", config_kwargs={})
+    with pytest.raises(ValueError, match=match):
+        Preset(**{**base, **kwargs})
+
+
+def test_preset_config_is_read_only_and_recipe_tracks_changes():
+    preset = get_preset("tiny-qwen2")
+    with pytest.raises(TypeError):
+        preset.config_kwargs["hidden_size"] = 1  # type: ignore[index]
+    recipe = preset_recipe("tiny-qwen2", 0)
+    assert recipe["task"]["name"] == "arith-add2"
+    assert recipe != preset_recipe("tiny-qwen2", 1)
+    changed = Preset(name="tiny-qwen2", arch="qwen2", tokenizer="bpe", config_kwargs=preset.config_kwargs,
+                     warmup=WarmupConfig(target_accuracy=0.3))
+    assert changed.recipe() != preset.recipe()
