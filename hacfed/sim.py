@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -199,6 +200,14 @@ def add_parser(sub: Any) -> None:
 
 def run_from_args(args: Any) -> int:
     agents = tuple(a.strip() for a in args.agents.split(",") if a.strip())
+    try:
+        return _run_checked(args, agents)
+    except ValueError as exc:  # a bad option or model spec: a message, not a traceback
+        print(f"hacfed sim: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
     cfg = SimConfig(
         agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, prompts_per_round=args.prompts_per_round,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
@@ -209,7 +218,7 @@ def run_from_args(args: Any) -> int:
     if metrics_out:
         metrics_out.parent.mkdir(parents=True, exist_ok=True)
     if args.threads < 0:
-        raise SystemExit(f"hacfed sim: --threads must be >= 0, got {args.threads}")
+        raise ValueError(f"--threads must be >= 0, got {args.threads}")
     if args.threads:
         import torch
 
