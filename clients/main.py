@@ -1,10 +1,74 @@
-"""`hacfed-client --model MODEL --server HOST:PORT`: a lab joins a federation."""
+"""`hacfed-client --model MODEL --server HOST:PORT`: a lab joins a federation.
+
+    hacfed-client --model tiny-llama --server 127.0.0.1:9092 --participant-id lab-a \\
+        --state-dir state/lab-a --coordinator-key state/coordinator/coordinator.pub --insecure
+
+Loads the model (a preset such as tiny-llama / tiny-gpt2 / tiny-qwen2 / smollm2, a local Hugging Face
+directory or a cached hub id) and keeps it resident, serves it to its Flower SuperNode's relay on
+loopback, and trains with HACPO on every round's verified pool. On first start it creates
+STATE/participant.key and prints the public key the coordinator's operator must register. Restarted
+with the same command, it resumes from its checkpoint.
+"""
 
 from __future__ import annotations
 
+import argparse
+import signal
 import sys
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hacfed-client", description=__doc__.split("\n\n")[0],
+        epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML with a [participant] table (these options, with "
+                        "underscores) and a [task] table; flags override it")
+    parser.add_argument("--model", help="preset (tiny-llama, tiny-gpt2, tiny-qwen2, smollm2), local Hugging Face "
+                        "model directory, or hub id in the local cache")
+    parser.add_argument("--server", metavar="HOST:PORT", help="the coordinator's Fleet API address")
+    parser.add_argument("--participant-id", metavar="ID", help="this lab's id, as registered with the coordinator")
+    parser.add_argument("--state-dir", metavar="DIR", help="keys, checkpoints, reply cache and logs of this lab")
+    parser.add_argument("--coordinator-key", metavar="FILE", help="the coordinator's public key (its coordinator.pub)")
+    parser.add_argument("--insecure", action="store_true", default=None, help="plaintext connection (loopback tests)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signed the coordinator's TLS certificate")
+    parser.add_argument("--task", action="append", default=[], metavar="KEY=VALUE", dest="task_sets",
+                        help="task setting; must match the coordinator's [task] (default kind=arithmetic digits=2 "
+                             "operators=+), e.g. --task digits=3 (repeatable)")
+    parser.add_argument("--finetune", choices=("full", "lora"), help="full fine-tuning (default) or LoRA")
+    parser.add_argument("--device", help="torch device for the model (default cpu)")
+    parser.add_argument("--rollout-backend", choices=("hf", "vllm"), help="rollout engine (default hf)")
+    parser.add_argument("--lr", type=float, dest="learning_rate", help="learning rate (default 2e-4)")
+    parser.add_argument("--lora-rank", type=int, help="LoRA rank with --finetune lora (default 8)")
+    parser.add_argument("--eval-problems", type=int, help="held-out problems per evaluation (default 200)")
+    parser.add_argument("--minibatch-size", type=int, help="samples per update (default: half of own samples)")
+    parser.add_argument("--seed", type=int, help="local seed for sampling and initialisation (default 0)")
+    parser.add_argument("--exit-when-done", action="store_true", default=None,
+                        help="exit 0 after answering the coordinator's final update")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    print("hacfed-client: not available yet in this version of hacfed", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    from hacfed.clients.config import load_client_config
+
+    names = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
+             "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
+             "exit_when_done")
+    try:
+        cfg = load_client_config(args.config, {name: getattr(args, name) for name in names}, args.task_sets)
+        from hacfed.clients.runner import run_client
+
+        # Ctrl-C must stop the children even when a shell started this job with SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return run_client(cfg)
+    except ValueError as exc:
+        print(f"hacfed-client: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before any child process was started
+        print("hacfed-client: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

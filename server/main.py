@@ -1,10 +1,73 @@
-"""`hacfed-server`: the coordinator entry point."""
+"""`hacfed-server`: the coordinator of a federation, over Flower.
+
+    hacfed-server --config deploy/coordinator.toml --insecure --listen 127.0.0.1:9092
+    hacfed-server --config deploy/coordinator.toml --set rounds=3 --set task.digits=3 \\
+        --listen 0.0.0.0:9092 --tls-cert server.pem --tls-key server.key --tls-ca ca.pem
+
+Starts a Flower SuperLink (gRPC Fleet API) and the hacfed app run, whose ServerApp drives the rounds
+through the coordinator's journal in the state dir; prints who joined, each round's per-participant
+reward, accuracy, rejections and time split; writes JSONL metrics; exits 0 when all rounds are done.
+Killed and restarted with the same command, it resumes at the right round. Never imports torch.
+"""
 
 from __future__ import annotations
 
+import argparse
+import signal
 import sys
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hacfed-server", description=__doc__.split("\n\n")[0],
+        epilog="Settings precedence: config file < --set < the dedicated flags. See deploy/coordinator.toml.",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE",
+                        help="TOML with the coordinator's settings: run_id, rounds, prompts_per_round, group_size "
+                             "(responses per prompt), expected_participants, min_participants, round_deadline_s, "
+                             "state_dir, [task], [sampling], [hacpo], and a [server] table")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                        help="override one setting, e.g. rounds=3, group_size=4, task.digits=3, "
+                             "sampling.max_new_tokens=8, hacpo.mode=naive, server.listen=127.0.0.1:0 (repeatable)")
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="journal, SuperLink database, keys, logs and metrics live here (overrides state_dir)")
+    parser.add_argument("--listen", metavar="HOST:PORT",
+                        help="Fleet API address for participants (default 127.0.0.1:9092; port 0: the OS picks "
+                             "one, printed in the ready line)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plaintext transport; only allowed on a loopback --listen address")
+    parser.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM) for the Fleet API")
+    parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) that signed --tls-cert")
+    parser.add_argument("--keys-dir", metavar="DIR",
+                        help="registered participant keys, one <participant-id>.pub each (default STATE/keys)")
+    parser.add_argument("--metrics-out", metavar="FILE", help="JSONL metrics rows (default STATE/metrics.jsonl)")
+    parser.add_argument("--trust-on-first-use", action="store_true", default=None,
+                        help="DEVELOPMENT ONLY, needs --insecure: register the key of any unknown participant")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    print("hacfed-server: not available yet in this version of hacfed", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    from hacfed.server.config import load_server_config  # torch-free, like everything this process imports
+
+    flags = {"state_dir": args.state_dir, "listen": args.listen, "insecure": args.insecure, "tls_cert": args.tls_cert,
+             "tls_key": args.tls_key, "tls_ca": args.tls_ca, "keys_dir": args.keys_dir,
+             "metrics_out": args.metrics_out, "trust_on_first_use": args.trust_on_first_use}
+    try:
+        cfg = load_server_config(args.config, args.sets, flags)
+        from hacfed.server.runner import run_server
+
+        # Ctrl-C must stop the children even when a shell started this job with SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        return run_server(cfg)
+    except ValueError as exc:
+        print(f"hacfed-server: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before any child process was started
+        print("hacfed-server: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""hacfed-client's typed configuration: one lab's local choices (design.md rule 5).
+
+    cfg = load_client_config("deploy/participant.toml", flags={"model": "tiny-gpt2"}, task_sets=["digits=3"])
+
+TOML layout (deploy/participant.toml): a `[participant]` table with the fields of `ClientConfig`
+and a `[task]` table that must equal the coordinator's `[task]` (the client checks every plan
+against it). Command-line flags override the file; `--task KEY=VALUE` overrides `[task]` keys.
+Without any task settings the task is 2-digit addition (`kind = "arithmetic"`, `digits = 2`,
+`operators = "+"`). Every error names the field and the bad value.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hacfed.server.config import parse_set, split_host_port
+
+DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
+_PARTICIPANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a key file name may be
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """participant_id: this lab's id (its key is registered as `<participant_id>.pub`).
+    model: preset (tiny-llama, tiny-gpt2, tiny-qwen2, smollm2), local HF directory or cached hub id.
+    server: the coordinator's Fleet API HOST:PORT. state_dir: keys, checkpoints, reply cache, logs.
+    coordinator_key: the coordinator's public key file. insecure / tls_ca: plaintext or TLS.
+    finetune, device, rollout_backend, learning_rate, lora_rank, eval_problems, minibatch_size,
+    seed: local training choices (hacfed.participant.ParticipantConfig; None keeps its default).
+    exit_when_done: exit 0 after answering the final update. idle_poll_s: SuperNode poll interval."""
+
+    participant_id: str
+    model: str
+    server: str
+    state_dir: Path
+    coordinator_key: Path
+    insecure: bool = False
+    tls_ca: Path | None = None
+    finetune: str = "full"
+    device: str = "cpu"
+    rollout_backend: str = "hf"
+    learning_rate: float | None = None
+    lora_rank: int | None = None
+    eval_problems: int | None = None
+    minibatch_size: int | None = None
+    seed: int = 0
+    exit_when_done: bool = False
+    idle_poll_s: float = 0.5
+    task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
+    config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.participant_id, str) or not _PARTICIPANT_ID.fullmatch(self.participant_id):
+            _bad("participant_id", self.participant_id, "1-128 characters of [A-Za-z0-9._-], starting alphanumeric")
+        if not isinstance(self.model, str) or not self.model.strip():
+            _bad("model", self.model, "a preset name, a local model directory or a cached hub id")
+        split_host_port(self.server, "ClientConfig.server")
+        for name in ("state_dir", "coordinator_key", "tls_ca", "config_dir"):
+            value = getattr(self, name)
+            if value is not None:
+                if not isinstance(value, (str, Path)) or not str(value):
+                    _bad(name, value, "a path")
+                object.__setattr__(self, name, Path(value).expanduser().resolve())
+        if not self.coordinator_key.is_file():
+            _bad("coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)")
+        if not isinstance(self.insecure, bool) or self.insecure == (self.tls_ca is not None):
+            _bad("insecure", self.insecure, "true without tls_ca (plaintext, --insecure) or false with --tls-ca FILE")
+        if self.tls_ca is not None and not self.tls_ca.is_file():
+            _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
+        _choice(self, "finetune", ("full", "lora"))
+        _choice(self, "rollout_backend", ("hf", "vllm"))
+        if not isinstance(self.device, str) or not self.device:
+            _bad("device", self.device, "a torch device such as cpu or cuda:0")
+        if self.learning_rate is not None and (isinstance(self.learning_rate, bool) or not isinstance(
+                self.learning_rate, (int, float)) or not math.isfinite(self.learning_rate) or self.learning_rate <= 0):
+            _bad("learning_rate", self.learning_rate, "a number > 0")
+        for name in ("lora_rank", "eval_problems", "minibatch_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                _bad(name, value, "an integer >= 1")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            _bad("seed", self.seed, "an integer >= 0")
+        if not isinstance(self.exit_when_done, bool):
+            _bad("exit_when_done", self.exit_when_done, "true or false")
+        if isinstance(self.idle_poll_s, bool) or not isinstance(self.idle_poll_s, (int, float)) or not self.idle_poll_s > 0:
+            _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
+        if not isinstance(self.task, Mapping) or "kind" not in self.task:
+            _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
+        object.__setattr__(self, "task", dict(self.task))
+
+    def participant_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of hacfed.participant.ParticipantConfig (defaults where unset)."""
+        out: dict[str, Any] = {"finetune": self.finetune, "device": self.device, "rollout_backend": self.rollout_backend,
+                               "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints")}
+        optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,
+                    "eval_problems": self.eval_problems, "minibatch_size": self.minibatch_size}
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
+
+
+def _bad(name: str, value: object, requirement: str) -> None:
+    raise ValueError(f"ClientConfig.{name} must be {requirement}, got {value!r}")
+
+
+def _choice(cfg: ClientConfig, name: str, choices: tuple[str, ...]) -> None:
+    if getattr(cfg, name) not in choices:
+        _bad(name, getattr(cfg, name), f"one of {list(choices)}")
+
+
+def load_client_config(
+    path: str | Path | None = None, flags: Mapping[str, Any] | None = None, task_sets: Sequence[str] = ()
+) -> ClientConfig:
+    """`[participant]` and `[task]` of the TOML file (optional), then flags, then `--task` items."""
+    table: dict[str, Any] = {}
+    task: dict[str, Any] | None = None
+    config_dir = None
+    if path is not None:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ValueError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        unknown_tables = sorted(set(data) - {"participant", "task"})
+        if unknown_tables:
+            raise ValueError(f"{path}: unknown table(s) {unknown_tables}; expected [participant] and [task]")
+        table = dict(data.get("participant", {}))
+        task = dict(data["task"]) if "task" in data else None
+        config_dir = path.resolve().parent
+    known = {f.name for f in fields(ClientConfig)} - {"task", "config_dir"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"[participant]: unknown key(s) {unknown}; known: {sorted(known)}")
+    table.update({k: v for k, v in (flags or {}).items() if v is not None})
+    task = dict(DEFAULT_TASK) if task is None else task
+    for item in task_sets:
+        key, value = parse_set(item)
+        task[key] = value
+    missing = sorted(name for name in ("participant_id", "model", "server", "state_dir", "coordinator_key")
+                     if name not in table)
+    if missing:
+        flags_named = ", ".join("--" + m.replace("_", "-") for m in missing)
+        raise ValueError(f"missing setting(s) {missing}: pass {flags_named} or set them in [participant]")
+    return ClientConfig(**table, task=task, config_dir=config_dir)

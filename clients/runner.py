@@ -1,0 +1,170 @@
+"""What hacfed-client does once its configuration is valid.
+
+1. keys: `<state-dir>/participant.key` (+ `.pub`), created on first start;
+2. the model, resident for the whole run (torch is imported here, after the config was checked),
+   resuming from `<state-dir>/checkpoints` after a restart;
+3. the participant service on loopback (`hacfed.federation.service`, behind the relay's gRPC);
+4. a Flower SuperNode pointed at the coordinator, supervised: restarted if it exits.
+With --exit-when-done it stops once the coordinator acknowledged its final report and the
+SuperNode has sent the answer to that acknowledgement.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import threading
+import time
+
+from hacfed.clients.config import ClientConfig
+from hacfed.envelope import load_public_key
+from hacfed.federation.keys import ensure_key_pair, fingerprint
+from hacfed.federation.leftovers import forget_children, kill_leftovers, record_children
+from hacfed.federation.service import Answered, ParticipantService
+from hacfed.flower.launch import SuperNode, start_supernode
+from hacfed.flower.relay import serve_participant
+from hacfed.procs import ProcessError, ProcessSupervisor
+
+FALSIFY_ENV = "HACFED_TEST_FALSIFY_REWARDS"  # test-only: claim the opposite of every reward
+_SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
+
+
+def say(text: str) -> None:
+    print(f"hacfed-client: {text}", flush=True)
+
+
+def describe_answer(answered: Answered, participant_id: str) -> str:
+    update, sub = answered.update, answered.submission
+    plan = update.next_plan
+    what = f"round {plan.round_id}" if plan is not None else "final update"
+    if answered.cached:
+        return f"{what}: resent the cached reply (a retried update; not trained again)"
+    cross = sum(t.source_id != participant_id for t in update.pool)
+    metrics = sub.report.metrics if sub is not None and sub.report is not None else {}
+    parts = []
+    if update.pool:
+        parts.append(f"trained on {len(update.pool)} pooled samples of round {update.pool_round} ({cross} from other "
+                     f"labs) in {metrics.get('time_training_s', 0.0):.1f}s")
+    if sub is not None and sub.report is not None and sub.report.eval_accuracy is not None:
+        parts.append(f"eval accuracy {sub.report.eval_accuracy:.3f} ({metrics.get('time_eval_s', 0.0):.1f}s)")
+    if sub is not None and sub.trajectories:
+        rewards = [t.reward for t in sub.trajectories]
+        parts.append(f"rolled out {len(rewards)} in {metrics.get('time_rollout_s', 0.0):.1f}s, claimed reward "
+                     f"{sum(rewards) / len(rewards):.2f}")
+    return f"{what}: " + "; ".join(parts or ["nothing to do"]) + f" [{answered.seconds:.1f}s]"
+
+
+class Client:
+    def __init__(self, cfg: ClientConfig) -> None:
+        self.cfg = cfg
+        self.final_offset: int | None = None  # SuperNode log size when the final answer was handed over
+        self.final_answered = threading.Event()
+        self.node: SuperNode | None = None
+
+    def on_answer(self, answered: Answered) -> None:
+        say(describe_answer(answered, self.cfg.participant_id))
+
+    def on_finished(self) -> None:
+        """The coordinator's final acknowledgement: the run is over for this lab (its final report
+        is recorded, or it was quarantined)."""
+        log = self.cfg.state_dir / "supernode" / "supernode.log"
+        self.final_offset = log.stat().st_size if log.exists() else 0
+        self.final_answered.set()
+        say("the coordinator closed the run for this lab: the federation is done")
+
+    def start_node(self, sup: ProcessSupervisor, port: int) -> SuperNode:
+        """Start the SuperNode; while the coordinator is unreachable, keep trying (and say so)."""
+        cfg = self.cfg
+        node_config = {"participant-id": cfg.participant_id, "participant-address": f"127.0.0.1:{port}"}
+        while True:
+            try:
+                self.node = start_supernode(sup, cfg.state_dir / "supernode", superlink_address=cfg.server,
+                                            node_config=node_config, insecure=cfg.insecure, root_cert=cfg.tls_ca,
+                                            idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
+                record_children(cfg.state_dir, [("supernode", self.node.process.pid)])
+                return self.node
+            except TimeoutError:
+                say(f"the coordinator at {cfg.server} is not reachable yet; still trying")
+            except ProcessError as exc:
+                say(f"the SuperNode exited while connecting; retrying in 5s:\n{exc}")
+                time.sleep(5.0)
+
+    def reply_left(self, timeout_s: float = 120.0) -> bool:
+        """True once the SuperNode logged sending (or failing to send) the answer to the final
+        acknowledgement, so stopping it loses nothing."""
+        log = self.cfg.state_dir / "supernode" / "supernode.log"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if log.exists():
+                with open(log, "rb") as fh:
+                    fh.seek(self.final_offset or 0)
+                    if _SENT.search(fh.read().decode("utf-8", errors="replace")):
+                        return True
+            time.sleep(0.2)
+        return False
+
+    def supervise(self, sup: ProcessSupervisor, port: int) -> int:
+        node = self.start_node(sup, port)
+        say(f"joined {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting for rounds")
+        while True:
+            if self.cfg.exit_when_done and self.final_answered.is_set():
+                if not self.reply_left():
+                    say("the SuperNode did not send the last answer within 120s; exiting anyway")
+                say("exiting (--exit-when-done)")
+                return 0
+            if self.node is not None and not self.node.process.alive():
+                say(f"the SuperNode exited (code {self.node.process.returncode()}); restarting it")
+                sup.stop(self.node.process)
+                time.sleep(2.0)
+                self.start_node(sup, port)
+            time.sleep(0.2)
+
+
+def run_client(cfg: ClientConfig) -> int:
+    state = cfg.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    lock = open(state / "client.lock", "w")  # noqa: SIM115 - held for the process's lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(f"another hacfed-client is running with state dir {state}") from None
+    for leftover in kill_leftovers(state):
+        say(f"stopped {leftover} left running by a previous hacfed-client")
+    keys = ensure_key_pair(state, "participant")
+    private_key = keys.load()
+    say(f"{'created' if keys.created else 'using'} participant key {keys.public} (key "
+        f"{fingerprint(private_key.public_key())}); the coordinator's operator must copy it to their keys dir as "
+        f"{cfg.participant_id}.pub")
+    coordinator_key = load_public_key(cfg.coordinator_key)
+    from hacfed.tasks.registry import load_task
+
+    task = load_task(cfg.task, base_dir=cfg.config_dir)
+    cheat = os.environ.get(FALSIFY_ENV) == "1"
+    if cheat:
+        say(f"TEST MODE ({FALSIFY_ENV}=1): every claimed reward is FALSIFIED; the coordinator should reject them")
+    say(f"loading model {cfg.model} on {cfg.device} ({cfg.finetune} fine-tuning, {cfg.rollout_backend} rollouts); "
+        f"task {task.name}")
+    from hacfed.participant import Participant, ParticipantConfig  # torch
+
+    participant = Participant.from_spec(ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs()), task)
+    if participant.last_round is not None:
+        say(f"resumed from checkpoint: last plan rolled out was round {participant.last_round} "
+            f"(policy version {participant.policy_version})")
+    client = Client(cfg)
+    service = ParticipantService(participant, task, private_key, coordinator_key, state / "service", cheat=cheat,
+                                 on_answer=client.on_answer, on_finished=client.on_finished)
+    server, port = serve_participant(service.handle)
+    say(f"participant service on 127.0.0.1:{port}")
+    try:
+        with ProcessSupervisor(grace_s=10.0) as sup:
+            code = client.supervise(sup, port)
+        forget_children(state)
+        return code
+    except (KeyboardInterrupt, SystemExit) as stop:
+        forget_children(state)
+        say(f"stopped ({type(stop).__name__}); checkpoints kept in {state}: run the same command to resume")
+        return 0
+    finally:
+        server.stop(5.0).wait()
+        lock.close()

@@ -1,0 +1,31 @@
+"""The real federation over Flower: the coordinator's round driver and the participant's service.
+
+    hacfed-server --config deploy/coordinator.toml --insecure --listen 127.0.0.1:9092
+    hacfed-client --model tiny-llama --server 127.0.0.1:9092 --participant-id lab-a \\
+        --state-dir state/lab-a --coordinator-key state/coordinator/coordinator.pub --insecure
+
+Protocol (one exchange per round, design.md), every payload an Ed25519 envelope (security.md S2):
+
+    coordinator (FederationDriver, inside the Flower ServerApp)          participant (ParticipantService)
+    update = coordinator.make_update(r)
+    seal(encode_round_update(update), ROUND_UPDATE, coordinator key, DOMAIN_UPDATE) ──► open with the
+                                                                     coordinator's public key, decode,
+                                                                     check the plan against the local task,
+                                                                     Participant.step(update) (cached per
+                                                                     (run, pool round, plan round)),
+    open with <keys-dir>/<id>.pub, signer == hello id ◄──────────── seal(encode_submission(sub), SUBMISSION,
+    coordinator.submit(sub, sender=signer)                           participant key, DOMAIN_SUBMIT)
+
+After the last round a plan-less update goes out; the answers are the final reports
+(`Coordinator.record_final_report`). Errors on the participant side travel back as gRPC statuses
+with `HACFED-E-...` codes through the relay; the driver logs them and the round goes on without
+that participant (deadline and quorum, security.md T10).
+
+Once the coordinator has recorded a participant's final report (or the participant is quarantined),
+it sends a signed final acknowledgement: only then may the participant leave (`--exit-when-done`).
+
+Modules: `keys` (key files, the control payload types, trust-on-first-use key offers), `membership`
+(the registry of participant keys), `service` (the participant side), `driver` (the coordinator
+side), `settings` (what hacfed-server hands the driver), `reporting` (console lines, JSONL metrics
+rows, the round-time split).
+"""

@@ -1,0 +1,228 @@
+"""What hacfed-server does once its configuration is valid: supervise the SuperLink and the app run.
+
+    SuperLink (gRPC-rere Fleet API on --listen, state in <state>/superlink.db)
+    flwr run  -> ServerApp -> hacfed.federation.driver (journal <state>/journal.sqlite)
+
+The driver runs in a process the SuperLink starts, so this process follows it through files in the
+state dir: `console.log` (printed here as it grows), `federation-done.json` (the run is over). A run
+that ends without it (the ServerApp died) is resubmitted and resumes from the journal; a SuperLink
+that dies is restarted on the same Fleet port. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from hacfed.coordinator import Journal, JournalError, load_task_from_config
+from hacfed.federation.keys import describe_key, ensure_key_pair
+from hacfed.federation.settings import (
+    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,
+)
+from hacfed.flower.launch import SuperLink, TlsFiles, start_superlink, submit_run
+from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
+from hacfed.server.config import ServerConfig
+from hacfed.federation.leftovers import forget_children, kill_leftovers, record_children
+
+Print = Callable[[str], None]
+PORT_FILE = "fleet-port"
+
+
+def say(text: str) -> None:
+    print(f"hacfed-server: {text}", flush=True)
+
+
+class ConsoleTail:
+    """Prints the lines the driver appends to console.log, from where the file ended at start."""
+
+    def __init__(self, path: Path, out: Print) -> None:
+        self.path, self.out = path, out
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def pump(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            self.out(f"[{datetime.now():%H:%M:%S}] {line}")
+
+
+def prepare(cfg: ServerConfig) -> Path:
+    """Everything that can fail on a user mistake, before any process starts: the task loads, the
+    journal belongs to this run, the keys exist. Returns the driver settings file."""
+    state = cfg.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    load_task_from_config(cfg.coordinator, str(cfg.config_dir))
+    with Journal(cfg.coordinator.journal_path) as journal:
+        journal.bind_run(cfg.coordinator.run_id, cfg.coordinator.plan_fingerprint())
+    keys = ensure_key_pair(state, "coordinator")
+    if keys.created:
+        say(f"created the coordinator key {keys.private}")
+    say(f"coordinator public key: {describe_key(keys.public)}; every lab passes it to hacfed-client --coordinator-key")
+    cfg.keys_dir.mkdir(parents=True, exist_ok=True)
+    registered = sorted(p.stem for p in cfg.keys_dir.glob("*.pub"))
+    say(f"participant keys in {cfg.keys_dir}: {registered or 'none yet'} (a lab's participant.pub goes there "
+        f"as <participant-id>.pub)")
+    if cfg.server.trust_on_first_use:
+        say("WARNING: --trust-on-first-use: ANY participant that connects first can register a key for an id. "
+            "Development only; never across organizations.")
+    settings = DriverSettings(
+        coordinator=cfg.coordinator.to_dict(), task_base_dir=str(cfg.config_dir), keys_dir=str(cfg.keys_dir),
+        coordinator_key=str(keys.private), metrics_out=str(cfg.metrics_out),
+        retry_interval_s=cfg.server.retry_interval_s, trust_on_first_use=cfg.server.trust_on_first_use,
+        supervisor=(os.getpid(), process_start_ticks(os.getpid())),
+    )
+    return settings.write(state / SETTINGS_FILE)
+
+
+def lock_state_dir(state: Path):  # noqa: ANN201 - an open file object kept for the process's lifetime
+    """One hacfed-server per state dir. The lock dies with the process, also on SIGKILL."""
+    handle = open(state / "server.lock", "w")  # noqa: SIM115
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(f"another hacfed-server is running with state dir {state}") from None
+    return handle
+
+
+def run_config(cfg: ServerConfig, settings_path: Path) -> dict[str, str | float]:
+    deadline = cfg.coordinator.round_deadline_s
+    return {
+        "driver": DRIVER_SPEC,
+        "driver-config": str(settings_path),
+        "state-dir": str(cfg.state_dir),
+        "poll-interval-s": cfg.server.poll_interval_s,
+        "round-timeout-s": deadline,
+        "relay-timeout-s": max(deadline * 0.9, 1.0),  # below the round's, so the relay answers first
+    }
+
+
+class Server:
+    def __init__(self, cfg: ServerConfig, sup: ProcessSupervisor) -> None:
+        self.cfg, self.sup = cfg, sup
+        self.state = cfg.state_dir
+        self.tls = None if cfg.server.insecure else TlsFiles(cfg.server.tls_cert, cfg.server.tls_key, cfg.server.tls_ca)
+        self.link: SuperLink | None = None
+        self.run: ManagedProcess | None = None
+        self.console = ConsoleTail(self.state / CONSOLE_FILE, print)
+
+    def start_link(self, port: int) -> SuperLink:
+        host, _ = self.cfg.listen
+        self.link = start_superlink(self.sup, self.state / "superlink", host=host, fleet_port=port,
+                                    insecure=self.tls is None, tls=self.tls, database=self.state / "superlink.db")
+        self._record()
+        return self.link
+
+    def submit(self) -> ManagedProcess:
+        assert self.link is not None
+        submitted = submit_run(self.sup, self.state / "flwr-run", control_address=self.link.control_address,
+                               run_config=run_config(self.cfg, self.state / SETTINGS_FILE),
+                               insecure=self.tls is None, root_cert=None if self.tls is None else self.tls.ca_certfile)
+        self.run = submitted.process
+        self._record()
+        return self.run
+
+    def _record(self) -> None:
+        procs = [p for p in (self.link.process if self.link else None, self.run) if p is not None and p.alive()]
+        record_children(self.state, [(p.name, p.pid) for p in procs])
+
+    def serve(self) -> int:
+        """Submit the run, follow it, resubmit it when it dies; 0 once every round is done."""
+        failures, progress = 0, self._progress()
+        self.submit()
+        while True:
+            self.console.pump()
+            if self.link is not None and not self.link.process.alive():
+                say(f"the SuperLink exited (code {self.link.process.returncode()}); restarting it on port "
+                    f"{self.link.fleet_port}")
+                if self.run is not None and self.run.alive():
+                    self.sup.stop(self.run)
+                self.start_link(self.link.fleet_port)
+                self.submit()
+                continue
+            if self.run is not None and self.run.alive():
+                time.sleep(0.2)
+                continue
+            self.console.pump()
+            if (self.state / DONE_FILE).exists():
+                done = json.loads((self.state / DONE_FILE).read_text(encoding="utf-8"))
+                say(f"all {done['rounds']} rounds done; metrics in {self.cfg.metrics_out}; journal "
+                    f"{self.cfg.coordinator.journal_path}; torch imported: ServerApp {done['torch_loaded']}, "
+                    f"hacfed-server {'torch' in sys.modules}")
+                return 0
+            now = self._progress()
+            failures = 0 if now != progress else failures + 1
+            progress = now
+            tail = "\n".join((self.run.log_tail(4000) if self.run is not None else "").splitlines()[-10:])
+            if failures > self.cfg.server.max_run_restarts:
+                say(f"the ServerApp run failed {failures} times without progress; giving up. Last output:\n{tail}")
+                return 1
+            say(f"the ServerApp run ended before the federation finished; resubmitting (resumes from the "
+                f"journal). Last output:\n{tail}")
+            time.sleep(min(2.0 * failures, 10.0))
+            self.submit()
+
+    def _progress(self) -> tuple[int, int | None]:
+        status = self.state / "driver-status.json"
+        if not status.exists():
+            return (-1, None)
+        data = json.loads(status.read_text(encoding="utf-8"))
+        return (int(data["next_round"]), data.get("open_round"))
+
+
+def start_link_on_known_port(server: Server, port: int) -> SuperLink:
+    """With port 0, a restarted server first tries the port its previous life used, so the labs'
+    SuperNodes (which keep retrying that address) find it again; the OS picks one if it is taken."""
+    remembered = server.state / PORT_FILE
+    if port == 0 and remembered.exists():
+        previous = int(remembered.read_text(encoding="utf-8").strip())
+        try:
+            link = server.start_link(previous)
+        except (ProcessError, TimeoutError):
+            say(f"port {previous} of the previous run is taken; letting the OS pick one (labs must reconnect)")
+            link = server.start_link(0)
+    else:
+        link = server.start_link(port)
+    remembered.write_text(f"{link.fleet_port}\n", encoding="utf-8")
+    return link
+
+
+def run_server(cfg: ServerConfig) -> int:
+    """The whole life of hacfed-server; SIGTERM / SIGINT stop every child and return 0."""
+    state = cfg.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    lock = lock_state_dir(state)
+    try:
+        for leftover in kill_leftovers(state):
+            say(f"stopped {leftover} left running by a previous hacfed-server")
+        settings_path = prepare(cfg)
+        if (state / DONE_FILE).exists():
+            say(f"the run {cfg.coordinator.run_id} in {state} is already complete; nothing to do")
+            return 0
+        try:
+            with ProcessSupervisor(grace_s=10.0) as sup:
+                server = Server(cfg, sup)
+                link = start_link_on_known_port(server, cfg.listen[1])
+                say(f"ready: Fleet API on {link.fleet_address} ({'insecure, loopback' if server.tls is None else 'TLS'}); "
+                    f"state in {state}")
+                code = server.serve()
+            forget_children(state)
+            return code
+        except (KeyboardInterrupt, SystemExit) as stop:
+            forget_children(state)
+            say(f"stopped ({type(stop).__name__}); state kept in {state}: run the same command to resume")
+            return 0
+    except JournalError as exc:
+        raise ValueError(str(exc)) from None
+    finally:
+        lock.close()

@@ -1,0 +1,102 @@
+"""hacfed-client's configuration: TOML + flags + --task, validated with errors that name the field."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from hacfed.clients.config import DEFAULT_TASK, load_client_config
+from hacfed.clients.main import build_parser, main
+from hacfed.clients.runner import describe_answer
+from hacfed.federation.keys import ensure_key_pair
+from hacfed.federation.service import Answered
+from hacfed.messages import RoundUpdate, StepReport, Submission
+
+
+@pytest.fixture
+def flags(tmp_path: Path) -> dict:
+    key = ensure_key_pair(tmp_path / "server", "coordinator").public
+    return {"participant_id": "lab-a", "model": "tiny-llama", "server": "127.0.0.1:9092",
+            "state_dir": str(tmp_path / "lab-a"), "coordinator_key": str(key), "insecure": True}
+
+
+def test_flags_alone_give_the_default_task(flags: dict, tmp_path: Path) -> None:
+    cfg = load_client_config(None, flags)
+    assert cfg.task == DEFAULT_TASK and cfg.state_dir == tmp_path / "lab-a"
+    kwargs = cfg.participant_kwargs()
+    assert kwargs["checkpoint_dir"] == str(tmp_path / "lab-a" / "checkpoints") and "learning_rate" not in kwargs
+
+
+def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[participant]\nmodel = "tiny-gpt2"\nfinetune = "lora"\nlearning_rate = 1e-4\n'
+                    '[task]\nkind = "arithmetic"\ndigits = 2\noperators = "+"\n')
+    cfg = load_client_config(path, {**flags, "model": None, "device": "cpu"}, ["digits=3"])
+    assert cfg.model == "tiny-gpt2" and cfg.finetune == "lora" and cfg.learning_rate == 1e-4
+    assert cfg.task == {"kind": "arithmetic", "digits": 3, "operators": "+"} and cfg.config_dir == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"participant_id": "../etc"}, "ClientConfig.participant_id must be 1-128 characters"),
+        ({"server": "nowhere"}, "ClientConfig.server must be HOST:PORT"),
+        ({"coordinator_key": "missing.pub"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
+        ({"insecure": None}, "ClientConfig.insecure must be true without tls_ca"),
+        ({"tls_ca": __file__}, "ClientConfig.insecure must be true without tls_ca"),
+        ({"finetune": "half"}, r"ClientConfig.finetune must be one of \['full', 'lora'\], got 'half'"),
+        ({"rollout_backend": "tgi"}, "ClientConfig.rollout_backend must be one of"),
+        ({"learning_rate": -1.0}, "ClientConfig.learning_rate must be a number > 0, got -1.0"),
+        ({"eval_problems": 0}, "ClientConfig.eval_problems must be an integer >= 1, got 0"),
+        ({"model": None}, r"missing setting\(s\) \['model'\]: pass --model"),
+    ],
+)
+def test_errors_name_the_field(flags: dict, changes: dict, message: str) -> None:
+    values = {**flags, **changes}
+    if changes.get("model", "") is None:
+        values.pop("model")
+    with pytest.raises(ValueError, match=message):
+        load_client_config(None, values)
+
+
+def test_unknown_keys_and_tables_are_refused(flags: dict, tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("[participant]\nmodle = 'x'\n")
+    with pytest.raises(ValueError, match=r"\[participant\]: unknown key\(s\) \['modle'\]"):
+        load_client_config(path, flags)
+    path.write_text("[server]\nlisten = 'x'\n")
+    with pytest.raises(ValueError, match=r"unknown table\(s\) \['server'\]"):
+        load_client_config(path, flags)
+
+
+def test_every_option_is_explained_in_help() -> None:
+    options = [a for a in build_parser()._actions if not isinstance(a, argparse._HelpAction)]
+    assert {o.dest for o in options} >= {"model", "server", "participant_id", "state_dir", "coordinator_key",
+                                         "insecure", "tls_ca", "finetune", "device", "rollout_backend",
+                                         "learning_rate", "exit_when_done", "task_sets"}
+    assert all(o.help and len(o.help) > 15 for o in options)
+
+
+def test_main_reports_config_errors_without_a_traceback(flags: dict, capsys: pytest.CaptureFixture) -> None:
+    code = main(["--model", "tiny-llama", "--server", "127.0.0.1:1", "--participant-id", "lab-a", "--state-dir",
+                 flags["state_dir"], "--coordinator-key", flags["coordinator_key"]])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("hacfed-client: error: ClientConfig.insecure") and "Traceback" not in err
+
+
+def test_progress_lines_say_what_the_step_did() -> None:
+    from tests.unit.test_coordinator_fakes import TASK, make_config
+    from hacfed.coordinator.plan import make_plan
+    from tests.unit.test_coordinator_fakes import scripted_trajectories
+
+    plan = make_plan(make_config(Path("/tmp")), TASK, 1)
+    pool = tuple(scripted_trajectories(plan, "lab-a") + scripted_trajectories(plan, "lab-b"))
+    update = RoundUpdate("test-run", 0, pool, {"lab-a": 0.5}, plan)
+    sub = Submission("test-run", "lab-a", 1, pool[:6], StepReport("lab-a", 1, {"time_training_s": 1.5,
+                                                                               "time_rollout_s": 0.5}, 0.25))
+    line = describe_answer(Answered(update, sub, 2.0, False), "lab-a")
+    assert line.startswith("round 1: trained on 12 pooled samples of round 0 (6 from other labs) in 1.5s")
+    assert "eval accuracy 0.250" in line and "rolled out 6 in 0.5s, claimed reward 0.33" in line
+    assert "cached reply" in describe_answer(Answered(update, None, 0.0, True), "lab-a")

@@ -1,0 +1,114 @@
+"""hacfed-server's configuration: TOML + --set + flags, validated with errors that name the field."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from hacfed.server.config import load_server_config, parse_set
+from hacfed.server.main import build_parser, main
+
+BASE = """
+run_id = "t"
+rounds = 4
+prompts_per_round = 2
+group_size = 2
+expected_participants = 2
+min_participants = 1
+round_deadline_s = 30
+state_dir = "{state}"
+[task]
+kind = "arithmetic"
+digits = 2
+[sampling]
+max_new_tokens = 6
+[server]
+listen = "127.0.0.1:9092"
+insecure = true
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "coordinator.toml"
+    path.write_text(BASE.format(state=tmp_path / "state"))
+    return path
+
+
+def test_file_then_sets_then_flags(config_file: Path, tmp_path: Path) -> None:
+    cfg = load_server_config(config_file, ["rounds=7", "task.digits=3", "sampling.max_new_tokens=9",
+                                           "hacpo.mode=naive", "run_id=demo", "server.listen=127.0.0.1:0"],
+                             {"state_dir": str(tmp_path / "other"), "listen": "localhost:5000"})
+    assert cfg.coordinator.rounds == 7 and dict(cfg.coordinator.task) == {"kind": "arithmetic", "digits": 3}
+    assert cfg.coordinator.sampling.max_new_tokens == 9 and cfg.coordinator.hacpo.mode == "naive"
+    assert cfg.coordinator.run_id == "demo"
+    assert cfg.server.listen == "localhost:5000"  # the flag wins over --set server.listen
+    assert cfg.state_dir == tmp_path / "other" and cfg.state_dir.is_absolute()
+    assert cfg.keys_dir == tmp_path / "other" / "keys" and cfg.metrics_out == tmp_path / "other" / "metrics.jsonl"
+    assert cfg.config_dir == config_file.parent
+
+
+@pytest.mark.parametrize(
+    ("sets", "flags", "message"),
+    [
+        (["rounds=0"], {}, "CoordinatorConfig.rounds must be an integer >= 1, got 0"),
+        (["min_participants=5"], {}, "CoordinatorConfig.min_participants must be <= expected_participants"),
+        (["round_deadline_s=-1"], {}, "CoordinatorConfig.round_deadline_s"),
+        (["server.listen=nowhere"], {}, "server.listen must be HOST:PORT"),
+        (["server.poll_interval_s=0"], {}, "server.poll_interval_s must be a number > 0"),
+        (["server.colour=blue"], {}, r"\[server\]: unknown key\(s\) \['colour'\]"),
+        (["bogus=1"], {}, r"unknown coordinator config key\(s\): \['bogus'\]"),
+        (["norvalue"], {}, "--set expects KEY=VALUE"),
+        ([], {"listen": "0.0.0.0:9092"}, "server.listen: --insecure binds loopback only"),
+        ([], {"listen": "10.1.2.3:9092"}, "server.listen: --insecure binds loopback only"),
+        (["server.insecure=false"], {}, "pass --insecure .* or all of --tls-cert, --tls-key and --tls-ca"),
+        ([], {"tls_cert": "missing.pem", "tls_key": "k", "tls_ca": "c"}, "server.tls_cert: .*missing.pem is not a file"),
+        (["server.insecure=false"], {"trust_on_first_use": True, "tls_cert": __file__, "tls_key": __file__,
+                                     "tls_ca": __file__}, "trust_on_first_use .* only with --insecure"),
+    ],
+)
+def test_errors_name_the_field(config_file: Path, sets: list[str], flags: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_server_config(config_file, sets, flags)
+
+
+def test_tls_flags_replace_the_files_plaintext_setting(config_file: Path) -> None:
+    cfg = load_server_config(config_file, [], {"listen": "0.0.0.0:9092", "tls_cert": __file__, "tls_key": __file__,
+                                               "tls_ca": __file__})
+    assert cfg.server.insecure is False and cfg.server.tls_cert == Path(__file__).resolve()
+
+
+def test_state_dir_is_required_somewhere(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE.format(state="x").replace('state_dir = "x"\n', ""))
+    with pytest.raises(ValueError, match="state_dir: set it in the config file or pass --state-dir"):
+        load_server_config(path)
+    assert load_server_config(path, [], {"state_dir": str(tmp_path / "s")}).state_dir == tmp_path / "s"
+
+
+def test_parse_set_reads_toml_values_and_plain_strings() -> None:
+    assert parse_set("rounds=3") == ("rounds", 3)
+    assert parse_set("x=0.5") == ("x", 0.5)
+    assert parse_set("flag=true") == ("flag", True)
+    assert parse_set("run_id=demo-1") == ("run_id", "demo-1")
+    assert parse_set('name="a b"') == ("name", "a b")
+
+
+def test_every_option_is_explained_in_help() -> None:
+    parser = build_parser()
+    options = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    assert {o.dest for o in options} >= {"config", "sets", "state_dir", "listen", "insecure", "tls_cert", "tls_key",
+                                         "tls_ca", "keys_dir", "metrics_out", "trust_on_first_use"}
+    assert all(o.help and len(o.help) > 15 for o in options)
+
+
+def test_main_reports_config_errors_without_a_traceback(config_file: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["--config", str(config_file), "--insecure", "--listen", "0.0.0.0:9092"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("hacfed-server: error: server.listen: --insecure binds loopback only")
+    assert "Traceback" not in err
+    assert main(["--config", str(config_file.parent / "nope.toml")]) == 2
+    assert "config file not found" in capsys.readouterr().err

@@ -1,0 +1,281 @@
+"""The federation driver (coordinator side) against participant services, with direct calls.
+
+No Flower here: `exchange()` plays the ServerApp's RoundLoop (payloads out, replies or errors back,
+then close_round), and each node is a real `ParticipantService` around a scripted participant, so
+envelopes, signatures, wire encoding, the reply cache and the coordinator's checks all run for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from hacfed.envelope import save_public_key
+from hacfed.federation.driver import FederationDriver
+from hacfed.federation.keys import ensure_key_pair
+from hacfed.federation.service import ParticipantService
+from hacfed.federation.settings import CONSOLE_FILE, DONE_FILE, DriverSettings
+from hacfed.flower.relay import ParticipantRejection
+from hacfed.messages import RoundUpdate, StepReport, Submission
+from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config, scripted_submission
+
+STEP_TIMES = {"time_rollout_s": 0.25, "time_training_s": 0.5, "time_eval_s": 0.125, "time_checkpoint_s": 0.0}
+
+
+class ScriptedParticipant:
+    """Answers plans with scripted (honest) submissions and counts its steps."""
+
+    def __init__(self, participant_id: str) -> None:
+        self.participant_id = participant_id
+        self.last_round: int | None = None
+        self.updates: list[RoundUpdate] = []
+
+    def step(self, update: RoundUpdate) -> Submission:
+        self.updates.append(update)
+        pid, plan = self.participant_id, update.next_plan
+        if plan is None:
+            report = StepReport(pid, update.pool_round + 1, {"loss": 0.1, **STEP_TIMES}, 0.75)
+            return Submission(update.run_id, pid, update.pool_round + 1, (), report, nonce=secrets.token_hex(16))
+        self.last_round = plan.round_id
+        sub = scripted_submission(plan, pid, eval_accuracy=0.5 if plan.evaluate else None, nonce=secrets.token_hex(16))
+        return dataclasses.replace(sub, report=dataclasses.replace(sub.report, metrics={"num_cross": 1.0, **STEP_TIMES}))
+
+
+class Federation:
+    """A driver plus nodes (node id -> participant service) in tmp_path."""
+
+    def __init__(self, tmp_path: Path, clock: FakeClock, trust_on_first_use: bool = False, **overrides: Any) -> None:
+        self.tmp, self.clock = tmp_path, clock
+        state = tmp_path / "server"
+        self.coordinator_key = ensure_key_pair(state, "coordinator")
+        self.keys_dir = state / "keys"
+        self.keys_dir.mkdir(parents=True, exist_ok=True)
+        cfg = make_config(state, **{"rounds": 2, "group_size": 2, **overrides})
+        self.settings = DriverSettings(cfg.to_dict(), None, str(self.keys_dir), str(self.coordinator_key.private),
+                                       str(state / "metrics.jsonl"), retry_interval_s=5.0,
+                                       trust_on_first_use=trust_on_first_use)
+        self.lines: list[str] = []
+        self.driver = self.new_driver()
+        self.nodes: dict[int, tuple[str, ParticipantService]] = {}
+
+    def new_driver(self) -> FederationDriver:
+        return FederationDriver(self.settings, clock=self.clock, monotonic=self.clock, console=self.lines.append)
+
+    def add(self, node: int, pid: str, *, register: bool = True, cheat: bool = False, signer: str | None = None,
+            participant: Any = None) -> ParticipantService:
+        """A participant node; `signer` uses another participant's key pair (impersonation)."""
+        keys = ensure_key_pair(self.tmp / (signer or pid), "participant")
+        if register:
+            save_public_key(keys.load().public_key(), self.keys_dir / f"{pid}.pub")
+        service = ParticipantService(participant or ScriptedParticipant(pid), TASK, keys.load(),
+                                     self.coordinator_key.load().public_key(), self.tmp / pid / "service", cheat=cheat)
+        self.nodes[node] = (pid, service)
+        return service
+
+    def exchange(self, corrupt: Callable[[bytes], bytes] = lambda b: b) -> dict[int, str]:
+        """One ServerApp exchange; returns node -> "reply" | error text."""
+        payloads = self.driver.next_round({n: pid for n, (pid, _) in self.nodes.items()}) or {}
+        outcome = {}
+        for node, payload in payloads.items():
+            try:
+                reply = corrupt(self.nodes[node][1].handle(payload))
+            except ParticipantRejection as exc:
+                self.driver.on_error(node, str(exc))
+                outcome[node] = str(exc)
+                continue
+            self.driver.on_reply(node, reply)
+            outcome[node] = "reply"
+        self.driver.close_round()
+        return outcome
+
+    def run(self, max_exchanges: int = 20) -> None:
+        for _ in range(max_exchanges):
+            if self.driver.finished():
+                return
+            self.exchange()
+        raise AssertionError(f"not finished after {max_exchanges} exchanges:\n" + "\n".join(self.lines))
+
+    def rows(self) -> list[dict]:
+        return [json.loads(x) for x in Path(self.settings.metrics_out).read_text().splitlines()]
+
+
+def test_two_honest_participants_run_to_the_end_with_final_reports(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock())
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    fed.run()
+    journal = fed.driver.journal
+    assert [journal.round(r).close_reason for r in (0, 1)] == ["quorum", "quorum"]
+    pool = journal.pool(1)
+    assert {t.source_id for t in pool} == {"lab-a", "lab-b"} and len(pool) == 2 * 2 * 2
+    # each participant trained on the pool of round 0 (both sources), then on round 1's in the final update
+    a = fed.nodes[1][1].participant
+    assert [u.pool_round for u in a.updates] == [None, 0, 1]
+    assert {t.source_id for t in a.updates[1].pool} == {"lab-a", "lab-b"}
+    rows = fed.rows()
+    per_round = [r for r in rows if not r.get("final")]
+    assert sorted((r["round"], r["agent"]) for r in per_round) == [(0, "lab-a"), (0, "lab-b"), (1, "lab-a"), (1, "lab-b")]
+    first = per_round[0]
+    for key in ("reward_mean", "accepted", "rejected", "capability", "mode", "seed", "train/num_cross",
+                "time_round_s", "time_coordinator_s", "time_rollout_s", "time_training_s", "time_exchange_s"):
+        assert key in first, key
+    assert first["eval_accuracy"] == 0.5 and first["accepted"] == 4 and first["rejected"] == 0
+    assert first["time_rollout_s"] == 0.25 and first["time_training_s"] == 0.5
+    finals = [r for r in rows if r.get("final")]
+    assert sorted(r["agent"] for r in finals) == ["lab-a", "lab-b"] and all(r["eval_accuracy"] == 0.75 for r in finals)
+    assert json.loads((Path(fed.settings.state_dir) / DONE_FILE).read_text())["missing_final_reports"] == []
+    assert all(service.finished for _, service in fed.nodes.values())  # everyone got the final ack
+    text = "\n".join(fed.lines)
+    for expected in ("joined: lab-a", "round 0 open", "round 1 closed (quorum)", "round 0 lab-b: reward",
+                     "final report lab-a: eval 0.75", "federation finished"):
+        assert expected in text
+
+
+def test_falsified_rewards_are_rejected_and_counted_while_honest_ones_are_accepted(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), max_strikes=3, expected_participants=1)
+    fed.add(1, "honest")
+    fed.add(2, "cheat", cheat=True)
+    fed.run()
+    journal = fed.driver.journal
+    sources = {t.source_id for t in journal.pool(0)}
+    assert sources == {"honest"}  # every cheat sample claimed the opposite reward: all rejected
+    cheat = journal.participant("cheat")
+    assert cheat.strikes >= 3 and cheat.quarantined
+    row = next(r for r in fed.rows() if r["round"] == 0 and r["agent"] == "cheat")
+    assert row["accepted"] == 0 and row["rejected"] == 4
+    honest_row = next(r for r in fed.rows() if r["round"] == 0 and r["agent"] == "honest")
+    assert honest_row["accepted"] == 4 and honest_row["rejected"] == 0
+    text = "\n".join(fed.lines)
+    assert "round 0 cheat: REJECTED 4 of 4: HACFED-E-REWARD-MISMATCH x" in text
+    assert "cheat is quarantined" in text
+    assert len(fed.nodes[2][1].participant.updates) == 1  # a quarantined participant gets no more updates
+    assert fed.nodes[2][1].finished  # ... but is told when the run is over, so it can leave
+
+
+def test_unknown_key_is_refused_and_never_sent_anything(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), expected_participants=1)
+    fed.add(1, "lab-a")
+    stranger = fed.add(2, "stranger", register=False)
+    fed.run()
+    assert stranger.participant.updates == []
+    assert fed.driver.journal.participant("stranger") is None
+    assert any("REFUSED participant stranger: unknown key" in line and "stranger.pub" in line for line in fed.lines)
+
+
+def test_key_of_another_participant_is_an_identity_mismatch(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    fed.add(3, "mallory", signer="lab-b")  # its node says mallory, it signs with lab-b's registered key
+    save_public_key(ensure_key_pair(tmp_path / "mallory-own", "participant").load().public_key(),
+                    fed.keys_dir / "mallory.pub")  # mallory is registered, with a key of its own
+    fed.exchange()
+    refused = [line for line in fed.lines if "mallory: REFUSED HACFED-E-IDENTITY-MISMATCH" in line]
+    assert refused and "signed with the key of lab-b" in refused[0]
+    with sqlite3.connect(fed.driver.cfg.journal_path) as db:
+        codes = [row[0] for row in db.execute("SELECT participant_id || ' ' || code FROM rejections")]
+    assert codes == ["mallory HACFED-E-IDENTITY-MISMATCH"]
+    assert not fed.driver.coordinator.has_submitted("mallory", 0)
+
+
+def test_tampered_reply_is_refused_and_the_round_closes_at_its_deadline(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=2, min_participants=1, max_deadline_extensions=0)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+
+    def flip_last_byte_of_b(reply: bytes) -> bytes:
+        return reply if b"lab-a" in reply else reply[:-1] + bytes([reply[-1] ^ 1])
+
+    fed.exchange(flip_last_byte_of_b)
+    assert any("round 0 lab-b: REFUSED HACFED-E-" in line for line in fed.lines)
+    assert fed.driver.coordinator.current_round == 0  # lab-b has not answered: no quorum yet
+    assert fed.exchange() == {}  # a refused sender is not asked again in the same round
+    clock.t += 101.0  # past the deadline: the round closes with lab-a alone
+    fed.exchange()
+    assert fed.driver.journal.round(0).close_reason == "deadline"
+
+
+def test_failed_participant_is_retried_after_the_interval_and_rejoins(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock)
+    fed.add(1, "lab-a")
+    down = fed.add(2, "lab-b")
+    handle = down.handle
+    down.handle = lambda payload: (_ for _ in ()).throw(  # type: ignore[method-assign]
+        ParticipantRejection(__import__("grpc").StatusCode.UNAVAILABLE, "HACFED-E-PARTICIPANT-UNREACHABLE", "down"))
+    first = fed.exchange()
+    assert first[2].startswith("HACFED-E-PARTICIPANT-UNREACHABLE")
+    assert fed.exchange() == {}  # within the retry interval: nobody to ask
+    down.handle = handle  # type: ignore[method-assign]
+    clock.t += 5.0
+    assert fed.exchange() == {2: "reply"}
+    assert fed.driver.journal.round(0).close_reason == "quorum"
+    assert sum("exchange failed" in line for line in fed.lines) == 1
+
+
+def test_restarted_driver_resumes_and_writes_each_round_once(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), rounds=3)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    fed.exchange()  # round 0, closed by quorum
+    payloads = fed.driver.next_round({n: pid for n, (pid, _) in fed.nodes.items()})
+    fed.nodes[1][1].handle(payloads[1])  # lab-a answers round 1, then the ServerApp dies before the reply
+    assert fed.driver.coordinator.current_round == 1
+    fed.driver.journal.close()
+    fed.driver = fed.new_driver()  # the ServerApp died and was resubmitted
+    assert any("round 1 continues" in line for line in fed.lines)
+    fed.run()
+    rounds = sorted((r["round"], r["agent"]) for r in fed.rows() if not r.get("final"))
+    assert rounds == sorted((r, p) for r in range(3) for p in ("lab-a", "lab-b"))
+    # the identical resend of round 1 got the cached reply: no participant trained twice
+    assert [u.pool_round for u in fed.nodes[1][1].participant.updates] == [None, 0, 1, 2]
+
+
+def test_trust_on_first_use_registers_a_self_signed_key(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), trust_on_first_use=True, expected_participants=1)
+    fed.add(1, "lab-a", register=False)
+    fed.run()
+    assert (fed.keys_dir / "lab-a.pub").exists()
+    assert any(line.startswith("TRUST-ON-FIRST-USE: registered key") for line in fed.lines)
+    assert fed.driver.journal.pool(0)
+
+
+def test_driver_and_server_entry_point_do_not_import_torch() -> None:
+    code = ("import sys, hacfed.federation.driver, hacfed.server.main, hacfed.flower.serverapp; "
+            "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_settings_validate_paths_and_intervals(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path).to_dict()
+    with pytest.raises(ValueError, match="DriverSettings.keys_dir must be an absolute path"):
+        DriverSettings(cfg, None, "keys", str(tmp_path / "k"), str(tmp_path / "m"))
+    with pytest.raises(ValueError, match="retry_interval_s"):
+        DriverSettings(cfg, None, str(tmp_path), str(tmp_path / "k"), str(tmp_path / "m"), retry_interval_s=0)
+    with pytest.raises(ValueError, match="CoordinatorConfig.rounds"):
+        DriverSettings({**cfg, "rounds": 0}, None, str(tmp_path), str(tmp_path / "k"), str(tmp_path / "m"))
+    assert CONSOLE_FILE == "console.log"
+
+
+def test_first_round_waits_for_expected_then_starts_with_the_quorum(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=2, min_participants=1)
+    fed.add(1, "lab-a")
+    assert fed.exchange() == {} and fed.driver.coordinator.current_round is None
+    assert any("waiting for participants: 1 connected, round 0 starts with 2 (or 1 after 100s)" in line
+               for line in fed.lines)
+    clock.t += 100.0
+    assert fed.exchange() == {1: "reply"}  # one deadline later the quorum of 1 is enough
+    late = fed.add(2, "lab-b")  # a late participant joins the open round (and may make it wait)
+    fed.run()
+    assert [u.next_plan.round_id for u in late.participant.updates if u.next_plan] == [0, 1]  # joined round 0
+    assert "joined: lab-b" in fed.lines
