@@ -191,7 +191,7 @@ def _follow(log: Path, server: Any) -> int:
                 if line.strip():
                     print(f"  {line}", flush=True)
         if not alive:
-            return server.wait()
+            return server.wait(timeout=30)
         time.sleep(0.5)
 
 

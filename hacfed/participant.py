@@ -148,14 +148,14 @@ class Participant:
             metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
             self.last_round = plan.round_id
             self._eval_max_new_tokens = plan.sampling.max_new_tokens
-        metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})
-        # The submission answers plan r (or, after the last round, closes the run as round R).
-        round_id = plan.round_id if plan is not None else (update.pool_round or 0) + 1
-        report = StepReport(self.participant_id, round_id, metrics, eval_accuracy)
         if self.cfg.checkpoint_dir:
             t0 = time.perf_counter()
             self.save(Path(self.cfg.checkpoint_dir))
             self.timings.checkpoint_s = time.perf_counter() - t0
+        metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})
+        # The submission answers plan r (or, after the last round, closes the run as round R).
+        round_id = plan.round_id if plan is not None else (update.pool_round or 0) + 1
+        report = StepReport(self.participant_id, round_id, metrics, eval_accuracy)
         return Submission(
             run_id=update.run_id,
             participant_id=self.participant_id,
