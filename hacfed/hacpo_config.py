@@ -8,6 +8,7 @@ from typing import Literal
 
 Mode = Literal["hacpo", "naive", "gspo"]
 MODES: tuple[str, ...] = ("hacpo", "naive", "gspo")
+ABLATION_FLAGS = ("capability_baseline", "capability_coefficient", "stepwise_clip", "cross_clip")
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class HacpoConfig:
             value = getattr(self, f.name)
             if f.name == "mode":
                 continue
-            if f.type in ("bool",) or isinstance(value, bool):
+            if f.name in ABLATION_FLAGS:
                 if not isinstance(value, bool):
                     raise ValueError(f"HacpoConfig.{f.name} must be a bool, got {value!r}")
                 continue
@@ -75,6 +76,9 @@ class HacpoConfig:
         _check(self.adv_eps > 0, "adv_eps", self.adv_eps, "> 0")
         _check(self.reward_max > 0, "reward_max", self.reward_max, "> 0")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        changed = [name for name in ABLATION_FLAGS if getattr(self, name) is not True]
+        if self.mode != "hacpo" and changed:
+            raise ValueError(f"HacpoConfig: ablation flag(s) {changed} only apply to mode 'hacpo', not {self.mode!r}")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -27,7 +27,9 @@ from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.rollout.hf import evaluate_accuracy, generate
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
-from hacfed.update import UpdateSettings, adapter_disabled_reference, frozen_copy_reference, hacpo_update
+from hacfed.update import (
+    UpdateSettings, adapter_disabled_reference, default_minibatch, frozen_copy_reference, hacpo_update,
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,8 @@ class ParticipantConfig:
     finetune: Literal["full", "lora"] = "full"
     lora_rank: int = 8
     lora_alpha: int = 16
-    learning_rate: float = 2e-4
-    minibatch_size: int | None = None  # None: half of this learner's own samples per round
+    learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
+    minibatch_size: int | None = None  # None: prompts × G / 2 of the pool (the paper's 2 updates per source)
     max_grad_norm: float = 1.0
     max_prompt_len: int = 128
     max_response_len: int = 64
@@ -133,6 +135,11 @@ class Participant:
             metrics.update(self.train_on_pool(update))
             self.timings.training_s = time.perf_counter() - t0
         plan = update.next_plan
+        if plan is not None and plan.sampling.max_new_tokens + 1 > self.cfg.max_response_len:
+            raise ValueError(
+                f"the plan asks for up to {plan.sampling.max_new_tokens} new tokens but max_response_len is "
+                f"{self.cfg.max_response_len}: raise max_response_len to at least {plan.sampling.max_new_tokens + 1}"
+            )
         eval_accuracy = None
         # Evaluate when the plan asks, and always after training on the final pool (no plan).
         if (plan is not None and plan.evaluate) or (plan is None and update.pool):
@@ -170,16 +177,15 @@ class Participant:
         # Own samples keep the exact sampled ids from our rollout (the pool carries text only).
         # The pool's reward is the coordinator's verified one; only the ids come from the local cache.
         pool = [self._with_local_ids(t) for t in update.pool]
-        own_count = sum(t.source_id == self.participant_id for t in pool)
-        # Paper default: each source's samples fill two minibatches (2n updates per step).
-        minibatch = self.cfg.minibatch_size or max(1, (own_count or len(pool)) // 2)
+        minibatch = self.cfg.minibatch_size or default_minibatch(pool)
         settings = UpdateSettings(minibatch, self.cfg.max_grad_norm, self.cfg.max_prompt_len, self.cfg.max_response_len)
         agents = update.participants or tuple(sorted({t.source_id for t in pool}))
         metrics = hacpo_update(
             self.model, self.tokenizer, self.optimizer, self._reference, pool, self.participant_id,
             agents, self.capabilities, update.hacpo, settings,
         )
-        self.policy_version += 1
+        if metrics.get("num_updates", 0) > 0:
+            self.policy_version += 1
         if self._vllm is not None:
             # vLLM serves weights from disk: hand it the updated policy, or ratios go stale.
             self._vllm.reload(str(self._export_for_vllm()))

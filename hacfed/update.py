@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -21,6 +22,8 @@ from torch import Tensor
 from hacfed.algorithm import HacpoConfig, capability_ratio, hacpo_advantages, hacpo_policy_loss, kl_k3
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView, Trajectory, build_training_view
+
+log = logging.getLogger("hacfed.update")
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,42 @@ def order_pool(pool: Sequence[Trajectory], learner: str, agent_order: Sequence[s
     return own + others
 
 
-def build_views(pool: Sequence[Trajectory], learner: str, tokenizer: Any, settings: UpdateSettings) -> list[TrainingView]:
-    return [
-        build_training_view(t, learner, tokenizer, settings.max_prompt_len, settings.max_response_len)
-        for t in pool
-    ]
+def build_views(
+    pool: Sequence[Trajectory], learner: str, tokenizer: Any, settings: UpdateSettings
+) -> tuple[list[TrainingView], int]:
+    """Views of every sample; returns (views, skipped).
+
+    Nothing is truncated: a truncated response would make the learner's mean cover a prefix while
+    the source's summary covers the whole response. Another agent's sample that does not fit (or
+    re-tokenizes to nothing) is left out and counted; an own sample that does not fit is a
+    configuration error (max_response_len below the plan's max_new_tokens) and raises.
+    """
+    views: list[TrainingView] = []
+    skipped = 0
+    for t in pool:
+        try:
+            views.append(build_training_view(
+                t, learner, tokenizer, settings.max_prompt_len, settings.max_response_len, overflow="error"
+            ))
+        except ValueError as exc:
+            if t.source_id == learner:
+                raise ValueError(f"own sample cannot be trained on: {exc}") from exc
+            log.warning("learner %s skips %s's sample %s: %s", learner, t.source_id, t.trajectory_id, exc)
+            skipped += 1
+    return views, skipped
+
+
+def default_minibatch(pool: Sequence[Trajectory]) -> int:
+    """The paper's minibatch: half of one agent's samples of the step (prompts × G / 2), so each
+    source fills two minibatches. Derived from the pool, which every lab receives identically, so
+    the stepwise schedule L_m agrees across labs."""
+    per_group: dict[tuple[str, str], int] = {}
+    for t in pool:
+        key = (t.prompt_id, t.source_id)
+        per_group[key] = per_group.get(key, 0) + 1
+    prompts = {p for p, _ in per_group}
+    group_size = max(per_group.values(), default=0)
+    return max(1, len(prompts) * group_size // 2)
 
 
 def mean_logp_over_ratio_tokens(logp: Tensor, views: Sequence[TrainingView]) -> Tensor:
@@ -81,9 +115,9 @@ def hacpo_update(
     the same model with the adapter disabled); None or kl_coef == 0 skips the KL.
     """
     ordered = order_pool(pool, learner, agent_order, cfg)
-    if not ordered:
-        return {"num_samples": 0.0}
-    views = build_views(ordered, learner, tokenizer, settings)
+    views, skipped = build_views(ordered, learner, tokenizer, settings)
+    if not views:
+        return {"num_samples": 0.0, "skipped_views": float(skipped)}
     rewards = torch.tensor([v.reward for v in views], dtype=torch.float32)
     advantages = hacpo_advantages(
         rewards, [v.prompt_id for v in views], [v.source_id for v in views], learner, capabilities, cfg
@@ -93,8 +127,10 @@ def hacpo_update(
     )
     pad_id = tokenizer.pad_token_id
     device = next(model.parameters()).device
-    # EOS-only samples have no source summary: their old log-prob is the learner's own, before updates.
-    source_mean = _source_means(model, views, pad_id)
+    # Own samples: the old log-prob is recomputed with the training forward (not taken from the
+    # rollout engine, whose kernels may differ), so own ratios start at exactly 1. EOS-only samples
+    # of other agents have no source summary and use the learner's own old log-prob too.
+    source_mean = _old_means(model, views, pad_id, learner)
     use_kl = reference is not None and cfg.kl_coef > 0
 
     model.train()
@@ -116,7 +152,8 @@ def hacpo_update(
                 ref_logp, _ = sequence_logprobs(
                     ref_model, [batch[i].prompt_ids for i in own.tolist()], [batch[i].response_ids for i in own.tolist()], pad_id
                 )
-            kl = kl_k3(logp[own], ref_logp.to(device), mask[own])
+            width = ref_logp.shape[1]  # the longest own response; wider columns are masked for own rows
+            kl = kl_k3(logp[own][:, :width], ref_logp.to(device), mask[own][:, :width])
             loss = loss + cfg.kl_coef * kl
             metrics["kl"] = float(kl.detach())
         optimizer.zero_grad(set_to_none=True)
@@ -136,15 +173,15 @@ def hacpo_update(
         adv_mean=float(advantages.mean()),
         adv_abs_mean=float(advantages.abs().mean()),
         own_adv_abs_mean=float(own_adv.abs().mean()) if own_adv.numel() else 0.0,
-        truncated_frac=sum(v.truncated for v in views) / len(views),
+        skipped_views=float(skipped),
     )
     model.eval()
     return out
 
 
-def _source_means(model: Any, views: Sequence[TrainingView], pad_id: int) -> Tensor:
+def _old_means(model: Any, views: Sequence[TrainingView], pad_id: int, learner: str) -> Tensor:
     means = torch.tensor([v.source_mean_logp if v.source_mean_logp is not None else math.nan for v in views])
-    missing = [i for i, v in enumerate(views) if v.source_mean_logp is None]
+    missing = [i for i, v in enumerate(views) if v.source_mean_logp is None or v.source_id == learner]
     if missing:
         with torch.no_grad():
             sub = [views[i] for i in missing]

@@ -57,7 +57,7 @@ def test_advantages_capability_weighted_baseline_two_agents():
     # learner a: P̂_a = 0.5, P̂_b = 0.25 -> ratio(b, a) = 0.5 -> w_b = 1 / 0.5 = 2, w_a = 1
     # group rewards a:[1, 0] b:[1, 0]; μ = (1·1 + 1·0 + 2·1 + 2·0) / 4 = 0.75
     # unbiased std of [1,0,1,0] = sqrt(1 / 3) = 0.577350
-    # A(1) = 0.25 / (0.577350 + 1e-6) = 0.433012; A(0) = -0.75 / 0.577351 = -1.299037
+    # A(1) = 0.25 / (0.577350 + 1e-6) = 0.433012; A(0) = -0.75 / 0.577351 = -1.299036
     adv = hacpo_advantages(t([1.0, 0.0, 1.0, 0.0]), ["p"] * 4, ["a", "a", "b", "b"], "a", {"a": 0.5, "b": 0.25}, CFG)
     std = math.sqrt(1 / 3) + 1e-6
     expected = [0.25 / std, -0.75 / std, 0.25 / std, -0.75 / std]
@@ -336,3 +336,12 @@ def test_advantages_reject_bad_inputs():
         hacpo_advantages(t([1.0, math.inf]), ["p", "p"], ["a", "a"], "a", {"a": 1.0}, CFG)
     with pytest.raises(ValueError, match="'ghost'"):
         hacpo_advantages(t([1.0, 0.0]), ["p", "p"], ["a", "ghost"], "a", {"a": 1.0}, CFG)
+
+
+def test_config_rejects_bools_for_numbers_and_ablations_outside_hacpo():
+    with pytest.raises(ValueError, match="capability_window must be a number, got True"):
+        HacpoConfig(capability_window=True)
+    with pytest.raises(ValueError, match="kl_coef must be a number, got False"):
+        HacpoConfig(kl_coef=False)
+    with pytest.raises(ValueError, match=r"\['stepwise_clip'\] only apply to mode 'hacpo', not 'naive'"):
+        HacpoConfig(mode="naive", stepwise_clip=False)

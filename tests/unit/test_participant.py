@@ -69,7 +69,7 @@ def test_update_on_mixed_pool_changes_parameters_and_reports(two_rollouts):
     m = sub.report.metrics
     assert not torch.equal(before, params(a))
     assert math.isfinite(m["loss"]) and m["num_samples"] == 32
-    assert m["num_updates"] == 4  # own 16 + other 16 samples, minibatch = 16 / 2 = 8
+    assert m["num_updates"] == 4  # own 16 + other 16 samples, minibatch = 4 prompts × G 4 / 2 = 8
     assert 0 < m["num_cross"] and "kl" in m and m["kl"] >= 0
     assert a.policy_version == 1
     assert {t.policy_version for t in sub.trajectories} == {1}
@@ -91,7 +91,8 @@ def test_own_sample_ratio_starts_at_one():
     p = make("a", "tiny-qwen2")
     sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0, n=2, g=3), ("a",)))
     own = [p._own[t.trajectory_id] for t in sub.trajectories if t.source_token_count > 0]
-    views = build_views(own, "a", p.tokenizer, UpdateSettings(8))
+    views, skipped = build_views(own, "a", p.tokenizer, UpdateSettings(8))
+    assert skipped == 0
     logp, _ = sequence_logprobs(p.model, [v.prompt_ids for v in views], [v.response_ids for v in views], p.tokenizer.pad_token_id)
     learner = mean_logp_over_ratio_tokens(logp, views)
     source = torch.tensor([v.source_mean_logp for v in views])
@@ -130,3 +131,18 @@ def test_config_validation():
         ParticipantConfig("a", "tiny-llama", finetune="qlora")
     with pytest.raises(ValueError, match="learning_rate"):
         ParticipantConfig("a", "tiny-llama", learning_rate=-1.0)
+
+
+def test_mixed_minibatches_with_kl_and_oversized_cross_samples(two_rollouts):
+    # minibatch 3 mixes own and other samples of different lengths; the KL must still line up.
+    _, _, sa, sb = two_rollouts
+    long_other = type(sb.trajectories[0])(**{**sb.trajectories[0].__dict__, "trajectory_id": "long",
+                                             "response_text": "9" * 200, "source_token_count": 6})
+    pool = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(sa.trajectories[:4] + sb.trajectories[:4])]
+    p = make("a", "tiny-llama", minibatch_size=3)
+    p.step(RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0), ("a", "b")))  # so "a" has own ids
+    own = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(p._own.values())][:4]
+    sub = p.step(RoundUpdate("run", 0, tuple(own + pool[4:] + [long_other]), {"a": 0.5, "b": 0.5}, plan(1), ("a", "b")))
+    m = sub.report.metrics
+    assert m["num_updates"] == 3 and m["num_samples"] == 8  # 4 own + 4 other; the 200-char one skipped
+    assert m["skipped_views"] == 1 and math.isfinite(m["kl"])
