@@ -30,11 +30,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="local federation of tiny heterogeneous agents over real Flower processes",
                        description=__doc__.splitlines()[0])
     p.add_argument("--agents", default=DEFAULT_AGENTS, help=f"comma-separated presets (default {DEFAULT_AGENTS})")
-    p.add_argument("--rounds", type=int, default=12, help="federation rounds (default 12: a few minutes on 2 cores)")
+    p.add_argument("--rounds", type=int, default=30, help="federation rounds (default 30: a few minutes on 2 cores)")
     p.add_argument("--mode", choices=("hacpo", "naive", "gspo"), default="hacpo")
     p.add_argument("--prompts-per-round", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
-    p.add_argument("--eval-every", type=int, default=4)
+    p.add_argument("--eval-every", type=int, default=10, help="greedy held-out evaluation every K rounds (0: only at the end)")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--state-dir", default=None, help="where servers, labs and logs live (default: a temp dir, removed)")
