@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Iterator
@@ -168,7 +167,7 @@ def test_hostile_corpus_scores_zero_and_the_verifier_survives(tmp_path: Path, mo
         assert verdict.reason, name
     assert verdicts["tower"].reason == ABORT + "timeout"
     assert list(tmp_path.iterdir()) == []  # nothing ran: no file anywhere we can see
-    assert "sympy" not in sys.modules and "math_verify" not in sys.modules  # model text never parsed here
+    # (that model text is never parsed in the caller is checked in a clean subprocess: test_tasks_math)
     assert verifier.verify("0.5", "\\boxed{\\frac{2}{4}}").reward == 1.0  # still works afterwards
     verifier.close()
 

@@ -45,12 +45,15 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
     )
 
 
-hacpo_configs = st.builds(
-    HacpoConfig,
-    mode=st.sampled_from(["hacpo", "naive", "gspo"]), alpha=st.floats(0, 4), kl_coef=st.sampled_from([0.0, 0.001]),
+_common = dict(
+    alpha=st.floats(0, 4), kl_coef=st.sampled_from([0.0, 0.001]),
     cross_clip_step=st.sampled_from([0.0, 0.025]), capability_window=st.integers(1, 50),
-    capability_baseline=st.booleans(), capability_coefficient=st.booleans(),
-    stepwise_clip=st.booleans(), cross_clip=st.booleans(),
+)
+# Ablation flags only exist in mode "hacpo" (HacpoConfig refuses them elsewhere).
+hacpo_configs = st.one_of(
+    st.builds(HacpoConfig, mode=st.just("hacpo"), capability_baseline=st.booleans(),
+              capability_coefficient=st.booleans(), stepwise_clip=st.booleans(), cross_clip=st.booleans(), **_common),
+    st.builds(HacpoConfig, mode=st.sampled_from(["naive", "gspo"]), **_common),
 )
 
 
