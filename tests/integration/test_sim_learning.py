@@ -33,7 +33,10 @@ def test_hacpo_federation_reward_rises(tmp_path):
     for agent in ("tiny-llama", "tiny-gpt2"):
         mine = sorted((r for r in rows if r["agent"] == agent and not r.get("final")), key=lambda r: r["round"])
         assert [r["round"] for r in mine] == list(range(40))
-        assert all(r["accepted"] == 16 * 8 and r["rejected"] == 0 for r in mine)
+        assert all(r["accepted"] + r["rejected"] == 16 * 8 for r in mine)
+        # honest labs: rejections are rare (a group goes only when a sample is malformed, e.g. a
+        # response of special tokens that decodes to empty text)
+        assert sum(r["rejected"] for r in mine) <= 0.05 * 16 * 8 * 40
         # both agents trained on the other's re-tokenized samples
         assert all(r["train/num_cross"] > 0 for r in mine[1:])
     rewards = {a: [r["reward_mean"] for r in sorted(rows, key=lambda r: r["round"])
