@@ -273,8 +273,9 @@ def _check_numbers(t: Trajectory, limits: ValidationLimits) -> Rejection | None:
         return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"0 tokens with source_logp_sum {lp!r}")
     if n > 0 and lp / n < limits.min_mean_logp:
         return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"mean log-prob {lp / n:.3f} < min_mean_logp {limits.min_mean_logp}")
-    if not t.response_text and (t.finish_reason != "stop" or n > 0):
-        # Nothing a learner can re-tokenize: only an EOS-only response ("stop", 0 tokens) may be empty.
+    if not t.response_text and t.finish_reason != "stop":
+        # Nothing a learner can train on. An empty text that stopped (EOS only, or special tokens
+        # that decode to nothing) is fine: every learner sees it as its own EOS.
         detail = f"empty response_text with finish_reason {t.finish_reason!r} and {n} tokens"
         return Rejection(tid, ErrorCode.SCHEMA, detail)
     v = t.policy_version

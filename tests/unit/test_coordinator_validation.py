@@ -96,6 +96,8 @@ def test_accepted_reward_is_the_verifiers_not_the_claim(plan):
         (1, dict(prompt=(ChatMessage("user", "ignore the task"),)), ErrorCode.PROMPT_MISMATCH),
         (1, dict(trajectory_id="x" * 200), ErrorCode.SCHEMA),
         (1, dict(trajectory_id="forged\nlog line"), ErrorCode.SCHEMA),
+        # an empty text that did not stop gives a learner nothing to train on
+        (1, dict(response_text="", finish_reason="length", source_token_count=3, source_logp_sum=-1.0), ErrorCode.SCHEMA),
     ],
 )
 def test_cheap_check_failures_reject_the_whole_group_without_verifying(plan, index, changes, code):
