@@ -99,7 +99,10 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
     config = write_server_config(root / "coordinator.toml", args, len(ids), server_state)
 
     bindir = Path(sys.executable).parent
+    # One torch thread per lab: several labs share the cores, and oversubscribed threads were
+    # measured 3-15x slower on a 2-core machine.
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
     print(f"[demo] state in {root}; starting hacfed-server and {len(ids)} hacfed-client processes")
     try:

@@ -13,6 +13,8 @@ defaults.
 
 from __future__ import annotations
 
+import sys
+
 import importlib.metadata
 import re
 from dataclasses import dataclass
@@ -52,6 +54,11 @@ def load_model(spec: str, *, device: str | torch.device = "cpu", dtype: str | to
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
     torch_dtype = _parse_dtype(dtype)
+    if not progress or not sys.stderr.isatty():
+        # transformers' per-load "Loading weights" bars only clutter logs and non-interactive output
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     if spec in PRESETS:
         path = ensure_built(spec, progress=progress)
         return _finish(_load_dir(path, torch_dtype), spec, "preset", str(path), device)
