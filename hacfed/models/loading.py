@@ -13,10 +13,10 @@ defaults.
 
 from __future__ import annotations
 
-import sys
 
 import importlib.metadata
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
