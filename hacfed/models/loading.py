@@ -13,7 +13,6 @@ defaults.
 
 from __future__ import annotations
 
-
 import importlib.metadata
 import re
 import sys
