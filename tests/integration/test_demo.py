@@ -1,0 +1,81 @@
+"""`hacfed demo` end to end: real processes, outputs written, nothing left running (also on Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+HACFED = str(Path(sys.executable).parent / "hacfed")
+SMALL = ["--agents", "tiny-llama,tiny-gpt2", "--prompts-per-round", "2", "--group-size", "2", "--eval-every", "1"]
+
+
+def _leftovers(state: Path) -> list[str]:
+    """Live processes whose command line or environment (FLWR_HOME, ...) names the demo's state dir."""
+    found = []
+    for proc in psutil.process_iter(["status", "cmdline"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if str(state) in cmd or any(str(state) in v for v in proc.environ().values()):
+                found.append(cmd[:120])
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_demo_runs_writes_outputs_and_leaves_nothing(tmp_path):
+    state, metrics, plot = tmp_path / "state", tmp_path / "m.jsonl", tmp_path / "acc.png"
+    result = subprocess.run(
+        [HACFED, "demo", *SMALL, "--rounds", "2", "--state-dir", str(state), "--metrics-out", str(metrics),
+         "--plot", str(plot)],
+        capture_output=True, text=True, timeout=900, start_new_session=True, env=dict(os.environ),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "accuracy before" in result.stdout and "round 1" in result.stdout
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert {(r["round"], r["agent"]) for r in rows if not r.get("final")} == {
+        (r, a) for r in (0, 1) for a in ("lab-a-llama", "lab-b-gpt2")
+    }
+    assert all(isinstance(r["reward_mean"], float) for r in rows if not r.get("final"))
+    assert {r["agent"] for r in rows if r.get("final") and "eval_accuracy" in r} == {"lab-a-llama", "lab-b-gpt2"}
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    time.sleep(1)
+    assert _leftovers(state) == []
+
+
+def test_demo_ctrl_c_stops_every_process(tmp_path):
+    state = tmp_path / "state"
+    demo = subprocess.Popen(
+        [HACFED, "demo", *SMALL, "--rounds", "50", "--state-dir", str(state), "--metrics-out",
+         str(tmp_path / "m.jsonl"), "--plot", str(tmp_path / "p.png")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        seen = ""
+        while "round 0" not in seen and time.monotonic() < deadline:  # the federation is running
+            line = demo.stdout.readline()
+            if not line and demo.poll() is not None:
+                break
+            seen += line
+        assert "round 0" in seen, seen[-3000:]
+        assert _leftovers(state), "expected server and clients to be running"
+        demo.send_signal(signal.SIGINT)
+        demo.wait(timeout=120)
+        assert demo.returncode == 130
+        time.sleep(1)
+        assert _leftovers(state) == []
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
