@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from hacfed.tasks.base import Problem, Verdict
+from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.trajectory import ChatMessage
 
 _OPS = {"+": "add", "-": "sub"}
@@ -22,7 +22,7 @@ _INT_RE = re.compile(r"-?\d+")
 
 
 @dataclass(frozen=True)
-class ArithmeticTask:
+class ArithmeticTask(SplitLookup):
     """digits: max digits per operand (difficulty). operators: any of "+-".
     Subtraction keeps the result non-negative (the larger operand comes first)."""
 
@@ -69,22 +69,6 @@ class ArithmeticTask:
             problems.append(_make_problem(self.digits, op, a, b))
         # Held-out first so growing num_train never moves a problem between splits.
         return tuple(problems[self.num_eval :]), tuple(problems[: self.num_eval])
-
-    def train_problems(self) -> tuple[Problem, ...]:
-        return self._splits[0]
-
-    def eval_problems(self) -> tuple[Problem, ...]:
-        return self._splits[1]
-
-    @cached_property
-    def _by_id(self) -> dict[str, Problem]:
-        return {p.prompt_id: p for split in self._splits for p in split}
-
-    def problem(self, prompt_id: str) -> Problem:
-        try:
-            return self._by_id[prompt_id]
-        except KeyError:
-            raise KeyError(f"unknown prompt id {prompt_id!r} for task {self.name}") from None
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         return verify_exact_integer(problem.answer, response)

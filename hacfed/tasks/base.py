@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol, Sequence
 
 from hacfed.trajectory import ChatMessage
@@ -36,3 +37,26 @@ class Task(Protocol):
     def problem(self, prompt_id: str) -> Problem: ...
 
     def verify(self, problem: Problem, response: str) -> Verdict: ...
+
+
+class SplitLookup:
+    """Shared lookups for tasks whose `_splits` is (train problems, held-out problems)."""
+
+    name: str
+    _splits: tuple[tuple[Problem, ...], tuple[Problem, ...]]
+
+    def train_problems(self) -> tuple[Problem, ...]:
+        return self._splits[0]
+
+    def eval_problems(self) -> tuple[Problem, ...]:
+        return self._splits[1]
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.prompt_id: p for split in self._splits for p in split}
+
+    def problem(self, prompt_id: str) -> Problem:
+        try:
+            return self._by_id[prompt_id]
+        except KeyError:
+            raise KeyError(f"unknown prompt id {prompt_id!r} for task {self.name}") from None

@@ -28,7 +28,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from hacfed.tasks.base import Problem, Verdict
+from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig, extract_boxed
 from hacfed.trajectory import ChatMessage
 
@@ -43,7 +43,7 @@ Extractor = Callable[[str], "str | None"]
 
 
 @dataclass(frozen=True)
-class MathDataTask:
+class MathDataTask(SplitLookup):
     """A verifiable math task over local files. Loading is lazy; `hacfed.tasks.registry.load_task` forces it.
 
     max_train / max_eval keep the first N problems of each split (file order, after de-duplication).
@@ -102,22 +102,6 @@ class MathDataTask:
         if not train:
             raise ValueError(f"MathDataTask {self.name}: no train problems left after removing eval questions")
         return tuple(train[: self.max_train]), tuple(eval_all[: self.max_eval])
-
-    def train_problems(self) -> tuple[Problem, ...]:
-        return self._splits[0]
-
-    def eval_problems(self) -> tuple[Problem, ...]:
-        return self._splits[1]
-
-    @cached_property
-    def _by_id(self) -> dict[str, Problem]:
-        return {p.prompt_id: p for split in self._splits for p in split}
-
-    def problem(self, prompt_id: str) -> Problem:
-        try:
-            return self._by_id[prompt_id]
-        except KeyError:
-            raise KeyError(f"unknown prompt id {prompt_id!r} for task {self.name}") from None
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         return self._verifier.verify(problem.answer, response)
