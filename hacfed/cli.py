@@ -10,11 +10,6 @@ from typing import Any
 import sys
 
 
-def _not_available(name: str) -> int:
-    print(f"hacfed {name}: not available yet in this version of hacfed", file=sys.stderr)
-    return 2
-
-
 def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     models = sub.add_parser("models", help="the built-in zoo of tiny agents: build (warm up + cache) and list")
     actions = models.add_subparsers(dest="models_command", required=True)
@@ -88,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         from hacfed import demo
 
         return demo.run_from_args(args)
-    return _not_available(args.command)
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse only admits the ones above
 
 
 if __name__ == "__main__":
