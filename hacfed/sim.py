@@ -39,6 +39,7 @@ class SimConfig:
     learning_rate: float = 1e-4
     finetune: str = "full"
     task: dict = field(default_factory=lambda: {"kind": "arithmetic", "digits": 2, "operators": "+"})
+    hacpo_overrides: dict = field(default_factory=dict)  # e.g. {"cross_clip": False} (ablations)
     state_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -107,7 +108,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         run_id=f"sim-{cfg.mode}-s{cfg.seed}", task=cfg.task, rounds=cfg.rounds,
         prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
-        sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens), hacpo=HacpoConfig(mode=hacpo_mode),
+        sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens),
+        hacpo=HacpoConfig.from_dict({**HacpoConfig().to_dict(), **cfg.hacpo_overrides, "mode": hacpo_mode}),
         eval_every=cfg.eval_every, seed=cfg.seed,
     )
     endpoints = []
@@ -194,6 +196,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--digits", type=int, default=2, help="arithmetic task difficulty (digits per operand)")
     p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temp dir)")
     p.add_argument("--metrics-out", default=None, help="write JSON Lines metrics here")
+    p.add_argument("--hacpo", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a HacpoConfig setting, e.g. --hacpo cross_clip=false --hacpo alpha=2 (repeatable)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -213,6 +217,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
         eval_problems=args.eval_problems, learning_rate=args.lr, finetune=args.finetune,
         task={"kind": "arithmetic", "digits": args.digits, "operators": "+"}, state_dir=args.state_dir,
+        hacpo_overrides=parse_hacpo_overrides(args.hacpo),
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:
@@ -228,3 +233,26 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
     print(summary_table(rows))
     print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s" + (f"; metrics in {metrics_out}" if metrics_out else ""))
     return 0
+
+
+def parse_hacpo_overrides(items: Sequence[str]) -> dict:
+    """["cross_clip=false", "alpha=2"] -> {"cross_clip": False, "alpha": 2.0}, typed by HacpoConfig's defaults."""
+    from hacfed.hacpo_config import HacpoConfig
+
+    defaults = HacpoConfig().to_dict()
+    out: dict = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in defaults or key == "mode":
+            raise ValueError(f"--hacpo expects KEY=VALUE with KEY one of {sorted(k for k in defaults if k != 'mode')}, got {item!r}")
+        default = defaults[key]
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false"):
+                raise ValueError(f"--hacpo {key} must be true or false, got {raw!r}")
+            out[key] = raw.lower() == "true"
+        else:
+            try:
+                out[key] = type(default)(raw)
+            except ValueError:
+                raise ValueError(f"--hacpo {key} must be a {type(default).__name__}, got {raw!r}") from None
+    return out

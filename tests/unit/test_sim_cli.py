@@ -1,0 +1,36 @@
+"""`hacfed sim` option handling: ablation overrides are typed, and bad input is a message, not a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from hacfed.cli import main
+from hacfed.sim import SimConfig, parse_hacpo_overrides, participant_ids
+
+
+def test_hacpo_overrides_are_typed_by_the_config_defaults():
+    assert parse_hacpo_overrides(["cross_clip=false", "alpha=2", "capability_window=3"]) == {
+        "cross_clip": False, "alpha": 2.0, "capability_window": 3,
+    }
+
+
+@pytest.mark.parametrize("bad, match", [
+    (["nosuch=1"], "KEY one of"), (["alpha=abc"], "alpha must be a float, got 'abc'"),
+    (["cross_clip=maybe"], "true or false"), (["mode=gspo"], "KEY one of"), (["alpha"], "KEY=VALUE"),
+])
+def test_bad_overrides_name_the_problem(bad, match):
+    with pytest.raises(ValueError, match=match):
+        parse_hacpo_overrides(bad)
+
+
+def test_cli_reports_bad_options_without_traceback(capsys):
+    assert main(["sim", "--rounds", "0"]) == 2
+    assert "rounds must be an int >= 1, got 0" in capsys.readouterr().err
+    assert main(["sim", "--mode", "naive", "--hacpo", "stepwise_clip=false"]) == 2
+    assert "only apply to mode 'hacpo'" in capsys.readouterr().err
+
+
+def test_sim_config_validation_and_ids():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        SimConfig(mode="grpo")
+    assert participant_ids(["tiny-llama", "tiny-llama", "tiny-gpt2"]) == ["tiny-llama", "tiny-llama-2", "tiny-gpt2"]
