@@ -61,6 +61,9 @@ def test_demo_ctrl_c_stops_every_process(tmp_path):
         [HACFED, "demo", *SMALL, "--rounds", "50", "--state-dir", str(state), "--metrics-out",
          str(tmp_path / "m.jsonl"), "--plot", str(tmp_path / "p.png")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        # A test runner started in the background inherits SIGINT as *ignored*, and so would the
+        # demo; a user's Ctrl-C always arrives with the default disposition, so restore it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     # Keep draining the pipe: a demo blocked on a full stdout pipe could not react to Ctrl-C.
