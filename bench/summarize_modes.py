@@ -39,7 +39,7 @@ def main(directory: str) -> int:
         print(f"no runs in {directory}", file=sys.stderr)
         return 1
     agents = sorted({r["agent"] for rows in runs.values() for r in rows})
-    header = f"| agent | start | " + " | ".join(MODES) + " |"
+    header = "| agent | start | " + " | ".join(MODES) + " |"
     print(header)
     print("|" + "---|" * (len(MODES) + 2))
     for agent in agents:

@@ -205,7 +205,7 @@ def run_server(cfg: ServerConfig) -> int:
     try:
         for leftover in kill_leftovers(state):
             say(f"stopped {leftover} left running by a previous hacfed-server")
-        settings_path = prepare(cfg)
+        prepare(cfg)
         if (state / DONE_FILE).exists():
             say(f"the run {cfg.coordinator.run_id} in {state} is already complete; nothing to do")
             return 0
