@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hacfed.server.config import parse_set, split_host_port
+
+from hacfed.tomlfile import read_toml
 
 DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
 _PARTICIPANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a key file name may be
@@ -121,12 +122,7 @@ def load_client_config(
     config_dir = None
     if path is not None:
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+        data = read_toml(path)
         unknown_tables = sorted(set(data) - {"participant", "task"})
         if unknown_tables:
             raise ValueError(f"{path}: unknown table(s) {unknown_tables}; expected [participant] and [task]")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hacfed.coordinator.config import CoordinatorConfig
+from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
 
@@ -145,12 +146,7 @@ def load_server_config(
     """Read the TOML file, apply `--set` items, then the dedicated flags (`ServerSettings` field
     names, plus `state_dir`)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"config file {path} is not valid TOML: {exc}") from None
+    data = read_toml(path)
     server_table = data.pop("server", {})
     if not isinstance(server_table, dict):
         raise ValueError(f"[server] in {path} must be a table, got {server_table!r}")

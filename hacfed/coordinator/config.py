@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-import tomllib
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -35,6 +34,7 @@ from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
+from hacfed.tomlfile import read_toml
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NESTED = ("task", "sampling", "hacpo")
@@ -179,14 +179,7 @@ class CoordinatorConfig:
 
 def load_coordinator_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> CoordinatorConfig:
     """Parse a TOML file; a top-level `[coordinator]` table is used if present, else the whole file."""
-    path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ValueError(f"coordinator config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"coordinator config {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "coordinator config file")
     table = data.get("coordinator", data)
     cfg = CoordinatorConfig.from_mapping(table)
     return cfg.with_overrides(overrides) if overrides else cfg
