@@ -23,9 +23,7 @@ from hacfed.tasks.base import Problem, Task
 from hacfed.trajectory import render_prompt_ids
 
 IGNORE_INDEX = -100  # label value the HF causal-LM loss skips
-EVAL_MAX_NEW_TOKENS = 8  # answers are a few tokens; a model that has not stopped by then is wrong
-
-Evaluator = Callable[[torch.nn.Module, object, Task, Sequence[Problem]], float]
+Evaluator = Callable[[torch.nn.Module, object, Task, Sequence[Problem], int], float]
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,10 @@ class WarmupConfig:
     so it soon comes back through the band). max_steps: optimizer-step cap. check_every: steps
     between (cheap, teacher-forced) accuracy screens once a screen reaches half the target;
     coarse_check_every: before that. lr_warmup_steps: linear ramp of the
-    learning rate from 0, constant afterwards."""
+    learning rate from 0, constant afterwards. eval_max_new_tokens: generation budget of the
+    greedy confirmation (a model that has not stopped by then is wrong). fixed_steps: train
+    exactly max_steps steps and report the accuracy reached, with no band (the "size" pairs: same
+    data and steps, different capacity)."""
 
     target_accuracy: float = 0.35
     max_accuracy: float = 0.45
@@ -47,6 +48,8 @@ class WarmupConfig:
     lr_warmup_steps: int = 50
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
+    eval_max_new_tokens: int = 8
+    fixed_steps: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.target_accuracy <= self.max_accuracy <= 1.0:
@@ -54,7 +57,7 @@ class WarmupConfig:
                 "WarmupConfig needs 0 < target_accuracy <= max_accuracy <= 1, got "
                 f"{self.target_accuracy!r}/{self.max_accuracy!r}"
             )
-        for name in ("max_steps", "check_every", "coarse_check_every", "batch_size"):
+        for name in ("max_steps", "check_every", "coarse_check_every", "batch_size", "eval_max_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"WarmupConfig.{name} must be an int >= 1, got {value!r}")
@@ -67,7 +70,7 @@ class WarmupConfig:
             raise ValueError(f"WarmupConfig.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps!r}")
 
     def in_band(self, accuracy: float) -> bool:
-        return self.target_accuracy <= accuracy <= self.max_accuracy
+        return self.fixed_steps or self.target_accuracy <= accuracy <= self.max_accuracy
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,11 @@ def lr_factor(step: int, warmup_steps: int) -> float:
     return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
-def default_evaluator(model, tokenizer, task: Task, problems: Sequence[Problem]) -> float:
+def default_evaluator(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_tokens: int) -> float:
     """Greedy held-out accuracy with the shared rollout engine (the same code RL evaluates with)."""
     from hacfed.rollout.hf import evaluate_accuracy
 
-    return evaluate_accuracy(model, tokenizer, task, problems, max_new_tokens=EVAL_MAX_NEW_TOKENS, batch_size=128)
+    return evaluate_accuracy(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, batch_size=128)
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -170,7 +173,8 @@ def warm_up(
         raise ValueError(f"task {task.name} has {len(task.train_problems())} train problems < batch_size {config.batch_size}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train = [encode_example(tokenizer, p) for p in task.train_problems()]
-    held_out = task.eval_problems()
+    # Stop on the validation split when the task has one, so no choice ever looks at the test split.
+    held_out = task.validation_problems() if hasattr(task, "validation_problems") else task.eval_problems()
     device = next(model.parameters()).device
     held_out_batch = _to(collate([encode_example(tokenizer, p) for p in held_out], pad_id), device)
     generator = torch.Generator().manual_seed(seed)
@@ -191,7 +195,7 @@ def warm_up(
             loss = _train_step(model, optimizer, scheduler, batch, config.max_grad_norm)
             step += 1
             bar.update(1)
-            if step < next_check:
+            if step < next_check or config.fixed_steps:
                 continue
             model.eval()
             screen = teacher_forced_exact_match(model, held_out_batch)
@@ -200,12 +204,12 @@ def warm_up(
             screens.append((step, screen))
             bar.set_postfix(loss=f"{loss:.3f}", screen=f"{screen:.2f}")
             if config.target_accuracy <= screen <= config.max_accuracy:
-                checks.append((step, float(evaluate(model, tokenizer, task, held_out))))
+                checks.append((step, float(evaluate(model, tokenizer, task, held_out, config.eval_max_new_tokens))))
                 if config.in_band(checks[-1][1]):
                     break
         if not checks or checks[-1][0] != step:  # the cap was hit: report the final model's accuracy
             model.eval()
-            checks.append((step, float(evaluate(model, tokenizer, task, held_out))))
+            checks.append((step, float(evaluate(model, tokenizer, task, held_out, config.eval_max_new_tokens))))
     finally:
         bar.close()
         model.eval()

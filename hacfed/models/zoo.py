@@ -10,7 +10,7 @@ two CPU cores, yet a real transformers architecture, so the same code path serve
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Mapping, get_args
@@ -23,7 +23,11 @@ from transformers import (
 
 from hacfed.models.tokenizers import TOKENIZER_KINDS, build_tokenizer
 from hacfed.models.warmup import WarmupConfig, WarmupResult, warm_up
-from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.tasks.base import Task
+from hacfed.tasks.registry import load_task
+
+# The quick smoke task every original preset warms up on: 2-digit addition.
+ADD2_TASK: Mapping[str, Any] = MappingProxyType({"kind": "arithmetic", "digits": 2, "operators": "+"})
 
 Arch = Literal["llama", "gpt2", "qwen2"]
 ARCHS: tuple[str, ...] = get_args(Arch)
@@ -50,6 +54,7 @@ class Preset:
     config_kwargs: Mapping[str, Any] = field(hash=False)
     warmup: WarmupConfig = WarmupConfig()
     description: str = ""
+    task: Mapping[str, Any] = field(default_factory=lambda: dict(ADD2_TASK), hash=False)  # load_task spec
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum():
@@ -64,41 +69,81 @@ class Preset:
         if taken:
             raise ValueError(f"Preset {self.name}: config_kwargs may not set {sorted(taken)} (taken from the tokenizer)")
         object.__setattr__(self, "config_kwargs", MappingProxyType(dict(self.config_kwargs)))
+        object.__setattr__(self, "task", MappingProxyType(dict(self.task)))
+
+    def warmup_task(self) -> Task:
+        return load_task(dict(self.task))
 
     def recipe(self) -> dict[str, Any]:
         """Everything that determines the built model (cache metadata and staleness checks)."""
         return {
             "name": self.name, "arch": self.arch, "tokenizer": self.tokenizer,
-            "config_kwargs": dict(self.config_kwargs), "warmup": asdict(self.warmup),
+            "config_kwargs": dict(self.config_kwargs), "warmup": asdict(self.warmup), "task": dict(self.task),
         }
 
 
+LLAMA_CONFIG: Mapping[str, Any] = MappingProxyType(dict(
+    hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True,
+))
+GPT2_CONFIG: Mapping[str, Any] = MappingProxyType(dict(
+    n_embd=128, n_layer=4, n_head=4, n_positions=512, tie_word_embeddings=True,
+    activation_function="gelu_pytorch_tanh",  # fused kernel; same function as "gelu_new"
+    **{name: 0.0 for name in GPT2_DROPOUTS},
+))
+QWEN2_CONFIG: Mapping[str, Any] = MappingProxyType(dict(
+    hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+))
+
+
+def _chain(operations: tuple[str, ...] = ("add", "sub")) -> dict[str, Any]:
+    return {"kind": "chain", "terms": 3, "operations": list(operations)}
+
+
+# The testbed presets warm up on worked multi-step arithmetic (hacfed.tasks.chain): responses of
+# 23-33 tokens. Band checks use the validation split; the greedy check needs ~35 new tokens.
+CHAIN_WARMUP = WarmupConfig(
+    target_accuracy=0.30, max_accuracy=0.45, max_steps=4000, check_every=10, coarse_check_every=50,
+    eval_max_new_tokens=48,
+)
+# "state" heterogeneity: the same model and seed stopped at an earlier point of the same warm-up.
+CHAIN_WARMUP_EARLY = replace(CHAIN_WARMUP, target_accuracy=0.10, max_accuracy=0.20)
+# "size" heterogeneity: the same data and number of steps, different capacity (no band).
+CHAIN_WARMUP_FIXED = replace(CHAIN_WARMUP, fixed_steps=True, max_steps=900)
+
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
-    Preset(
-        name="tiny-llama", arch="llama", tokenizer="char",
-        config_kwargs=dict(
-            hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True,
-        ),
-        description="Llama-style, character-level tokenizer, Zephyr-like chat template",
-    ),
-    Preset(
-        name="tiny-gpt2", arch="gpt2", tokenizer="byte",
-        config_kwargs=dict(
-            n_embd=128, n_layer=4, n_head=4, n_positions=512, tie_word_embeddings=True,
-            activation_function="gelu_pytorch_tanh",  # fused kernel; same function as "gelu_new"
-            **{name: 0.0 for name in GPT2_DROPOUTS},
-        ),
-        description="GPT-2-style, byte-level tokenizer, 'User:/Assistant:' chat template, dropout 0",
-    ),
-    Preset(
-        name="tiny-qwen2", arch="qwen2", tokenizer="bpe",
-        config_kwargs=dict(
-            hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-        ),
-        description="Qwen2-style (GQA), small byte-level BPE trained on task text, ChatML template",
-    ),
+    # The quick smoke agents (2-digit addition, 2-4 token answers): the default demo.
+    Preset("tiny-llama", "llama", "char", LLAMA_CONFIG,
+           description="Llama-style, character-level tokenizer, Zephyr-like chat template"),
+    Preset("tiny-gpt2", "gpt2", "byte", GPT2_CONFIG,
+           description="GPT-2-style, byte-level tokenizer, 'User:/Assistant:' chat template, dropout 0"),
+    Preset("tiny-qwen2", "qwen2", "bpe", QWEN2_CONFIG,
+           description="Qwen2-style (GQA), small byte-level BPE trained on task text, ChatML template"),
+    # The testbed (chain task): "model" heterogeneity is any two of these three.
+    Preset("chain-llama", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP, task=_chain(),
+           description="tiny-llama warmed up on worked 3-term add/sub chains"),
+    Preset("chain-gpt2", "gpt2", "byte", GPT2_CONFIG, CHAIN_WARMUP, task=_chain(),
+           description="tiny-gpt2 warmed up on worked 3-term add/sub chains"),
+    Preset("chain-qwen2", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP, task=_chain(),
+           description="tiny-qwen2 warmed up on worked 3-term add/sub chains"),
+    # "state": chain-llama at an earlier stage of the same warm-up.
+    Preset("chain-llama-early", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP_EARLY, task=_chain(),
+           description="chain-llama stopped early (greedy accuracy 0.10-0.20)"),
+    # "size": one tokenizer (BPE), two widths, the same warm-up steps.
+    Preset("chain-qwen2-small", "qwen2", "bpe",
+           {**QWEN2_CONFIG, "hidden_size": 64, "intermediate_size": 192, "num_attention_heads": 2,
+            "num_key_value_heads": 1},
+           CHAIN_WARMUP_FIXED, task=_chain(), description="tiny-qwen2 at half width, fixed warm-up steps"),
+    Preset("chain-qwen2-large", "qwen2", "bpe",
+           {**QWEN2_CONFIG, "hidden_size": 192, "intermediate_size": 576, "num_attention_heads": 6,
+            "num_key_value_heads": 3},
+           CHAIN_WARMUP_FIXED, task=_chain(), description="tiny-qwen2 at 1.5x width, fixed warm-up steps"),
+    # "skills": agents warmed up on different halves of the mix; each rarely solves the other half.
+    Preset("chain-llama-add", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP, task=_chain(("add",)),
+           description="tiny-llama warmed up on addition chains only"),
+    Preset("chain-qwen2-sub", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP, task=_chain(("sub",)),
+           description="tiny-qwen2 warmed up on subtraction chains only"),
 )})
 
 
@@ -153,18 +198,10 @@ def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-# Every preset warms up on the same task: 2-digit addition, the federation's default curriculum.
-WARMUP_TASK = ArithmeticTask(digits=2, operators="+")
-
-
 def preset_recipe(name: str, seed: int) -> dict[str, Any]:
     """Everything that determines a warmed-up build; its hash keys the on-disk cache."""
-    task = WARMUP_TASK
-    return {
-        "preset": get_preset(name).recipe(), "seed": seed,
-        "task": {"name": task.name, "digits": task.digits, "operators": task.operators,
-                 "seed": task.seed, "num_train": task.num_train, "num_eval": task.num_eval},
-    }
+    preset = get_preset(name)
+    return {"preset": preset.recipe(), "seed": seed, "task": {"name": preset.warmup_task().name, **preset.task}}
 
 
 def warm_up_preset(name: str, seed: int, *, progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, WarmupResult]:
@@ -175,7 +212,8 @@ def warm_up_preset(name: str, seed: int, *, progress: bool = True) -> tuple[PreT
     """
     preset = get_preset(name)
     model, tokenizer = build_untrained(name, seed)
-    result = warm_up(model, tokenizer, WARMUP_TASK, preset.warmup, seed, progress=progress, desc=f"warm-up {name}")
+    task = preset.warmup_task()
+    result = warm_up(model, tokenizer, task, preset.warmup, seed, progress=progress, desc=f"warm-up {name}")
     if not result.reached_target:
         raise RuntimeError(
             f"warm-up of {name} (seed {seed}) ended at held-out accuracy {result.accuracy:.3f} after "
@@ -192,6 +230,6 @@ def build_warmed_up(name: str, seed: int, out_dir: Path, *, progress: bool = Tru
     preset = get_preset(name)
     return {
         "arch": preset.arch, "tokenizer": preset.tokenizer, "parameters": parameter_count(model),
-        "task": WARMUP_TASK.name, "warmup_steps": result.steps, "heldout_accuracy": result.accuracy,
+        "task": preset.warmup_task().name, "warmup_steps": result.steps, "heldout_accuracy": result.accuracy,
         "warmup_seconds": round(result.seconds, 3), "recipe": preset_recipe(name, seed),
     }

@@ -20,11 +20,12 @@ from typing import Any, Mapping
 
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.tasks.base import Task
+from hacfed.tasks.chain import ChainTask
 from hacfed.tasks.math_data import MathDataTask
 from hacfed.tasks.math_verifier import MathVerifierConfig
 from hacfed.tasks.sandbox import SandboxLimits
 
-TASK_KINDS = ("arithmetic", "jsonl", "parquet")
+TASK_KINDS = ("arithmetic", "chain", "jsonl", "parquet")
 
 
 def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) -> Task:
@@ -39,6 +40,16 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
         _check_keys("arithmetic task", options, _field_names(ArithmeticTask))
         _check_types("arithmetic task", options, {"digits": int, "seed": int, "num_train": int, "num_eval": int, "operators": str})
         return ArithmeticTask(**options)  # type: ignore[arg-type]
+    if kind == "chain":
+        _check_keys("chain task", options, _field_names(ChainTask))
+        _check_types("chain task", options, {"terms": int, "seed": int, "num_train": int,
+                                             "num_validation": int, "num_eval": int})
+        if "operations" in options:
+            ops = options["operations"]
+            if isinstance(ops, str) or not isinstance(ops, (list, tuple)) or not all(isinstance(o, str) for o in ops):
+                raise ValueError(f"chain task: 'operations' must be a list of strings, got {ops!r}")
+            options["operations"] = tuple(ops)
+        return ChainTask(**options)  # type: ignore[arg-type]
     return _load_math_data(kind, options, base_dir)
 
 

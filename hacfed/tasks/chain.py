@@ -1,0 +1,159 @@
+"""Multi-step arithmetic with a worked solution: hacfed's testbed in the paper's regime.
+
+HACPO's cross-agent ratio is a per-token geometric mean over the response. The paper's responses
+run to hundreds of tokens, where that mean concentrates; over the 2-4 tokens of the quick addition
+task it is mostly noise. Here every answer shows its intermediate steps and ends in a marked final
+answer, so responses are 20-40 tokens under every zoo tokenizer, while the models stay CPU-sized:
+
+    prompt:   "47+28+15="
+    response: "47+28=75\\n75+15=90\\nAnswer: 90"
+
+The reward checks the final answer only (the last line must be `Answer: <integer>`), as the
+paper's reward checks only the last `\\boxed{}`. A problem is one chain of a single operation: the
+task mix is addition chains ("add") and subtraction chains ("sub"), so agents can be warmed up on
+different halves of the mix (the complementary-skills setting). Subtraction chains start from a
+three-digit number and every running value stays >= 0.
+
+Three disjoint seeded splits, stable on every machine: train, validation (for choosing settings)
+and held-out test (for the reported numbers only).
+
+    task = ChainTask(terms=3, operations=("add", "sub"))
+    p = task.eval_problems()[0]; task.verify(p, p.solution).reward   # 1.0
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+from hacfed.tasks.base import Problem, SplitLookup, Verdict
+from hacfed.trajectory import ChatMessage
+
+OPERATIONS = ("add", "sub")
+_SYMBOL = {"add": "+", "sub": "-"}
+_FINAL_RE = re.compile(r"Answer: (-?\d{1,12})")
+MAX_RESPONSE_CHARS = 512
+
+
+@dataclass(frozen=True)
+class ChainTask(SplitLookup):
+    """terms: numbers per chain (steps = terms - 1). operations: which halves of the mix to draw.
+
+    Addition chains add `terms` two-digit numbers; subtraction chains start from a number in
+    [100, 299] and subtract `terms - 1` two-digit numbers, never going below 0. Problems alternate
+    between the listed operations, so a split is balanced between them.
+    """
+
+    terms: int = 3
+    operations: tuple[str, ...] = OPERATIONS
+    seed: int = 0
+    num_train: int = 8000
+    num_validation: int = 1000
+    num_eval: int = 1000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.terms, bool) or not isinstance(self.terms, int) or not 2 <= self.terms <= 6:
+            raise ValueError(f"ChainTask.terms must be an int in [2, 6], got {self.terms!r}")
+        ops = tuple(self.operations) if isinstance(self.operations, (list, tuple)) else None
+        if not ops or any(op not in OPERATIONS for op in ops) or len(set(ops)) != len(ops):
+            raise ValueError(f"ChainTask.operations must be a non-empty subset of {OPERATIONS}, got {self.operations!r}")
+        object.__setattr__(self, "operations", ops)
+        for name in ("num_train", "num_validation", "num_eval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ChainTask.{name} must be an int >= 1, got {value!r}")
+        if self.num_train + self.num_validation + self.num_eval > 200_000:
+            raise ValueError("ChainTask: at most 200000 problems in all")
+
+    @property
+    def name(self) -> str:
+        return f"chain{self.terms}-{'-'.join(self.operations)}"
+
+    @cached_property
+    def _all(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...], tuple[Problem, ...]]:
+        # One generator for the whole mix, whatever subset of operations this task draws: the
+        # splits of ChainTask(operations=("add",)) are the add problems of the full mix's splits,
+        # so a specialist's warm-up never sees a validation or test problem of the mix.
+        rng = random.Random(f"hacfed-chain:{self.terms}:{self.seed}")
+        seen: set[str] = set()
+        sizes = (self.num_eval, self.num_validation, self.num_train)  # test first: growing train never moves it
+        splits: list[list[Problem]] = [[], [], []]
+        k = 0
+        for split, size in zip(splits, sizes):
+            drawn = 0
+            while drawn < size:
+                op = OPERATIONS[k % len(OPERATIONS)]
+                problem = make_problem(op, _draw(rng, op, self.terms))
+                if problem.prompt_id in seen:
+                    continue
+                seen.add(problem.prompt_id)
+                k += 1
+                drawn += 1
+                if op in self.operations:
+                    split.append(problem)
+        test, validation, train = (tuple(s) for s in splits)
+        return train, validation, test
+
+    @property
+    def _splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+        train, _validation, test = self._all
+        return train, test
+
+    def validation_problems(self) -> tuple[Problem, ...]:
+        return self._all[1]
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.prompt_id: p for split in self._all for p in split}
+
+    def verify(self, problem: Problem, response: str) -> Verdict:
+        return verify_final_answer(problem.answer, response)
+
+
+def _draw(rng: random.Random, op: str, terms: int) -> tuple[int, ...]:
+    while True:
+        if op == "add":
+            return tuple(rng.randint(10, 99) for _ in range(terms))
+        start = rng.randint(100, 299)
+        rest = tuple(rng.randint(10, 99) for _ in range(terms - 1))
+        if start - sum(rest) >= 0:
+            return (start, *rest)
+
+
+def make_problem(op: str, numbers: tuple[int, ...]) -> Problem:
+    """The problem `n0 op n1 op ...=` with its worked solution, one step per line."""
+    sym = _SYMBOL[op]
+    expr = sym.join(str(n) for n in numbers)
+    lines = []
+    value = numbers[0]
+    for n in numbers[1:]:
+        nxt = value + n if op == "add" else value - n
+        lines.append(f"{value}{sym}{n}={nxt}")
+        value = nxt
+    lines.append(f"Answer: {value}")
+    return Problem(
+        prompt_id=f"chain-{op}:{expr}",
+        messages=(ChatMessage("user", f"{expr}="),),
+        answer=str(value),
+        solution="\n".join(lines),
+    )
+
+
+def operation_of(problem: Problem) -> str:
+    """"add" or "sub": which half of the mix a chain problem belongs to."""
+    return problem.prompt_id.split(":", 1)[0].removeprefix("chain-")
+
+
+def verify_final_answer(gold: str, response: str) -> Verdict:
+    """Reward 1 iff the response's last line is `Answer: <gold>`; the steps are not checked."""
+    if not isinstance(response, str):
+        return Verdict(0.0, "response is not text")
+    if len(response) > MAX_RESPONSE_CHARS:
+        return Verdict(0.0, "response too long")
+    last = response.rstrip().rsplit("\n", 1)[-1].strip()
+    match = _FINAL_RE.fullmatch(last)
+    if match is None:
+        return Verdict(0.0, "no final 'Answer: N' line")
+    return Verdict(1.0, "exact match") if int(match.group(1)) == int(gold) else Verdict(0.0, "wrong answer")
