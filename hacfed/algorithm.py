@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from hacfed.capability import CapabilityTracker, capability_ratio
-from hacfed.hacpo_config import HacpoConfig
+from hacfed.hacpo_config import HACPO_FAMILY, HacpoConfig
 
 __all__ = [
     "HacpoConfig",
@@ -29,6 +29,7 @@ __all__ = [
     "hacpo_advantages",
     "cross_clip_lower",
     "hacpo_policy_loss",
+    "grpo_token_loss",
     "kl_k3",
 ]
 
@@ -49,8 +50,8 @@ def hacpo_advantages(
         if μ_k > reward_max (binary guard) -> mean of the learner's own rewards in the group;
       - A_i = (r_i − μ_k) / (std(r) + eps), std = unbiased std of the group's raw rewards
         (a one-sample group uses std = 1).
-    mode "naive": plain pooled mean/std over all samples (no weights). mode "gspo": only the
-    learner's own samples form the group; other samples get advantage 0.
+    modes "naive" and "sapo": plain pooled mean/std over all samples (no weights). modes "gspo"
+    and "grpo": only the learner's own samples form the group; other samples get advantage 0.
     `capability_baseline=False` (ablation "-Adv") uses w_i = 1.
 
     hacfed extension (not in the paper, where the learner always has own samples): if the binary
@@ -67,9 +68,10 @@ def hacpo_advantages(
     groups: dict[object, list[int]] = {}
     for i, pid in enumerate(prompt_ids):
         groups.setdefault(pid, []).append(i)
-    use_weights = cfg.mode == "hacpo" and cfg.capability_baseline
+    use_weights = cfg.mode in HACPO_FAMILY and cfg.capability_baseline
+    own_only = cfg.mode in ("gspo", "grpo")
     for members in groups.values():
-        if cfg.mode == "gspo":
+        if own_only:
             members = [i for i in members if source_ids[i] == learner]
             if not members:
                 continue
@@ -143,22 +145,31 @@ def hacpo_policy_loss(
 
     log_ratio = torch.clamp(lp - src.detach(), -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio)
     s = torch.exp(log_ratio)  # (B,)
-    self_style = is_self if cfg.mode == "hacpo" else torch.ones_like(is_self)
-    if cfg.mode == "gspo":
-        include = is_self
-    else:
-        include = torch.ones_like(is_self)
+    self_style = is_self if cfg.mode in HACPO_FAMILY else torch.ones_like(is_self)
+    include = is_self if cfg.mode in ("gspo", "grpo") else torch.ones_like(is_self)
     if not bool(include.any()):
-        raise ValueError("no sample left in the minibatch (mode 'gspo' with no own samples)")
+        raise ValueError(f"no sample left in the minibatch (mode {cfg.mode!r} with no own samples)")
 
-    # Own-sample (GSPO) objective, also naive mode's objective for every sample.
+    # Own-sample (GSPO) objective, also naive's and sapo's objective for every sample.
     s_clipped = torch.clamp(s, 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
     obj_self = torch.minimum(s * adv, s_clipped * adv)
+    if cfg.mode == "naive":
+        # A cross sample's source log-prob is a peer's claim: bound its weight like an own
+        # sample's (dual clip), so a forged low claim cannot scale a negative-advantage gradient
+        # (min(s·A, ...) alone is unbounded in s when A < 0). Own samples are unchanged.
+        bounded = torch.where(adv < 0, torch.maximum(obj_self, (1.0 + cfg.self_clip_high) * adv), obj_self)
+        obj_self = torch.where(is_self, obj_self, bounded)
 
     # Cross-agent objective: c · sg(c)^α · ω · A with c clipped into [L_m, 1].
     c = torch.clamp(s, lower, 1.0) if cfg.cross_clip else s
     coef = omega if cfg.capability_coefficient else torch.ones_like(omega)
-    obj_cross = c * c.detach().pow(cfg.alpha) * coef.detach() * adv
+    base = c
+    if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
+        # xhacpo: PPO's pessimistic bound with HACPO's window. A positive-advantage sample below
+        # the window keeps its gradient at importance weight s (the learner still moves towards a
+        # peer's success it finds unlikely); everything else is exactly the paper's clip.
+        base = torch.where((adv > 0) & (s < lower), s, c)
+    obj_cross = base * c.detach().pow(cfg.alpha) * coef.detach() * adv
 
     obj = torch.where(self_style, obj_self, obj_cross)
     weight = include.to(obj.dtype)
@@ -170,15 +181,65 @@ def hacpo_policy_loss(
         outside_self = (s < 1.0 - cfg.self_clip_low) | (s > 1.0 + cfg.self_clip_high)
         outside_cross = (s < lower) | (s > 1.0) if cfg.cross_clip else torch.zeros_like(is_self)
         clipped = torch.where(self_style, outside_self, outside_cross)
+        # A cross sample "carries gradient" when its objective depends on θ here.
+        if cfg.mode in HACPO_FAMILY:
+            carries = ~outside_cross
+            if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
+                carries = carries | ((adv > 0) & (s < lower))
+        else:
+            carries = ~outside_self | ((adv > 0) & (s < 1.0 - cfg.self_clip_low))
+            if cfg.mode == "naive":
+                carries = carries & ~((adv < 0) & (s > 1.0 + cfg.self_clip_high))
+        carries = carries & (adv != 0)
         metrics = {
             "loss": float(loss.detach()),
             "self_ratio_mean": _masked_mean(s, own),
             "cross_ratio_mean": _masked_mean(s, cross),
             "self_clip_frac": _masked_mean(clipped.to(s.dtype), own),
             "cross_clip_frac": _masked_mean(clipped.to(s.dtype), cross),
-            "cross_lower_bound": float(lower),
+            "cross_grad_frac": _masked_mean(carries.to(s.dtype), cross),
+            # Only where the bound applied: a minibatch without cross samples has none.
+            "cross_lower_bound": float(lower) if bool(cross.any()) else math.nan,
             "num_self": float(own.sum()),
             "num_cross": float(cross.sum()),
+        }
+    return loss, metrics
+
+
+def grpo_token_loss(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, advantages: Tensor, cfg: HacpoConfig
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO with DAPO's clip-higher (hacpo.md §7): token-level ratios, own samples only.
+
+    logp, old_logp, mask: (B, T); advantages: (B,). r_t = exp(logp_t − old_t);
+    obj_t = min(r_t·A, clip(r_t, 1 − ε_low, 1 + ε_high)·A) with ε = grpo_clip_low / grpo_clip_high
+    (0.2 / 0.28); loss = −(sum of obj_t over every unmasked token) / (number of such tokens), DAPO's
+    token-level aggregation.
+    """
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise ValueError(
+            f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask {tuple(mask.shape)} "
+            "must all be the same (B, T) shape"
+        )
+    adv = _as_1d_float(advantages, "advantages")
+    if adv.shape[0] != logp.shape[0]:
+        raise ValueError(f"advantages has shape {tuple(adv.shape)}, expected ({logp.shape[0]},)")
+    m = mask.to(logp.dtype)
+    if not bool(m.sum() > 0):
+        raise ValueError("grpo_token_loss: no unmasked token")
+    log_ratio = torch.clamp(logp - old_logp.detach(), -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio)
+    r = torch.exp(log_ratio)  # (B, T)
+    a = adv.unsqueeze(1)  # (B, 1)
+    obj = torch.minimum(r * a, torch.clamp(r, 1.0 - cfg.grpo_clip_low, 1.0 + cfg.grpo_clip_high) * a)
+    loss = -(obj * m).sum() / m.sum()
+    with torch.no_grad():
+        outside = ((r < 1.0 - cfg.grpo_clip_low) | (r > 1.0 + cfg.grpo_clip_high)).to(m.dtype)
+        metrics = {
+            "loss": float(loss.detach()),
+            "self_ratio_mean": float((r * m).sum() / m.sum()),
+            "self_clip_frac": float((outside * m).sum() / m.sum()),
+            "num_self": float(logp.shape[0]),
+            "num_cross": 0.0,
         }
     return loss, metrics
 

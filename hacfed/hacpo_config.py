@@ -6,9 +6,13 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
-Mode = Literal["hacpo", "naive", "gspo"]
-MODES: tuple[str, ...] = ("hacpo", "naive", "gspo")
+Mode = Literal["hacpo", "xhacpo", "naive", "sapo", "gspo", "grpo"]
+MODES: tuple[str, ...] = ("hacpo", "xhacpo", "naive", "sapo", "gspo", "grpo")
+HACPO_FAMILY = ("hacpo", "xhacpo")  # the modes with the four mechanisms
 ABLATION_FLAGS = ("capability_baseline", "capability_coefficient", "stepwise_clip", "cross_clip")
+RatioUnit = Literal["token", "byte"]
+ClipStyle = Literal["hard", "pessimistic"]
+EXTENSION_CHOICES = {"cross_ratio_unit": ("token", "byte"), "cross_clip_style": ("hard", "pessimistic")}
 
 
 @dataclass(frozen=True)
@@ -45,13 +49,20 @@ class HacpoConfig:
     capability_coefficient: bool = True
     stepwise_clip: bool = True
     cross_clip: bool = True
+    grpo_clip_low: float = 0.2
+    grpo_clip_high: float = 0.28
+    cross_ratio_unit: RatioUnit = "token"
+    cross_clip_style: ClipStyle = "hard"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"HacpoConfig.mode must be one of {MODES}, got {self.mode!r}")
+        for name, choices in EXTENSION_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"HacpoConfig.{name} must be one of {choices}, got {getattr(self, name)!r}")
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "mode":
+            if f.name == "mode" or f.name in EXTENSION_CHOICES:
                 continue
             if f.name in ABLATION_FLAGS:
                 if not isinstance(value, bool):
@@ -76,9 +87,14 @@ class HacpoConfig:
         _check(self.adv_eps > 0, "adv_eps", self.adv_eps, "> 0")
         _check(self.reward_max > 0, "reward_max", self.reward_max, "> 0")
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        _check(0 < self.grpo_clip_low < 1, "grpo_clip_low", self.grpo_clip_low, "in (0, 1)")
+        _check(self.grpo_clip_high > 0, "grpo_clip_high", self.grpo_clip_high, "> 0")
         changed = [name for name in ABLATION_FLAGS if getattr(self, name) is not True]
-        if self.mode != "hacpo" and changed:
-            raise ValueError(f"HacpoConfig: ablation flag(s) {changed} only apply to mode 'hacpo', not {self.mode!r}")
+        if self.mode not in HACPO_FAMILY and changed:
+            raise ValueError(f"HacpoConfig: ablation flag(s) {changed} only apply to modes {HACPO_FAMILY}, not {self.mode!r}")
+        extended = [name for name, choices in EXTENSION_CHOICES.items() if getattr(self, name) != choices[0]]
+        if self.mode != "xhacpo" and extended:
+            raise ValueError(f"HacpoConfig: {extended} only apply to mode 'xhacpo' (mode {self.mode!r} is paper-exact)")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -24,7 +24,7 @@ import torch
 
 from hacfed.checkpoint import latest_checkpoint, read_state, save_checkpoint
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
-from hacfed.rollout.hf import evaluate_accuracy, generate
+from hacfed.rollout.hf import evaluate_accuracy, evaluate_sampled, generate
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 from hacfed.update import (
@@ -52,6 +52,8 @@ class ParticipantConfig:
     seed: int = 0
     checkpoint_dir: str | None = None
     rollout_backend: Literal["hf", "vllm"] = "hf"
+    eval_split: Literal["test", "validation"] = "test"
+    eval_sampled: bool = False  # also sampled pass@1 (one temperature-1 sample per problem)
 
     def __post_init__(self) -> None:
         if not self.participant_id or not isinstance(self.participant_id, str):
@@ -146,6 +148,8 @@ class Participant:
             t0 = time.perf_counter()
             eval_accuracy = self.evaluate(plan.sampling.max_new_tokens if plan else self._eval_max_new_tokens)
             self.timings.eval_s = time.perf_counter() - t0
+            if self.cfg.eval_sampled:
+                metrics["eval_pass1"] = self.last_pass1
         trajectories: tuple[Trajectory, ...] = ()
         if plan is not None:
             t0 = time.perf_counter()
@@ -210,7 +214,11 @@ class Participant:
         return Trajectory(**{**t.__dict__, "response_token_ids": local.response_token_ids})
 
     def evaluate(self, max_new_tokens: int) -> float:
-        problems = list(self.task.eval_problems())[: self.cfg.eval_problems]
+        split = self.task.validation_problems() if self.cfg.eval_split == "validation" else self.task.eval_problems()
+        problems = list(split)[: self.cfg.eval_problems]
+        if self.cfg.eval_sampled:
+            self.last_pass1 = evaluate_sampled(self.model, self.tokenizer, self.task, problems,
+                                               max_new_tokens=max_new_tokens, seed=self.cfg.seed)
         return evaluate_accuracy(self.model, self.tokenizer, self.task, problems, max_new_tokens=max_new_tokens)
 
     def rollout(self, plan: RoundPlan) -> tuple[Trajectory, ...]:

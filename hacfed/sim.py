@@ -22,7 +22,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-SIM_MODES = ("hacpo", "naive", "gspo", "gspo2")
+# name -> (HacpoConfig settings, rollouts-per-prompt multiplier)
+MODE_TABLE: dict[str, tuple[dict, int]] = {
+    "hacpo": ({"mode": "hacpo"}, 1),
+    "xhacpo": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic"}, 1),
+    "naive": ({"mode": "naive"}, 1),
+    "sapo": ({"mode": "sapo"}, 1),
+    "gspo": ({"mode": "gspo"}, 1),
+    "gspo2": ({"mode": "gspo"}, 2),
+    "grpo": ({"mode": "grpo"}, 1),
+    "hacpo-noadv": ({"mode": "hacpo", "capability_baseline": False}, 1),
+    "hacpo-noomega": ({"mode": "hacpo", "capability_coefficient": False}, 1),
+    "hacpo-alpha0": ({"mode": "hacpo", "alpha": 0.0}, 1),
+    "hacpo-alpha2": ({"mode": "hacpo", "alpha": 2.0}, 1),
+    "hacpo-nostep": ({"mode": "hacpo", "stepwise_clip": False}, 1),
+    "hacpo-noclip": ({"mode": "hacpo", "cross_clip": False}, 1),
+}
+SIM_MODES = tuple(MODE_TABLE)
+TASKS = {
+    "add2": ({"kind": "arithmetic", "digits": 2, "operators": "+"}, 6),
+    "chain": ({"kind": "chain", "terms": 3}, 40),
+}
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,8 @@ class SimConfig:
     task: dict = field(default_factory=lambda: {"kind": "arithmetic", "digits": 2, "operators": "+"})
     hacpo_overrides: dict = field(default_factory=dict)  # e.g. {"cross_clip": False} (ablations)
     state_dir: str | None = None
+    eval_split: str = "test"
+    eval_sampled: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -100,8 +122,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
 
     task = load_task(cfg.task)
     ids = participant_ids(cfg.agents)
-    hacpo_mode = "gspo" if cfg.mode == "gspo2" else cfg.mode
-    group = cfg.group_size * (2 if cfg.mode == "gspo2" else 1)
+    settings, multiplier = MODE_TABLE[cfg.mode]
+    group = cfg.group_size * multiplier
     minibatch = max(1, cfg.prompts_per_round * cfg.group_size // 2)  # the paper's 2 updates per source
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.mkdtemp(prefix="hacfed-sim-"))
     ccfg = CoordinatorConfig(
@@ -109,7 +131,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
         sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens),
-        hacpo=HacpoConfig.from_dict({**HacpoConfig().to_dict(), **cfg.hacpo_overrides, "mode": hacpo_mode}),
+        hacpo=HacpoConfig.from_dict({**HacpoConfig().to_dict(), **settings, **cfg.hacpo_overrides}),
         eval_every=cfg.eval_every, seed=cfg.seed,
     )
     endpoints = []
@@ -117,7 +139,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         loaded = load_model(spec)
         pcfg = ParticipantConfig(
             pid, spec, finetune=cfg.finetune, learning_rate=cfg.learning_rate, minibatch_size=minibatch,
-            eval_problems=cfg.eval_problems, seed=cfg.seed,
+            eval_problems=cfg.eval_problems, seed=cfg.seed, eval_split=cfg.eval_split,
+            eval_sampled=cfg.eval_sampled,
         )
         endpoints.append(_Recorder(Participant(pcfg, loaded.model, loaded.tokenizer, task)))
 
@@ -141,6 +164,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
                    "capability": m.capability}
             if m.eval_accuracy is not None:
                 row["eval_accuracy"] = m.eval_accuracy
+                if "eval_pass1" in m.train_metrics:
+                    row["eval_pass1"] = m.train_metrics["eval_pass1"]
             row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
             emit(row)
         rewards = {m.participant_id: m.reward_mean for m in outcome.summary.participants}
@@ -154,8 +179,11 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         for ep in endpoints:
             report = ep.final_report
             if report is not None and report.eval_accuracy is not None:
-                emit({"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
-                      "eval_accuracy": report.eval_accuracy, "final": True})
+                row = {"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
+                       "eval_accuracy": report.eval_accuracy, "final": True}
+                if "eval_pass1" in report.metrics:
+                    row["eval_pass1"] = report.metrics["eval_pass1"]
+                emit(row)
     finally:
         bar.close()
         if out:
@@ -188,7 +216,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompts-per-round", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
-    p.add_argument("--max-new-tokens", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--task", choices=tuple(TASKS), default="add2")
+    p.add_argument("--eval-split", choices=("test", "validation"), default="test")
+    p.add_argument("--eval-sampled", action="store_true")
     p.add_argument("--eval-every", type=int, default=5, help="greedy held-out evaluation every K rounds (0: off)")
     p.add_argument("--eval-problems", type=int, default=200)
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate of every agent")
@@ -214,9 +245,10 @@ def run_from_args(args: Any) -> int:
 def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
     cfg = SimConfig(
         agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, prompts_per_round=args.prompts_per_round,
-        group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
+        group_size=args.group_size, max_new_tokens=args.max_new_tokens or TASKS[args.task][1], eval_every=args.eval_every,
         eval_problems=args.eval_problems, learning_rate=args.lr, finetune=args.finetune,
-        task={"kind": "arithmetic", "digits": args.digits, "operators": "+"}, state_dir=args.state_dir,
+        task=TASKS[args.task][0] if args.task != "add2" else {"kind": "arithmetic", "digits": args.digits, "operators": "+"},
+        state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo),
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None

@@ -124,6 +124,8 @@ class TrainingView:
     reward: float
     source_mean_logp: float | None
     truncated: bool
+    source_logp_sum: float = 0.0  # the source's summary: sum over its tokens (EOS excluded)
+    text_bytes: int = 0  # UTF-8 bytes of the response text: the tokenizer-neutral length
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -195,7 +197,7 @@ def build_training_view(
         # EOS-only response: the learner's EOS is the whole response and carries the ratio.
         return TrainingView(
             trajectory.trajectory_id, trajectory.prompt_id, trajectory.source_id, learner_id,
-            tuple(prompt_ids), (eos,), 1, float(trajectory.reward), None, truncated,
+            tuple(prompt_ids), (eos,), 1, float(trajectory.reward), None, truncated, 0.0, 0,
         )
     response = content + ([eos] if stopped else [])
     if len(response) > max_response_len:
@@ -210,5 +212,6 @@ def build_training_view(
     return TrainingView(
         trajectory.trajectory_id, trajectory.prompt_id, trajectory.source_id, learner_id,
         tuple(prompt_ids), tuple(response), ratio_count, float(trajectory.reward),
-        trajectory.source_mean_logp, truncated,
+        trajectory.source_mean_logp, truncated, float(trajectory.source_logp_sum),
+        len(trajectory.response_text.encode("utf-8")),
     )

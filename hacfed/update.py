@@ -19,7 +19,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from hacfed.algorithm import HacpoConfig, capability_ratio, hacpo_advantages, hacpo_policy_loss, kl_k3
+from hacfed.algorithm import (
+    HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3,
+)
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView, Trajectory, build_training_view
 
@@ -44,7 +46,7 @@ def order_pool(pool: Sequence[Trajectory], learner: str, agent_order: Sequence[s
     """Own samples first, then each other source in agent order (hacpo.md §5); gspo drops others."""
     rank = {agent: i for i, agent in enumerate(agent_order)}
     own = [t for t in pool if t.source_id == learner]
-    if cfg.mode == "gspo":
+    if cfg.mode in ("gspo", "grpo"):
         return own
     others = [t for t in pool if t.source_id != learner]
     others.sort(key=lambda t: (rank.get(t.source_id, len(rank)), t.source_id))  # stable inside a source
@@ -129,23 +131,33 @@ def hacpo_update(
     device = next(model.parameters()).device
     # Own samples: the old log-prob is recomputed with the training forward (not taken from the
     # rollout engine, whose kernels may differ), so own ratios start at exactly 1. EOS-only samples
-    # of other agents have no source summary and use the learner's own old log-prob too.
-    source_mean = _old_means(model, views, pad_id, learner)
+    # of other agents have no source summary and use the learner's own old log-prob too; so do all
+    # of them in mode "sapo", which treats peers' text as the learner's own samples.
+    old_tokens = _old_token_logps(model, views, pad_id, learner, cfg)
+    by_bytes = torch.tensor([_per_byte(v, learner, cfg) for v in views], dtype=torch.bool)
+    source_norm = _source_norms(views, old_tokens, by_bytes)
     use_kl = reference is not None and cfg.kl_coef > 0
 
     model.train()
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
+    cross_log: list[tuple[str, float, float, bool]] = []  # (source, ratio, advantage, carries gradient)
     for m, start in enumerate(range(0, len(views), settings.minibatch_size)):
         idx = slice(start, start + settings.minibatch_size)
         batch = views[idx]
         logp, mask = sequence_logprobs(model, [v.prompt_ids for v in batch], [v.response_ids for v in batch], pad_id)
-        learner_mean = mean_logp_over_ratio_tokens(logp, batch)  # (b,)
         is_self = torch.tensor([v.is_self for v in batch], dtype=torch.bool, device=device)
-        loss, metrics = hacpo_policy_loss(
-            learner_mean, source_mean[idx].to(device), advantages[idx].to(device), is_self,
-            omega[idx].to(device), m, cfg,
-        )
+        if cfg.mode == "grpo":
+            old = _pad_rows([old_tokens[i] for i in range(start, start + len(batch))], logp.shape[1], device)
+            ratio_mask = _ratio_mask(logp, batch) * mask
+            loss, metrics = grpo_token_loss(logp, old, ratio_mask, advantages[idx].to(device), cfg)
+        else:
+            learner_norm = _learner_norms(logp, batch, by_bytes[idx].to(device))  # (b,)
+            loss, metrics = hacpo_policy_loss(
+                learner_norm, source_norm[idx].to(device), advantages[idx].to(device), is_self,
+                omega[idx].to(device), m, cfg,
+            )
+            cross_log.extend(_cross_diagnostics(batch, learner_norm, source_norm[idx], advantages[idx], m, cfg))
         if use_kl and bool(is_self.any()):
             own = is_self.nonzero().squeeze(1)
             with torch.no_grad(), reference() as ref_model:
@@ -175,19 +187,118 @@ def hacpo_update(
         own_adv_abs_mean=float(own_adv.abs().mean()) if own_adv.numel() else 0.0,
         skipped_views=float(skipped),
     )
+    out.update(summarize_cross(cross_log))
     model.eval()
     return out
 
 
-def _old_means(model: Any, views: Sequence[TrainingView], pad_id: int, learner: str) -> Tensor:
-    means = torch.tensor([v.source_mean_logp if v.source_mean_logp is not None else math.nan for v in views])
-    missing = [i for i, v in enumerate(views) if v.source_mean_logp is None or v.source_id == learner]
-    if missing:
-        with torch.no_grad():
-            sub = [views[i] for i in missing]
+def _per_byte(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
+    """xhacpo's tokenizer-invariant ratio applies to cross samples with a source summary."""
+    return (
+        cfg.cross_ratio_unit == "byte" and view.source_id != learner
+        and view.source_mean_logp is not None and view.text_bytes > 0
+    )
+
+
+def _needs_own_old(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
+    return view.source_id == learner or view.source_mean_logp is None or cfg.mode == "sapo"
+
+
+def _old_token_logps(model: Any, views: Sequence[TrainingView], pad_id: int, learner: str,
+                     cfg: HacpoConfig) -> list[Tensor | None]:
+    """Per view, the learner's current (pre-update) log-probs of its ratio tokens, where needed."""
+    out: list[Tensor | None] = [None] * len(views)
+    wanted = [i for i, v in enumerate(views) if _needs_own_old(v, learner, cfg)]
+    with torch.no_grad():
+        for start in range(0, len(wanted), 256):
+            chunk = wanted[start:start + 256]
+            sub = [views[i] for i in chunk]
             logp, _ = sequence_logprobs(model, [v.prompt_ids for v in sub], [v.response_ids for v in sub], pad_id)
-            means[missing] = mean_logp_over_ratio_tokens(logp, sub).float().cpu()
-    return means
+            for row, i in enumerate(chunk):
+                out[i] = logp[row, : views[i].ratio_token_count].float().cpu()
+    return out
+
+
+def _source_norms(views: Sequence[TrainingView], old_tokens: Sequence[Tensor | None], by_bytes: Tensor) -> Tensor:
+    """(N,) the "old" side of each sample's sequence log-ratio, in the unit the ratio uses."""
+    out = torch.empty(len(views))
+    for i, v in enumerate(views):
+        if old_tokens[i] is not None:
+            out[i] = old_tokens[i].mean()
+        elif bool(by_bytes[i]):
+            out[i] = v.source_logp_sum / v.text_bytes
+        else:
+            out[i] = v.source_mean_logp
+    return out
+
+
+def _ratio_mask(logp: Tensor, views: Sequence[TrainingView]) -> Tensor:
+    counts = torch.tensor([v.ratio_token_count for v in views], device=logp.device)
+    positions = torch.arange(logp.shape[1], device=logp.device).unsqueeze(0)  # (1, T)
+    return (positions < counts.unsqueeze(1)).to(logp.dtype)  # (B, T)
+
+
+def _learner_norms(logp: Tensor, views: Sequence[TrainingView], by_bytes: Tensor) -> Tensor:
+    """(B,) the learner's side of the log-ratio: token mean, or sum per byte of text for xhacpo."""
+    summed = (logp * _ratio_mask(logp, views)).sum(dim=1)  # (B,)
+    counts = torch.tensor([v.ratio_token_count for v in views], device=logp.device, dtype=logp.dtype)
+    text_bytes = torch.tensor([max(v.text_bytes, 1) for v in views], device=logp.device, dtype=logp.dtype)
+    return torch.where(by_bytes, summed / text_bytes, summed / counts)
+
+
+def _pad_rows(rows: Sequence[Tensor | None], width: int, device: torch.device) -> Tensor:
+    out = torch.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        if row is None:
+            raise ValueError("grpo needs the learner's old log-probs of every sample")
+        out[i, : row.shape[0]] = row
+    return out.to(device)
+
+
+def _cross_diagnostics(batch, learner_norm, source_norm, advantages, update_index, cfg):
+    """(source, ratio s, advantage, carries gradient) of each cross sample, as the loss saw it."""
+    from hacfed.algorithm import cross_clip_lower
+
+    lower = cross_clip_lower(update_index, cfg)
+    s = torch.exp(torch.clamp(learner_norm.detach().cpu() - source_norm, -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio))
+    rows = []
+    for v, ratio, adv in zip(batch, s.tolist(), advantages.tolist()):
+        if v.is_self:
+            continue
+        rows.append((v.source_id, ratio, adv, _carries(ratio, adv, lower, cfg)))
+    return rows
+
+
+def _carries(s: float, adv: float, lower: float, cfg: HacpoConfig) -> bool:
+    if adv == 0:
+        return False
+    if cfg.mode in ("hacpo", "xhacpo"):
+        if not cfg.cross_clip or lower <= s <= 1.0:
+            return True
+        return cfg.cross_clip_style == "pessimistic" and adv > 0 and s < lower
+    low, high = 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high
+    if low <= s <= high:
+        return True
+    if adv > 0:
+        return s < low  # min(s·A, clip(s)·A) keeps s·A below the window
+    return cfg.mode != "naive" and s > high  # naive's dual clip holds negative samples above it
+
+
+def summarize_cross(rows: Sequence[tuple[str, float, float, bool]]) -> dict[str, float]:
+    """Per source: ratio quantiles, the fraction carrying gradient, and the advantage sign of those."""
+    out: dict[str, float] = {}
+    by_source: dict[str, list[tuple[float, float, bool]]] = {}
+    for source, s, adv, carries in rows:
+        by_source.setdefault(source, []).append((s, adv, carries))
+    for source, items in by_source.items():
+        ratios = sorted(s for s, _, _ in items)
+        for q in (0.1, 0.5, 0.9):
+            out[f"cross/{source}/ratio_p{int(q * 100)}"] = ratios[min(len(ratios) - 1, int(q * len(ratios)))]
+        carrying = [adv for _, adv, c in items if c]
+        out[f"cross/{source}/grad_frac"] = len(carrying) / len(items)
+        if carrying:
+            out[f"cross/{source}/grad_pos_frac"] = sum(a > 0 for a in carrying) / len(carrying)
+    return out
 
 
 @contextlib.contextmanager

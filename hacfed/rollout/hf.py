@@ -247,3 +247,14 @@ def evaluate_accuracy(model: Any, tokenizer: Any, task: Any, problems: Sequence[
                       max_new_tokens=max_new_tokens, greedy=True, batch_size=batch_size)
     rewards = [task.verify(problem, group[0].text).reward for problem, group in zip(problems, groups)]
     return math.fsum(rewards) / len(rewards)
+
+
+def evaluate_sampled(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+                     max_new_tokens: int = 16, batch_size: int = 128, seed: int = 0) -> float:
+    """Sampled pass@1: mean verified reward of one temperature-1 sample per problem (seeded)."""
+    if not problems:
+        raise ValueError("evaluate_sampled needs at least one problem")
+    groups = generate(model, tokenizer, [p.messages for p in problems], num_samples=1,
+                      max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed)
+    rewards = [task.verify(problem, group[0].text).reward for problem, group in zip(problems, groups)]
+    return math.fsum(rewards) / len(rewards)
