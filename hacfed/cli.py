@@ -1,4 +1,4 @@
-"""`hacfed` command line: `hacfed models build NAME`, `hacfed sim ...`, `hacfed demo ...`.
+"""`hacfed` command line: `hacfed models build NAME`, `hacfed sim ...`, `hacfed demo ...`, `hacfed bench modes ...`.
 
 Thin: parses arguments first, imports heavy modules only inside the chosen subcommand.
 """
@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hacfed import demo  # torch-free at import
 
     demo.add_parser(sub)
+    from hacfed.experiments import bench_modes  # torch-free at import
+
+    bench_modes.add_parser(sub)
     return parser
 
 
@@ -83,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         from hacfed import demo
 
         return demo.run_from_args(args)
+    if args.command == "bench":
+        from hacfed.experiments import bench_modes
+
+        return bench_modes.run_from_args(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse only admits the ones above
 
 
