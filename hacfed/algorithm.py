@@ -170,6 +170,9 @@ def hacpo_policy_loss(
         # peer's success it finds unlikely); everything else is exactly the paper's clip.
         base = torch.where((adv > 0) & (s < lower), s, c)
     obj_cross = base * c.detach().pow(cfg.alpha) * coef.detach() * adv
+    if cfg.cross_negatives == "skip":
+        # xhacpo: a peer's failure is not pushed down (see docs); only its successes teach.
+        obj_cross = torch.where(adv > 0, obj_cross, obj_cross.detach())
 
     obj = torch.where(self_style, obj_self, obj_cross)
     weight = include.to(obj.dtype)
@@ -186,6 +189,8 @@ def hacpo_policy_loss(
             carries = ~outside_cross
             if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
                 carries = carries | ((adv > 0) & (s < lower))
+            if cfg.cross_negatives == "skip":
+                carries = carries & (adv > 0)
         else:
             carries = ~outside_self | ((adv > 0) & (s < 1.0 - cfg.self_clip_low))
             if cfg.mode == "naive":

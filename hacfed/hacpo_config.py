@@ -12,7 +12,11 @@ HACPO_FAMILY = ("hacpo", "xhacpo")  # the modes with the four mechanisms
 ABLATION_FLAGS = ("capability_baseline", "capability_coefficient", "stepwise_clip", "cross_clip")
 RatioUnit = Literal["token", "byte"]
 ClipStyle = Literal["hard", "pessimistic"]
-EXTENSION_CHOICES = {"cross_ratio_unit": ("token", "byte"), "cross_clip_style": ("hard", "pessimistic")}
+EXTENSION_CHOICES = {
+    "cross_ratio_unit": ("token", "byte"),
+    "cross_clip_style": ("hard", "pessimistic"),
+    "cross_negatives": ("learn", "skip"),
+}
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class HacpoConfig:
     grpo_clip_high: float = 0.28
     cross_ratio_unit: RatioUnit = "token"
     cross_clip_style: ClipStyle = "hard"
+    cross_negatives: Literal["learn", "skip"] = "learn"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -25,7 +25,11 @@ from typing import Any, Callable, Sequence
 # name -> (HacpoConfig settings, rollouts-per-prompt multiplier)
 MODE_TABLE: dict[str, tuple[dict, int]] = {
     "hacpo": ({"mode": "hacpo"}, 1),
-    "xhacpo": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic"}, 1),
+    "xhacpo": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic",
+                "cross_negatives": "skip"}, 1),
+    "xhacpo-negatives": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic"}, 1),
+    "xhacpo-hardclip": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_negatives": "skip"}, 1),
+    "xhacpo-token": ({"mode": "xhacpo", "cross_clip_style": "pessimistic", "cross_negatives": "skip"}, 1),
     "naive": ({"mode": "naive"}, 1),
     "sapo": ({"mode": "sapo"}, 1),
     "gspo": ({"mode": "gspo"}, 1),

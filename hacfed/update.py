@@ -273,6 +273,8 @@ def _carries(s: float, adv: float, lower: float, cfg: HacpoConfig) -> bool:
     if adv == 0:
         return False
     if cfg.mode in ("hacpo", "xhacpo"):
+        if cfg.cross_negatives == "skip" and adv < 0:
+            return False
         if not cfg.cross_clip or lower <= s <= 1.0:
             return True
         return cfg.cross_clip_style == "pessimistic" and adv > 0 and s < lower
@@ -294,6 +296,13 @@ def summarize_cross(rows: Sequence[tuple[str, float, float, bool]]) -> dict[str,
         ratios = sorted(s for s, _, _ in items)
         for q in (0.1, 0.5, 0.9):
             out[f"cross/{source}/ratio_p{int(q * 100)}"] = ratios[min(len(ratios) - 1, int(q * len(ratios)))]
+        signed = [(s, adv) for s, adv, _ in items if adv != 0]
+        if signed:
+            out[f"cross/{source}/pos_frac"] = sum(adv > 0 for _, adv in signed) / len(signed)
+            for name, keep in (("pos", lambda a: a > 0), ("neg", lambda a: a < 0)):
+                values = sorted(s for s, adv in signed if keep(adv))
+                if values:
+                    out[f"cross/{source}/ratio_p50_{name}"] = values[len(values) // 2]
         carrying = [adv for _, adv, c in items if c]
         out[f"cross/{source}/grad_frac"] = len(carrying) / len(items)
         if carrying:
