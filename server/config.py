@@ -4,7 +4,7 @@
                              flags={"insecure": True})
 
 TOML layout (deploy/coordinator.toml): the coordinator's keys at top level (or in a `[coordinator]`
-table) with its `[task]`, `[sampling]` and `[hacpo]` tables (see hacfed.coordinator.config), and a
+table) with its `[task]`, `[sampling]` and `[hacpo]` tables (see hacfed.server.coordinator.config), and a
 `[server]` table for this process's own settings (the fields of `ServerSettings`). Precedence:
 file < `--set KEY=VALUE` (coordinator keys, dotted `task.digits`, or `server.listen`) < the
 dedicated flags (`--state-dir`, `--listen`, ...). Relative paths are taken from the current
@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hacfed.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"

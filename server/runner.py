@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from hacfed.coordinator import Journal, JournalError, load_task_from_config
+from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
 from hacfed.federation.keys import describe_key, ensure_key_pair
 from hacfed.federation.settings import (
     CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,

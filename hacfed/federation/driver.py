@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hacfed.coordinator import Coordinator, Journal, load_task_from_config
-from hacfed.coordinator.errors import ErrorCode, safe_text
+from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
+from hacfed.server.coordinator.errors import ErrorCode, safe_text
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, load_private_key, open_envelope, seal
 from hacfed.federation.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE
 from hacfed.federation.membership import Membership

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hacfed.coordinator.metrics import RoundSummary
-from hacfed.coordinator.validation import Rejection
+from hacfed.server.coordinator.metrics import RoundSummary
+from hacfed.server.coordinator.validation import Rejection
 
 _STEP_PARTS = ("rollout", "training", "eval", "checkpoint")
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from hacfed.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.config import CoordinatorConfig
 
 DRIVER_SPEC = "hacfed.federation.driver:make_driver"
 SETTINGS_FILE = "driver-settings.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from hacfed.coordinator import Coordinator, Journal
+from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
 from hacfed.federation.keys import KEY_REQUEST_TYPE, ensure_key_pair, read_key_offer
 from hacfed.federation.service import ParticipantService, falsify_rewards

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.coordinator import CoordinatorConfig, load_coordinator_config, load_task_from_config
+from hacfed.server.coordinator import CoordinatorConfig, load_coordinator_config, load_task_from_config
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
 

@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hacfed.coordinator import Coordinator, CoordinatorConfig, Journal
+from hacfed.server.coordinator import Coordinator, CoordinatorConfig, Journal
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.trajectory import Trajectory

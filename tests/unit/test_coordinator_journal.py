@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from hacfed.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
-from hacfed.coordinator.journal import SubmissionRecord
-from hacfed.coordinator.plan import plan_to_json
+from hacfed.server.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
+from hacfed.server.coordinator.journal import SubmissionRecord
+from hacfed.server.coordinator.plan import plan_to_json
 from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_submission
 
 

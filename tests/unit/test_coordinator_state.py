@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.coordinator import (
+from hacfed.server.coordinator import (
     Coordinator, CoordinatorStateError, ErrorCode, Journal, append_jsonl,
 )
 from tests.unit.test_coordinator_fakes import (
@@ -339,7 +339,7 @@ def test_coordinator_never_imports_torch(tmp_path):
         import sys
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
-        from hacfed.coordinator import load_task_from_config
+        from hacfed.server.coordinator import load_task_from_config
         from tests.unit.test_coordinator_fakes import make_config, make_coordinator, scripted_submission
         task = load_task_from_config(make_config(Path({str(tmp_path)!r})))  # the server's real path
         coord = make_coordinator(Path({str(tmp_path)!r}), task=task)

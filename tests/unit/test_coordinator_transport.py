@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed.coordinator import Coordinator, ErrorCode, Journal, ParticipantEndpoint, run_rounds
+from hacfed.server.coordinator import Coordinator, ErrorCode, Journal, ParticipantEndpoint, run_rounds
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, ScriptedEndpoint, make_config, make_coordinator
 
 

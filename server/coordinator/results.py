@@ -11,8 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from hacfed.coordinator.errors import ErrorCode
-from hacfed.coordinator.validation import Rejection
+from hacfed.server.coordinator.errors import ErrorCode
+from hacfed.server.coordinator.validation import Rejection
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from hacfed.coordinator.errors import JournalError
-from hacfed.coordinator.journal_schema import (
+from hacfed.server.coordinator.errors import JournalError
+from hacfed.server.coordinator.journal_schema import (
     SCHEMA_SQL, SCHEMA_VERSION, SYNCHRONOUS_FULL, ParticipantRecord, RoundRecord, SubmissionRecord,
     participant_record, round_record, trajectory_from_row, trajectory_row,
 )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from hacfed.coordinator.journal import ParticipantRecord, RoundRecord
+from hacfed.server.coordinator.journal import ParticipantRecord, RoundRecord
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The hacfed coordinator: transport-independent, torch-free round logic and its SQLite journal.
 
-    from hacfed.coordinator import Coordinator, Journal, load_coordinator_config, run_rounds
+    from hacfed.server.coordinator import Coordinator, Journal, load_coordinator_config, run_rounds
 
 Modules: `config` (CoordinatorConfig), `plan` (deterministic prompt plans), `validation` (pure
 submission checks and reward re-verification), `errors` (the closed set of HACFED-E codes),
@@ -8,15 +8,15 @@ submission checks and reward re-verification), `errors` (the closed set of HACFE
 `metrics`, `transport` (the endpoint interface and the in-process loop).
 """
 
-from hacfed.coordinator.config import CoordinatorConfig, load_coordinator_config
-from hacfed.coordinator.errors import GRPC_STATUS, STRIKE_CODES, CoordinatorStateError, ErrorCode, JournalError
-from hacfed.coordinator.journal import Journal, ParticipantRecord, RoundRecord
-from hacfed.coordinator.metrics import ParticipantRoundMetrics, RoundSummary, append_jsonl
-from hacfed.coordinator.plan import make_plan, plan_from_dict, plan_to_dict
-from hacfed.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
-from hacfed.coordinator.state import Coordinator
-from hacfed.coordinator.transport import ParticipantEndpoint, RoundOutcome, run_rounds
-from hacfed.coordinator.validation import Rejection, ValidationLimits, submission_digest, validate_submission
+from hacfed.server.coordinator.config import CoordinatorConfig, load_coordinator_config
+from hacfed.server.coordinator.errors import GRPC_STATUS, STRIKE_CODES, CoordinatorStateError, ErrorCode, JournalError
+from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord
+from hacfed.server.coordinator.metrics import ParticipantRoundMetrics, RoundSummary, append_jsonl
+from hacfed.server.coordinator.plan import make_plan, plan_from_dict, plan_to_dict
+from hacfed.server.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.state import Coordinator
+from hacfed.server.coordinator.transport import ParticipantEndpoint, RoundOutcome, run_rounds
+from hacfed.server.coordinator.validation import Rejection, ValidationLimits, submission_digest, validate_submission
 
 
 def load_task_from_config(cfg: CoordinatorConfig, base_dir: str | None = None):

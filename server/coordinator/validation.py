@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, NamedTuple
 
-from hacfed.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
+from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
 from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.tasks.base import Task
 from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory

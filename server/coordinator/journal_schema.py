@@ -6,7 +6,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
-from hacfed.coordinator.validation import AcceptedTrajectory, Rejection
+from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
 
 SCHEMA_VERSION = 1

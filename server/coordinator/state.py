@@ -28,13 +28,13 @@ import time
 from typing import Callable
 
 from hacfed.capability import CapabilityTracker
-from hacfed.coordinator.config import CoordinatorConfig
-from hacfed.coordinator.errors import CoordinatorStateError, ErrorCode, safe_text
-from hacfed.coordinator.journal import Journal, ParticipantRecord, RoundRecord, SubmissionRecord
-from hacfed.coordinator.metrics import RoundSummary, build_round_summary
-from hacfed.coordinator.plan import make_plan, plan_from_json, plan_to_json
-from hacfed.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
-from hacfed.coordinator.validation import (
+from hacfed.server.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.errors import CoordinatorStateError, ErrorCode, safe_text
+from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord, SubmissionRecord
+from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
+from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
+from hacfed.server.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.validation import (
     MAX_ID_CHARS, Rejection, ValidationLimits, check_report, is_short_id, quick_size_rejection, report_to_dict,
     submission_digest, validate_submission,
 )
@@ -42,7 +42,7 @@ from hacfed.messages import RoundPlan, RoundUpdate, Submission
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 
-log = logging.getLogger("hacfed.coordinator")
+log = logging.getLogger("hacfed.server.coordinator")
 CLOSE_REASONS = ("quorum", "deadline")
 
 

@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from hacfed.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, SamplingParams
 from hacfed.tasks.base import Task
