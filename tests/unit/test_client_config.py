@@ -10,8 +10,8 @@ import pytest
 from hacfed.clients.config import DEFAULT_TASK, load_client_config
 from hacfed.clients.main import build_parser, main
 from hacfed.clients.runner import describe_answer
-from hacfed.federation.keys import ensure_key_pair
-from hacfed.federation.service import Answered
+from hacfed.clients.service import Answered
+from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hacfed.clients.config import load_client_config
-from hacfed.server.coordinator import load_task_from_config
-from hacfed.federation.keys import ensure_key_pair
+from hacfed.keys import ensure_key_pair
 from hacfed.server.config import load_server_config
+from hacfed.server.coordinator import load_task_from_config
 from hacfed.tasks.registry import load_task
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

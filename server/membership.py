@@ -1,5 +1,7 @@
 """Who may take part: the coordinator's registry of participant keys (`<keys-dir>/<id>.pub`).
 
+Runs in the coordinator's ServerApp process, inside the round driver (`hacfed.server.driver`).
+
 Registration is out of band (security.md T5): an operator copies a lab's public key into the keys
 directory, and the driver re-reads the directory while some connected participant is still unknown,
 so a lab can be admitted without restarting the coordinator. With trust on first use (development
@@ -14,8 +16,12 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from hacfed.envelope import KeyRegistry, load_key_registry
-from hacfed.federation.keys import fingerprint, read_key_offer, register_public_key
+from hacfed.envelope import (
+    DOMAIN_SUBMIT, EnvelopeError, KeyRegistry, key_id, load_key_registry, load_public_key, open_envelope,
+    save_public_key,
+)
+from hacfed.keys import KEY_OFFER_TYPE, RAW_PUBLIC_KEY_BYTES, fingerprint
+from hacfed.wire import ErrorCode, WireError, decode_envelope
 
 RELOAD_INTERVAL_S = 2.0
 
@@ -75,3 +81,30 @@ class Membership:
             f"out-of-band verification (development only; never use this across organizations)"
         )
         return public_key
+
+
+def read_key_offer(data: bytes) -> Ed25519PublicKey:
+    """The public key of a self-signed key offer; `EnvelopeError` if it is not one."""
+    try:
+        raw = decode_envelope(data)
+    except WireError as exc:
+        raise EnvelopeError(exc.code, f"not a key offer: {exc.message}") from None
+    if raw.payload_type != KEY_OFFER_TYPE or len(raw.payload) != RAW_PUBLIC_KEY_BYTES:
+        raise EnvelopeError(ErrorCode.PAYLOAD_TYPE, f"expected a {KEY_OFFER_TYPE} of 32 bytes, got {raw.payload_type!r}")
+    try:
+        public_key = Ed25519PublicKey.from_public_bytes(raw.payload)
+    except ValueError as exc:
+        raise EnvelopeError(ErrorCode.SCHEMA, f"key offer holds no valid Ed25519 key: {exc}") from None
+    open_envelope(data, {key_id(public_key): public_key}, DOMAIN_SUBMIT, KEY_OFFER_TYPE)
+    return public_key
+
+
+def register_public_key(keys_dir: Path, participant_id: str, public_key: Ed25519PublicKey) -> Path:
+    """Write `<keys_dir>/<participant_id>.pub`; refuses to replace a different registered key."""
+    path = Path(keys_dir) / f"{participant_id}.pub"
+    if path.exists():
+        if key_id(load_public_key(path)) != key_id(public_key):
+            raise ValueError(f"{path} already holds another key for {participant_id!r}")
+        return path
+    save_public_key(public_key, path)
+    return path

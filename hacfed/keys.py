@@ -1,4 +1,7 @@
-"""Key files of a federation member, the control payload types, and the trust-on-first-use key offer.
+"""Key files of a federation member and the control payload types both sides speak.
+
+Run by both sides: hacfed-server and hacfed-client each create their key pair here, and the
+coordinator's driver and the participant's service agree on the payload types below.
 
 Each side creates its Ed25519 key pair on first start, in its own state directory:
 `<state-dir>/coordinator.key` (+ `.pub`) for hacfed-server, `<state-dir>/participant.key` (+ `.pub`)
@@ -8,9 +11,10 @@ coordinator's `coordinator.pub` to `hacfed-client --coordinator-key`.
 
 Trust on first use (development only, `hacfed-server --insecure --trust-on-first-use`): the driver
 sends an unknown participant a signed key request; the participant answers with a key offer, its
-raw public key as the payload of an envelope signed by that same key. The driver checks the
-self-signature (proof that the sender holds the private key, NOT who it is) and writes the key to
-the keys directory. Anyone who can reach the Fleet API first can claim any free participant id.
+raw public key as the payload of an envelope signed by that same key (`hacfed.clients.service`).
+The driver checks the self-signature (proof that the sender holds the private key, NOT who it is)
+and writes the key to the keys directory (`hacfed.server.membership`). Anyone who can reach the
+Fleet API first can claim any free participant id.
 """
 
 from __future__ import annotations
@@ -21,19 +25,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from hacfed.envelope import (
-    DOMAIN_SUBMIT,
-    EnvelopeError,
-    generate_key,
-    key_id,
-    load_private_key,
-    load_public_key,
-    open_envelope,
-    save_private_key,
-    save_public_key,
-    seal,
-)
-from hacfed.wire import ErrorCode, WireError, decode_envelope
+from hacfed.envelope import generate_key, key_id, load_private_key, load_public_key, save_private_key, save_public_key
 
 # Payload types of the trust-on-first-use exchange (not protobuf messages: the request is empty,
 # the offer is the 32 raw bytes of an Ed25519 public key).
@@ -80,38 +72,6 @@ def fingerprint(public_key: Ed25519PublicKey) -> str:
 
 def raw_public_bytes(public_key: Ed25519PublicKey) -> bytes:
     return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-def make_key_offer(private_key: Ed25519PrivateKey) -> bytes:
-    """A participant's answer to a key request: its public key, signed by itself."""
-    return seal(raw_public_bytes(private_key.public_key()), KEY_OFFER_TYPE, private_key, DOMAIN_SUBMIT)
-
-
-def read_key_offer(data: bytes) -> Ed25519PublicKey:
-    """The public key of a self-signed key offer; `EnvelopeError` if it is not one."""
-    try:
-        raw = decode_envelope(data)
-    except WireError as exc:
-        raise EnvelopeError(exc.code, f"not a key offer: {exc.message}") from None
-    if raw.payload_type != KEY_OFFER_TYPE or len(raw.payload) != RAW_PUBLIC_KEY_BYTES:
-        raise EnvelopeError(ErrorCode.PAYLOAD_TYPE, f"expected a {KEY_OFFER_TYPE} of 32 bytes, got {raw.payload_type!r}")
-    try:
-        public_key = Ed25519PublicKey.from_public_bytes(raw.payload)
-    except ValueError as exc:
-        raise EnvelopeError(ErrorCode.SCHEMA, f"key offer holds no valid Ed25519 key: {exc}") from None
-    open_envelope(data, {key_id(public_key): public_key}, DOMAIN_SUBMIT, KEY_OFFER_TYPE)
-    return public_key
-
-
-def register_public_key(keys_dir: Path, participant_id: str, public_key: Ed25519PublicKey) -> Path:
-    """Write `<keys_dir>/<participant_id>.pub`; refuses to replace a different registered key."""
-    path = Path(keys_dir) / f"{participant_id}.pub"
-    if path.exists():
-        if key_id(load_public_key(path)) != key_id(public_key):
-            raise ValueError(f"{path} already holds another key for {participant_id!r}")
-        return path
-    save_public_key(public_key, path)
-    return path
 
 
 def describe_key(path: Path) -> str:

@@ -40,8 +40,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from hacfed.checkpoint import atomic_write_text
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
-from hacfed.federation.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE, make_key_offer
 from hacfed.flower.relay import ParticipantRejection
+from hacfed.keys import FINAL_ACK_TYPE, KEY_OFFER_TYPE, KEY_REQUEST_TYPE, raw_public_bytes
 from hacfed.messages import RoundUpdate, Submission
 from hacfed.tasks.base import Task
 from hacfed.wire import GRPC_STATUS, PayloadType, WireError, decode_envelope, decode_round_update, encode_submission
@@ -82,6 +82,11 @@ class Answered:
 def update_key(update: RoundUpdate) -> UpdateKey:
     plan_round = update.next_plan.round_id if update.next_plan is not None else None
     return (update.run_id, update.pool_round, plan_round)
+
+
+def make_key_offer(private_key: Ed25519PrivateKey) -> bytes:
+    """A participant's answer to a key request: its public key, signed by itself."""
+    return seal(raw_public_bytes(private_key.public_key()), KEY_OFFER_TYPE, private_key, DOMAIN_SUBMIT)
 
 
 def falsify_rewards(submission: Submission) -> Submission:

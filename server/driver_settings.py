@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from hacfed.server.coordinator.config import CoordinatorConfig
 
-DRIVER_SPEC = "hacfed.federation.driver:make_driver"
+DRIVER_SPEC = "hacfed.server.driver:make_driver"
 SETTINGS_FILE = "driver-settings.json"
 CONSOLE_FILE = "console.log"
 DONE_FILE = "federation-done.json"

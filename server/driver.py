@@ -1,6 +1,6 @@
 """The coordinator's side of the real federation: a `RoundDriver` for hacfed's Flower ServerApp.
 
-    run config: driver = "hacfed.federation.driver:make_driver", driver-config = <state>/driver-settings.json
+    run config: driver = "hacfed.server.driver:make_driver", driver-config = <state>/driver-settings.json
 
 hacfed-server writes the settings and submits the run; the SuperLink starts the ServerApp, whose
 `RoundLoop` (hacfed.flower.serverapp) asks this driver for payloads, hands it every reply or error,
@@ -27,19 +27,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, load_private_key, open_envelope, seal
+from hacfed.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.errors import ErrorCode, safe_text
-from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, load_private_key, open_envelope, seal
-from hacfed.federation.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE
-from hacfed.federation.membership import Membership
-from hacfed.federation.reporting import (
+from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
+from hacfed.server.membership import Membership
+from hacfed.server.reporting import (
     StepTimes, append_rows, final_row, participant_line, rejection_line, round_line, round_rows, rounds_written,
     split_round,
 )
-from hacfed.federation.settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
 from hacfed.wire import PayloadType, WireError, decode_submission, encode_round_update
 
-log = logging.getLogger("hacfed.federation.driver")
+log = logging.getLogger("hacfed.server.driver")
 FINAL = -1  # the round number of the final (plan-less) exchange in `_Sent`
 ACK = -2  # ... and of the final acknowledgement
 ACK_GRACE_S = 30.0  # how long a reported participant that is not connected may keep the run waiting for its ack
