@@ -18,10 +18,10 @@ import threading
 import time
 
 from hacfed.clients.config import ClientConfig
+from hacfed.clients.relay import serve_participant
 from hacfed.clients.service import Answered, ParticipantService
+from hacfed.clients.supernode import SuperNode, start_supernode
 from hacfed.envelope import load_public_key
-from hacfed.flower.launch import SuperNode, start_supernode
-from hacfed.flower.relay import serve_participant
 from hacfed.keys import ensure_key_pair, fingerprint
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.procs import ProcessError, ProcessSupervisor

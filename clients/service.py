@@ -1,7 +1,7 @@
 """The participant side of the exchange: what `hacfed-client` serves to its Flower relay.
 
     service = ParticipantService(participant, task, participant_key, coordinator_public_key, state_dir)
-    server, port = serve_participant(service.handle)   # hacfed.flower.relay, loopback only
+    server, port = serve_participant(service.handle)   # hacfed.clients.relay, loopback only
 
 `handle(request) -> reply` takes the bytes the coordinator sent (a sealed `RoundUpdate`) and returns
 a sealed `Submission`. Checks, in order, each refused with a `ParticipantRejection` (a gRPC status
@@ -39,8 +39,8 @@ import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from hacfed.checkpoint import atomic_write_text
+from hacfed.clients.relay import ParticipantRejection
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
-from hacfed.flower.relay import ParticipantRejection
 from hacfed.keys import FINAL_ACK_TYPE, KEY_OFFER_TYPE, KEY_REQUEST_TYPE, raw_public_bytes
 from hacfed.messages import RoundUpdate, Submission
 from hacfed.tasks.base import Task

@@ -3,7 +3,7 @@
     run config: driver = "hacfed.server.driver:make_driver", driver-config = <state>/driver-settings.json
 
 hacfed-server writes the settings and submits the run; the SuperLink starts the ServerApp, whose
-`RoundLoop` (hacfed.flower.serverapp) asks this driver for payloads, hands it every reply or error,
+`RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error,
 and tells it when an exchange ends. The driver owns a `Coordinator` over the journal in the server's
 state dir, so a restarted ServerApp (or hacfed-server) resumes where the journal stands.
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from hacfed.flower.launch import SuperLink, TlsFiles, start_superlink, submit_run
 from hacfed.keys import describe_key, ensure_key_pair
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
@@ -29,6 +28,7 @@ from hacfed.server.coordinator import Journal, JournalError, load_task_from_conf
 from hacfed.server.driver_settings import (
     CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,
 )
+from hacfed.server.superlink import SuperLink, TlsFiles, start_superlink, submit_run
 
 Print = Callable[[str], None]
 PORT_FILE = "fleet-port"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from hacfed.clients.relay import ParticipantRejection, RelayError, call_participant, serve_participant
 from hacfed.clients.service import ParticipantService, falsify_rewards
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
-from hacfed.flower.relay import ParticipantRejection, RelayError, call_participant, serve_participant
 from hacfed.keys import KEY_REQUEST_TYPE, ensure_key_pair
 from hacfed.messages import RoundUpdate
 from hacfed.server.coordinator import Coordinator, Journal

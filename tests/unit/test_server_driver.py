@@ -18,9 +18,9 @@ from typing import Any, Callable
 
 import pytest
 
+from hacfed.clients.relay import ParticipantRejection
 from hacfed.clients.service import ParticipantService
 from hacfed.envelope import save_public_key
-from hacfed.flower.relay import ParticipantRejection
 from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
 from hacfed.server.driver import FederationDriver
@@ -250,7 +250,7 @@ def test_trust_on_first_use_registers_a_self_signed_key(tmp_path: Path) -> None:
 
 
 def test_driver_and_server_entry_point_do_not_import_torch() -> None:
-    code = ("import sys, hacfed.server.driver, hacfed.server.main, hacfed.flower.serverapp; "
+    code = ("import sys, hacfed.server.driver, hacfed.server.main, hacfed.server.serverapp; "
             "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 

@@ -11,7 +11,7 @@ back to the driver. Participants are discovered continuously: every node that ap
 SuperNode's node config; a ServerApp cannot read node configs itself). A node that joins
 late takes part from the next round on.
 
-Run config keys (defaults in `hacfed/flower/app/pyproject.toml`):
+Run config keys (defaults in `server/flower_app/pyproject.toml`):
   driver                "pkg.module:factory"; `factory(run_config) -> RoundDriver`
   poll-interval-s       pull interval while waiting for replies
   round-timeout-s       deadline of one round, also the TTL of its messages
@@ -33,7 +33,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from hacfed.flower.relay import (
+from hacfed.flower_protocol import (
     ERROR_KEY,
     PARTICIPANT_ID_KEY,
     PAYLOAD_KEY,

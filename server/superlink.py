@@ -1,8 +1,33 @@
-"""Start the Flower deployment processes hacfed uses, and submit the hacfed app.
+"""Start the coordinator's Flower SuperLink and submit the hacfed app run (hacfed-server's process).
 
-Every process runs under a `hacfed.procs.ProcessSupervisor` (own process group, own
-FLWR_HOME, telemetry and update checks off, runtime dependency installation off) and is
-waited for until it is really serving, with its log tail in the error if it dies first.
+Runs in hacfed-server: the SuperLink and the `flwr run` submission are its supervised children.
+Every process runs under a `hacfed.procs.ProcessSupervisor` (own process group, own FLWR_HOME,
+telemetry and update checks off, runtime dependency installation off) and is waited for until it
+is really serving, with its log tail in the error if it dies first. The labs' side, the SuperNode,
+is started by `hacfed.clients.supernode`.
+
+The exact commands this module runs (each with its own FLWR_HOME, FLWR_TELEMETRY_ENABLED=0,
+FLWR_DISABLE_UPDATE_CHECK=1, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1, this venv's bin first
+on PATH, in its own process group; ports are examples: port 0 lets the OS choose, and the bound
+ports are read back from the logs, "Starting {Control,ServerAppIo,Fleet} API ... on HOST:PORT"):
+
+    flower-superlink --fleet-api-type grpc-rere --fleet-api-address 127.0.0.1:9092 \\
+        --control-api-address 127.0.0.1:9093 --serverappio-api-address 127.0.0.1:9091 \\
+        --database STATE/superlink.db --disable-runtime-dependency-installation --insecure
+    # with TLS instead of --insecure:
+    #   --ssl-certfile server.pem --ssl-keyfile server.key --ssl-ca-certfile ca.pem
+
+    flwr run <server/flower_app> hacfed --run-config CLI/run-config.toml --stream
+    # CLI/flwr-home/config.toml:
+    #   [superlink]
+    #   default = "hacfed"
+    #   [superlink.hacfed]
+    #   address = "127.0.0.1:9093"
+    #   insecure = true          # or: insecure = false, root-certificates = "/abs/ca.pem"
+    # run-config.toml sets driver = "pkg.mod:factory" and any key of [tool.flwr.app.config]
+
+    flwr ls hacfed --run-id RUN_ID --format json     # -> "finished:completed" | "finished:failed"
+    flwr log RUN_ID hacfed --show                    # the ServerApp's output (or --stream)
 
 flwr 1.32 facts this module relies on (checked in the 1.32.1 source):
 - `flwr run APP CONNECTION` reads the SuperLink connection `[superlink.CONNECTION]` from
@@ -11,24 +36,23 @@ flwr 1.32 facts this module relies on (checked in the 1.32.1 source):
   which flwr creates as ":local:" (a detached background SuperLink): always pass ours.
 - `--run-config` and `--node-config` accept a TOML file path; run-config keys must already
   exist in the app's `[tool.flwr.app.config]`, or the run fails.
-- `flwr run --stream` prints "Successfully started run <id>" and returns when the run ends;
-  `flwr ls --run-id ID --format json` then gives "finished:completed|failed|stopped".
+- `flwr run --stream` prints "Successfully started run <id>", then the ServerApp's stdout and
+  stderr, and returns when the run ends; `flwr ls --run-id ID --format json` then gives
+  "finished:completed|failed|stopped".
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
 import re
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hacfed.flower_protocol import ConfigValue, check_loopback_address, to_toml
 from hacfed.procs import (
     ManagedProcess,
     ProcessError,
@@ -37,14 +61,9 @@ from hacfed.procs import (
     wait_for_log_line,
     wait_for_port,
 )
-from hacfed.flower.relay import check_loopback_address
 
-APP_DIR = Path(__file__).resolve().parent / "app"
+APP_DIR = Path(__file__).resolve().parent / "flower_app"
 DEFAULT_CONNECTION = "hacfed"
-# SuperNode pull interval when idle (stock flwr: 3 s). Measured on 2 busy cores, 2 nodes:
-# ~5.0 s per round with stock Flower, ~2.1-2.6 s with 0.5 s.
-DEFAULT_IDLE_POLL_S = 0.5
-ConfigValue = str | int | float | bool
 
 
 @dataclass(frozen=True)
@@ -77,14 +96,6 @@ class SuperLink:
     @property
     def control_address(self) -> str:
         return f"{self.host}:{self.control_port}"
-
-
-@dataclass(frozen=True)
-class SuperNode:
-    process: ManagedProcess
-    node_id: int
-    clientappio_address: str
-    flwr_home: Path
 
 
 def _check_bind_host(host: str, insecure: bool) -> None:
@@ -159,80 +170,6 @@ def start_superlink(
 
 def _bound_port(match: re.Match[str]) -> int:
     return int(match.group(1).rpartition(":")[2])
-
-
-def start_supernode(
-    sup: ProcessSupervisor,
-    state_dir: Path,
-    *,
-    superlink_address: str,
-    node_config: Mapping[str, ConfigValue],
-    insecure: bool = True,
-    root_cert: Path | None = None,
-    clientappio_port: int = 0,
-    idle_poll_s: float | None = DEFAULT_IDLE_POLL_S,
-    ready_timeout_s: float = 60.0,
-) -> SuperNode:
-    """Start `flower-supernode` and wait until it has registered with the SuperLink.
-
-    `node_config` reaches every ClientApp as `context.node_config` (hacfed's relay needs
-    `participant-id` and `participant-address`). Port 0 lets the SuperNode pick its
-    ClientAppIo port, which is read back from its log. `idle_poll_s` replaces flwr's fixed
-    3 s sleep between empty pulls (see `run_fast_poll_supernode`); None runs stock Flower.
-    """
-    if insecure == (root_cert is not None):
-        raise ValueError("pass insecure=True without root_cert, or insecure=False with root_cert")
-    state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    config_path = state_dir / "node-config.toml"
-    config_path.write_text(to_toml(node_config), encoding="utf-8")
-    if idle_poll_s is None:
-        program = ["flower-supernode"]
-    elif idle_poll_s > 0:
-        program = [sys.executable, "-m", "hacfed.flower.launch", "fast-poll-supernode", repr(idle_poll_s)]
-    else:
-        raise ValueError(f"idle_poll_s must be > 0 or None, got {idle_poll_s}")
-    argv = [
-        *program,
-        "--grpc-rere",
-        "--superlink", superlink_address,
-        "--clientappio-api-address", f"127.0.0.1:{clientappio_port}",
-        "--node-config", str(config_path),
-    ]
-    argv += ["--insecure"] if root_cert is None else ["--root-certificates", str(root_cert)]
-    home = state_dir / "flwr-home"
-    log_path = state_dir / "supernode.log"
-    name = f"supernode-{node_config.get('participant-id', state_dir.name)}"
-    proc = sup.start(argv, env=flower_env(home), log_path=log_path, name=name, cwd=state_dir)
-    try:
-        appio = wait_for_log_line(log_path, r"Starting ClientAppIo API on (\S+)", ready_timeout_s, process=proc)
-        node = wait_for_log_line(log_path, r"SuperNode ID: (\d+)", ready_timeout_s, process=proc)
-    except (ProcessError, TimeoutError):
-        sup.stop(proc)
-        raise
-    return SuperNode(proc, int(node.group(1)), appio.group(1), home)
-
-
-def to_toml(values: Mapping[str, ConfigValue]) -> str:
-    """Flat key = value TOML for run and node configs (flwr reads these files directly)."""
-    lines = []
-    for key, value in values.items():
-        if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
-            raise ValueError(f"config key {key!r} must match [A-Za-z0-9_-]+")
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int):
-            text = str(value)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(f"config value of {key!r} must be finite, got {value}")
-            text = repr(value)
-        elif isinstance(value, str):
-            text = json.dumps(value)  # a JSON string is a valid TOML basic string
-        else:
-            raise ValueError(f"config value of {key!r} must be str/int/float/bool, got {type(value).__name__}")
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
 
 
 def app_config_defaults(app_dir: Path = APP_DIR) -> dict[str, ConfigValue]:
@@ -343,37 +280,3 @@ def wait_for_run(run: SubmittedRun, timeout_s: float, *, poll_s: float = 5.0) ->
             raise TimeoutError(f"run {run_id} still {status!r} after {timeout_s:.0f}s")
         time.sleep(poll_s)
     return run_id, status
-
-
-def run_fast_poll_supernode(idle_poll_s: float, argv: list[str]) -> None:
-    """Run `flower-supernode argv...` with every sleep of its main loop capped at `idle_poll_s`.
-
-    Why: flwr 1.32 sleeps a fixed 3 s after an empty pull, and since a SuperNode pulls right
-    after pushing its reply, the next round's message almost always waits out that full
-    sleep. There is no option for it, so this wraps the `time` module that
-    `flwr.supernode.start_client_internal` sees. The check below makes a flwr upgrade that
-    changes that loop fail loudly instead of silently running at the stock interval.
-    """
-    import flwr.supernode.start_client_internal as loop_module
-    from flwr.supernode.cli import flower_supernode
-
-    if "time.sleep(3)" not in inspect.getsource(loop_module.start_client_internal):
-        raise RuntimeError("this flwr's SuperNode loop has no time.sleep(3): drop idle_poll_s")
-
-    class _CappedSleepTime:
-        def __getattr__(self, name: str) -> object:
-            return getattr(time, name)
-
-        @staticmethod
-        def sleep(seconds: float) -> None:
-            time.sleep(min(seconds, idle_poll_s))
-
-    loop_module.time = _CappedSleepTime()  # type: ignore[assignment]
-    sys.argv = ["flower-supernode", *argv]
-    flower_supernode()
-
-
-if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] != "fast-poll-supernode":
-        sys.exit("usage: python -m hacfed.flower.launch fast-poll-supernode SECONDS [flower-supernode args]")
-    run_fast_poll_supernode(float(sys.argv[2]), sys.argv[3:])

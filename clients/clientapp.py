@@ -1,9 +1,9 @@
 """hacfed's Flower ClientApp: a stateless, torch-free relay to the resident participant.
 
-Flower runs this in a fresh `flwr-clientapp` process per message (started by the
-SuperNode's `flower-superexec`), so it keeps no state and imports nothing heavy.
+Runs on a lab's side: Flower runs this in a fresh `flwr-clientapp` process per message (started
+by the lab's SuperNode's `flower-superexec`), so it keeps no state and imports nothing heavy.
 
-Message types (sent by `hacfed.flower.serverapp`):
+Message types (sent by the coordinator's `hacfed.server.serverapp`):
 - `query.hello`: answered from the SuperNode's node config (`participant-id`), no call to
   the participant; lets the ServerApp map Flower node ids to participants.
 - `train.exchange`: `content["hacfed"]["payload"]` (bytes) is forwarded to the participant's
@@ -16,7 +16,7 @@ from __future__ import annotations
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from hacfed.flower.relay import hello_content, relay_content
+from hacfed.clients.relay import hello_content, relay_content
 
 HELLO_ACTION = "hello"
 EXCHANGE_ACTION = "exchange"

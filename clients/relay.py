@@ -1,5 +1,9 @@
 """The bytes relay between Flower's ephemeral ClientApp and the resident participant process.
 
+Runs on a lab's side, in two processes: `serve_participant` inside hacfed-client (the resident
+participant's local gRPC service), `relay_content` / `hello_content` inside each `flwr-clientapp`
+process that the lab's SuperNode starts (`hacfed.clients.clientapp`).
+
 Why: Flower starts a fresh ClientApp process for every message, so models cannot live
 there. The ClientApp only moves opaque bytes: it takes `content["hacfed"]["payload"]`,
 calls the participant's local gRPC service `/hacfed.v1.ParticipantRelay/Exchange` on
@@ -7,14 +11,14 @@ loopback (address from the SuperNode's `--node-config participant-address="127.0
 and puts the reply bytes into the reply message. Bad input or an unreachable participant
 becomes an error record `content["hacfed"]["error"] = "HACFED-E-...: message"`, never a
 crash. The gRPC handlers are generic with raw bytes (no codegen); the payload's own
-protobuf (the `Envelope`) is defined and parsed elsewhere.
+protobuf (the `Envelope`) is defined and parsed elsewhere. The record and config keys are
+shared with the coordinator's ServerApp in `hacfed.flower_protocol`.
 
 This module must stay torch-free: it runs in every ClientApp process.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import sys
 from collections.abc import Callable, Mapping
@@ -24,21 +28,22 @@ from typing import NoReturn
 import grpc
 from flwr.app import ConfigRecord, RecordDict
 
+from hacfed.flower_protocol import (
+    ERROR_KEY,
+    NODE_PARTICIPANT_ADDRESS,
+    NODE_PARTICIPANT_ID,
+    PARTICIPANT_ID_KEY,
+    PAYLOAD_KEY,
+    RECORD_NAME,
+    RUN_RELAY_TIMEOUT,
+    TORCH_LOADED_KEY,
+    check_loopback_address,
+)
+
 SERVICE_NAME = "hacfed.v1.ParticipantRelay"
 EXCHANGE_METHOD = f"/{SERVICE_NAME}/Exchange"
 ERROR_CODE_METADATA_KEY = "hacfed-error-code"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a round's pool of trajectory text fits easily
-
-# Keys of the Flower records the ServerApp and the relay exchange.
-RECORD_NAME = "hacfed"
-PAYLOAD_KEY = "payload"
-ERROR_KEY = "error"
-PARTICIPANT_ID_KEY = "participant-id"
-TORCH_LOADED_KEY = "relay-torch-loaded"
-# Keys of the SuperNode's node config and of the run config that the relay reads.
-NODE_PARTICIPANT_ID = "participant-id"
-NODE_PARTICIPANT_ADDRESS = "participant-address"
-RUN_RELAY_TIMEOUT = "relay-timeout-s"
 
 _log = logging.getLogger(__name__)
 
@@ -70,25 +75,6 @@ class ParticipantRejection(Exception):
         self.status = status
         self.code = code
         self.message = message
-
-
-def check_loopback_address(address: str) -> tuple[str, int]:
-    """Split "host:port" and insist the host is loopback: the relay channel is plaintext."""
-    host, sep, port_text = address.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"participant address must look like 127.0.0.1:PORT, got {address!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port out of range in {address!r}")
-    if host != "localhost":
-        try:
-            is_loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            is_loopback = False
-        if not is_loopback:
-            raise ValueError(f"participant address must be on loopback, got {address!r}")
-    return host, port
 
 
 def _grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
