@@ -145,7 +145,7 @@ def run_client(cfg: ClientConfig) -> int:
         say(f"TEST MODE ({FALSIFY_ENV}=1): every claimed reward is FALSIFIED; the coordinator should reject them")
     say(f"loading model {cfg.model} on {cfg.device} ({cfg.finetune} fine-tuning, {cfg.rollout_backend} rollouts); "
         f"task {task.name}")
-    from hacfed.participant import Participant, ParticipantConfig  # torch
+    from hacfed.clients.participant import Participant, ParticipantConfig  # torch
 
     participant = Participant.from_spec(ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs()), task)
     if participant.last_round is not None:

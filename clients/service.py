@@ -38,7 +38,7 @@ from typing import Protocol
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from hacfed.checkpoint import atomic_write_text
+from hacfed.clients.checkpoints import atomic_write_text
 from hacfed.clients.relay import ParticipantRejection
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
 from hacfed.keys import FINAL_ACK_TYPE, KEY_OFFER_TYPE, KEY_REQUEST_TYPE, raw_public_bytes
@@ -57,7 +57,7 @@ UpdateKey = tuple[str, int | None, int | None]  # (run id, pool round, plan roun
 
 
 class SteppingParticipant(Protocol):
-    """What the service drives: `hacfed.participant.Participant` (or a test double)."""
+    """What the service drives: `hacfed.clients.participant.Participant` (or a test double)."""
 
     participant_id: str
     last_round: int | None

@@ -95,7 +95,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     from hacfed.hacpo_config import HacpoConfig
     from hacfed.messages import SamplingParams
     from hacfed.models.loading import load_model
-    from hacfed.participant import Participant, ParticipantConfig
+    from hacfed.clients.participant import Participant, ParticipantConfig
     from hacfed.tasks.registry import load_task
 
     task = load_task(cfg.task)

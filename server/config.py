@@ -16,23 +16,15 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hacfed.config_values import parse_set, split_host_port
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
-
-
-def split_host_port(address: str, field: str) -> tuple[str, int]:
-    host, sep, port = str(address).rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{field} must be HOST:PORT with a port in 0-65535, got {address!r}")
-    return host, int(port)
 
 
 def is_loopback(host: str) -> bool:
@@ -124,20 +116,6 @@ class ServerConfig:
     @property
     def listen(self) -> tuple[str, int]:
         return split_host_port(self.server.listen, "server.listen")
-
-
-def parse_set(item: str) -> tuple[str, Any]:
-    """`KEY=VALUE` with VALUE read as a TOML value when it is one (3, 0.5, true, "x", [1, 2]),
-    else as a plain string (so `--set run_id=demo` needs no quotes)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    return key, value
 
 
 def load_server_config(

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
+from hacfed.clients.participant import Participant, ParticipantConfig
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
 from hacfed.models.loading import load_model, smollm2_gguf_path
-from hacfed.participant import Participant, ParticipantConfig
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.server.coordinator.journal import Journal
 from hacfed.server.coordinator.state import Coordinator

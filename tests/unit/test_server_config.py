@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.server.config import load_server_config, parse_set
+from hacfed.config_values import parse_set
+from hacfed.server.config import load_server_config
 from hacfed.server.main import build_parser, main
 
 BASE = """

@@ -23,7 +23,7 @@ from hacfed.algorithm import HacpoConfig, capability_ratio, hacpo_advantages, ha
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView, Trajectory, build_training_view
 
-log = logging.getLogger("hacfed.update")
+log = logging.getLogger("hacfed.clients.update")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 One exchange per round (design.md): `step(update)` trains on the pool of round r, evaluates when the
 next plan asks for it, rolls out plan r+1 with the updated policy and returns the submission.
 
-    from hacfed.participant import Participant, ParticipantConfig
+    from hacfed.clients.participant import Participant, ParticipantConfig
     p = Participant.from_spec(ParticipantConfig("lab-a", "tiny-llama"), task)
     submission = p.step(update)
 """
@@ -22,14 +22,14 @@ from typing import Any, Literal
 
 import torch
 
-from hacfed.checkpoint import latest_checkpoint, read_state, save_checkpoint
+from hacfed.clients.checkpoints import latest_checkpoint, read_state, save_checkpoint
+from hacfed.clients.update import (
+    UpdateSettings, adapter_disabled_reference, default_minibatch, frozen_copy_reference, hacpo_update,
+)
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.rollout.hf import evaluate_accuracy, generate
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
-from hacfed.update import (
-    UpdateSettings, adapter_disabled_reference, default_minibatch, frozen_copy_reference, hacpo_update,
-)
 
 
 @dataclass(frozen=True)
