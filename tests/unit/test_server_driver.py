@@ -249,10 +249,17 @@ def test_trust_on_first_use_registers_a_self_signed_key(tmp_path: Path) -> None:
     assert fed.driver.journal.pool(0)
 
 
-def test_driver_and_server_entry_point_do_not_import_torch() -> None:
-    code = ("import sys, hacfed.server.driver, hacfed.server.main, hacfed.server.serverapp; "
+def test_server_side_and_clientapp_relay_do_not_import_torch() -> None:
+    # Every module under server/ (ServerApp, driver, hacfed-server, ...) and the ClientApp relay,
+    # which runs in a fresh process per message, imported in a fresh interpreter.
+    code = ("import importlib, pkgutil, sys, hacfed.server\n"
+            "names = [m.name for m in pkgutil.walk_packages(hacfed.server.__path__, 'hacfed.server.')]\n"
+            "assert {'hacfed.server.driver', 'hacfed.server.main', 'hacfed.server.serverapp'} <= set(names), names\n"
+            "for name in [*names, 'hacfed.clients.clientapp']:\n"
+            "    importlib.import_module(name)\n"
             "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_settings_validate_paths_and_intervals(tmp_path: Path) -> None:
