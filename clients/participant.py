@@ -1,7 +1,11 @@
 """A lab's participant: owns model, tokenizer, optimizer, reference policy and checkpoints.
 
-One exchange per round (design.md): `step(update)` trains on the pool of round r, evaluates when the
-next plan asks for it, rolls out plan r+1 with the updated policy and returns the submission.
+Runs in a lab's hacfed-client process, resident for the whole run (and in `hacfed sim`, one per
+agent). One exchange per round (design.md): `step(update)` trains on the pool of round r, evaluates
+when the next plan asks for it, rolls out plan r+1 with the updated policy and returns the
+submission. The parts live beside it: `rollout_and_eval` (sampling a plan, held-out accuracy),
+`training` (policy, reference, optimizer, training on the pool; the HACPO update is `update`) and
+`checkpoints` (atomic save and resume).
 
     from hacfed.clients.participant import Participant, ParticipantConfig
     p = Participant.from_spec(ParticipantConfig("lab-a", "tiny-llama"), task)
@@ -10,9 +14,6 @@ next plan asks for it, rolls out plan r+1 with the updated policy and returns th
 
 from __future__ import annotations
 
-import copy
-import hashlib
-import json
 import math
 import secrets
 import time
@@ -22,12 +23,10 @@ from typing import Any, Literal
 
 import torch
 
-from hacfed.clients.checkpoints import latest_checkpoint, read_state, save_checkpoint
-from hacfed.clients.update import (
-    UpdateSettings, adapter_disabled_reference, default_minibatch, frozen_copy_reference, hacpo_update,
-)
+from hacfed.clients.checkpoints import restore_participant, save_participant
+from hacfed.clients.rollout_and_eval import evaluate_held_out, export_for_vllm, rollout_plan
+from hacfed.clients.training import prepare_training, train_on_pool
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
-from hacfed.rollout.hf import evaluate_accuracy, generate
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 
@@ -83,21 +82,7 @@ class Participant:
         self.tokenizer = tokenizer
         torch.manual_seed(cfg.seed)
         model.to(cfg.device)
-        if cfg.finetune == "lora":
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, target_modules="all-linear")
-            self.model = get_peft_model(model, lora)
-            self._reference = lambda: adapter_disabled_reference(self.model)
-        else:
-            self.model = model
-            ref = copy.deepcopy(model).eval()
-            for p in ref.parameters():
-                p.requires_grad_(False)
-            self._reference = lambda: frozen_copy_reference(ref)
-        self.model.eval()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+        self.model, self._reference, self.optimizer = prepare_training(model, cfg)
         self.policy_version = 0
         self.last_round: int | None = None  # the last plan rolled out
         self.capabilities: dict[str, float] = {}
@@ -174,15 +159,9 @@ class Participant:
         )
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
-        # Own samples keep the exact sampled ids from our rollout (the pool carries text only).
-        # The pool's reward is the coordinator's verified one; only the ids come from the local cache.
-        pool = [self._with_local_ids(t) for t in update.pool]
-        minibatch = self.cfg.minibatch_size or default_minibatch(pool)
-        settings = UpdateSettings(minibatch, self.cfg.max_grad_norm, self.cfg.max_prompt_len, self.cfg.max_response_len)
-        agents = update.participants or tuple(sorted({t.source_id for t in pool}))
-        metrics = hacpo_update(
-            self.model, self.tokenizer, self.optimizer, self._reference, pool, self.participant_id,
-            agents, self.capabilities, update.hacpo, settings,
+        metrics = train_on_pool(
+            self.model, self.tokenizer, self.optimizer, self._reference, update,
+            learner=self.participant_id, own=self._own, capabilities=self.capabilities, cfg=self.cfg,
         )
         if metrics.get("num_updates", 0) > 0:
             self.policy_version += 1
@@ -192,124 +171,35 @@ class Participant:
         return metrics
 
     def _export_for_vllm(self) -> Path:
-        if not self.cfg.checkpoint_dir:
-            raise ValueError("rollout_backend 'vllm' needs checkpoint_dir (vLLM loads the policy from disk)")
-        target = Path(self.cfg.checkpoint_dir) / "vllm-policy"
-        model = self.model
-        if self.cfg.finetune == "lora":
-            # Merge a copy: the live model keeps its adapter for training.
-            model = copy.deepcopy(self.model).merge_and_unload()
-        model.save_pretrained(target)
-        self.tokenizer.save_pretrained(target)
-        return target
-
-    def _with_local_ids(self, t: Trajectory) -> Trajectory:
-        local = self._own.get(t.trajectory_id) if t.source_id == self.participant_id else None
-        if local is None or local.response_text != t.response_text or local.source_token_count != t.source_token_count:
-            return t
-        return Trajectory(**{**t.__dict__, "response_token_ids": local.response_token_ids})
+        return export_for_vllm(self.model, self.tokenizer, self.cfg.checkpoint_dir, self.cfg.finetune)
 
     def evaluate(self, max_new_tokens: int) -> float:
-        problems = list(self.task.eval_problems())[: self.cfg.eval_problems]
-        return evaluate_accuracy(self.model, self.tokenizer, self.task, problems, max_new_tokens=max_new_tokens)
+        return evaluate_held_out(self.model, self.tokenizer, self.task, self.cfg.eval_problems, max_new_tokens)
 
     def rollout(self, plan: RoundPlan) -> tuple[Trajectory, ...]:
         """G samples per planned prompt at the plan's sampling settings; rewards are local claims."""
-        seed = _derive_seed(self.cfg.seed, plan.run_id, plan.round_id, self.participant_id)
-        prompts = [p.messages for p in plan.prompts]
-        kwargs = dict(
-            num_samples=plan.group_size, max_new_tokens=plan.sampling.max_new_tokens,
-            temperature=plan.sampling.temperature, top_p=plan.sampling.top_p, seed=seed,
+        out = rollout_plan(
+            self.model, self.tokenizer, self.task, plan, participant_id=self.participant_id,
+            policy_version=self.policy_version, base_seed=self.cfg.seed, batch_size=self.cfg.rollout_batch_size,
+            vllm=self._vllm,
         )
-        if self._vllm is not None:
-            groups = self._vllm.generate(self.model, self.tokenizer, prompts, **kwargs)
-        else:
-            groups = generate(self.model, self.tokenizer, prompts, batch_size=self.cfg.rollout_batch_size, **kwargs)
-        out: list[Trajectory] = []
-        for planned, completions in zip(plan.prompts, groups):
-            problem = self.task.problem(planned.prompt_id)
-            for k, c in enumerate(completions):
-                out.append(
-                    Trajectory(
-                        trajectory_id=f"{plan.run_id}/r{plan.round_id}/{self.participant_id}/{planned.prompt_id}/{k}",
-                        prompt_id=planned.prompt_id,
-                        source_id=self.participant_id,
-                        policy_version=self.policy_version,
-                        prompt=planned.messages,
-                        response_text=c.text,
-                        reward=float(self.task.verify(problem, c.text).reward),
-                        source_logp_sum=min(float(c.logprob_sum), 0.0),
-                        source_token_count=len(c.token_ids),
-                        finish_reason=c.finish_reason,
-                        response_token_ids=tuple(int(i) for i in c.token_ids),
-                    )
-                )
         self._own = {t.trajectory_id: t for t in out}
-        return tuple(out)
+        return out
 
     # --- checkpoints -----------------------------------------------------------------------------
 
     def save(self, directory: Path) -> Path:
-        round_id = self.last_round if self.last_round is not None else -1
-
-        def write(tmp: Path) -> None:
-            torch.save(_trainable_state(self.model), tmp / "model.pt")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-            own = [_trajectory_record(t) for t in self._own.values()]
-            state = {
-                "participant_id": self.participant_id,
-                "round": round_id,
-                "policy_version": self.policy_version,
-                "capabilities": self.capabilities,
-                "config": asdict(self.cfg),
-                "own_trajectories": own,
-            }
-            (tmp / "state.json").write_text(json.dumps(state))
-
-        return save_checkpoint(directory, max(round_id, 0), write)
+        return save_participant(
+            directory, participant_id=self.participant_id, last_round=self.last_round,
+            policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
+            model=self.model, optimizer=self.optimizer, own=self._own,
+        )
 
     def _maybe_resume(self, directory: Path) -> None:
-        path = latest_checkpoint(directory)
-        if path is None:
+        restored = restore_participant(directory, self.participant_id, self.model, self.optimizer)
+        if restored is None:
             return
-        state = read_state(path)
-        if state["participant_id"] != self.participant_id:
-            raise ValueError(
-                f"checkpoint {path} belongs to {state['participant_id']!r}, not {self.participant_id!r}"
-            )
-        self.model.load_state_dict(torch.load(path / "model.pt", weights_only=True), strict=False)
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
-        self.policy_version = int(state["policy_version"])
-        self.last_round = None if state["round"] < 0 else int(state["round"])
-        self.capabilities = {k: float(v) for k, v in state["capabilities"].items()}
-        self._own = {r["trajectory_id"]: _trajectory_from_record(r) for r in state["own_trajectories"]}
-
-
-def _trainable_state(model: Any) -> dict[str, torch.Tensor]:
-    """Full weights for full fine-tuning; only the adapter (trainable) tensors for LoRA."""
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in trainable or not trainable}
-
-
-def _derive_seed(seed: int, run_id: str, round_id: int, participant: str) -> int:
-    digest = hashlib.sha256(f"{seed}|{run_id}|{round_id}|{participant}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def _trajectory_record(t: Trajectory) -> dict:
-    record = {k: getattr(t, k) for k in t.__dataclass_fields__ if k not in ("prompt", "response_token_ids")}
-    record["prompt"] = [[m.role, m.content] for m in t.prompt]
-    record["response_token_ids"] = list(t.response_token_ids or ())
-    return record
-
-
-def _trajectory_from_record(record: dict) -> Trajectory:
-    from hacfed.trajectory import ChatMessage
-
-    data = dict(record)
-    data["prompt"] = tuple(ChatMessage(r, c) for r, c in data["prompt"])
-    data["response_token_ids"] = tuple(data["response_token_ids"])
-    return Trajectory(**data)
-
+        self.policy_version = restored.policy_version
+        self.last_round = restored.last_round
+        self.capabilities = restored.capabilities
+        self._own = restored.own
