@@ -1,5 +1,8 @@
 """The participant side of the exchange: what `hacfed-client` serves to its Flower relay.
 
+Runs in a lab's hacfed-client process, served on loopback behind the ClientApp relay
+(`hacfed.clients.relay`).
+
     service = ParticipantService(participant, task, participant_key, coordinator_public_key, state_dir)
     server, port = serve_participant(service.handle)   # hacfed.clients.relay, loopback only
 

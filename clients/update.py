@@ -1,5 +1,7 @@
 """One learner's HACPO update on a round's pool (design.md "Participant's round", step 1).
 
+Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `hacfed.clients.training`.
+
     views  -> own samples first, then each other source in agent order
     A      -> hacpo_advantages over the whole pool with this learner as k
     for each minibatch m (m counts every minibatch of the step):

@@ -1,5 +1,7 @@
 """Children of a hacfed-server or hacfed-client killed with SIGKILL, found and stopped by the next one.
 
+Run by both sides: hacfed-server and hacfed-client each record and clean up their own children.
+
 A supervisor cleans up after SIGTERM, Ctrl-C and exceptions, but nothing runs after SIGKILL, and
 Flower's daemons run in their own process groups, so they outlive their parent: a SuperLink would
 keep the Fleet port, and a lab's SuperNode would keep answering hellos for a participant that is

@@ -1,5 +1,7 @@
 """What a federation round looks like from outside: console lines, JSONL rows, the time split.
 
+Runs in the coordinator's ServerApp process, called by the round driver (`hacfed.server.driver`).
+
 Pure functions over the coordinator's `RoundSummary` and the driver's timings, so the driver stays
 about exchanges and these formats are tested without Flower.
 

@@ -1,5 +1,8 @@
 """hacfed's Flower ServerApp: drives rounds through a pluggable `RoundDriver`.
 
+Runs in the coordinator's ServerApp process, which the SuperLink started by hacfed-server starts
+for the submitted run (`hacfed.server.superlink.submit_run`).
+
 Why push/pull and not `grid.send_and_receive`: the latter sleeps 3 s between pulls; here
 the loop polls every `poll-interval-s` (0.2 s by default) and closes each round at its own
 deadline, so a round costs what the SuperNodes cost and no more.

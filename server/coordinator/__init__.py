@@ -1,5 +1,9 @@
 """The hacfed coordinator: transport-independent, torch-free round logic and its SQLite journal.
 
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`); hacfed-server opens the journal itself before it starts
+anything, and `hacfed sim` runs the same coordinator in one process.
+
     from hacfed.server.coordinator import Coordinator, Journal, load_coordinator_config, run_rounds
 
 Modules: `config` (CoordinatorConfig), `plan` (deterministic prompt plans), `validation` (pure

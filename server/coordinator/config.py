@@ -2,6 +2,9 @@
 (design.md rule 5) plus the coordinator's own reliability limits. Network and TLS options belong to
 the server command line, not here.
 
+Read by hacfed-server (`hacfed.server.config`), by the round driver in the ServerApp process, and
+by `hacfed sim`.
+
     cfg = load_coordinator_config("deploy/coordinator.toml").with_overrides({"rounds": 3})
 
 TOML layout (nested tables for the nested settings):

@@ -1,5 +1,8 @@
 """The closed set of reasons the coordinator gives when it refuses something (security.md §4).
 
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+
 Every rejection carries one `ErrorCode`; the transport sends its value (`HACFED-E-...`) as the
 `hacfed-error-code` trailer and maps it to the gRPC status in `GRPC_STATUS` (names only, so this
 module stays free of grpc). Codes never change meaning once released: add new ones instead.

@@ -1,5 +1,9 @@
 """The coordinator's durable journal: one SQLite file, WAL, `synchronous=FULL` (security.md §3.3).
 
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server also opens it
+before it starts anything, to refuse a journal of another run.
+
 Accepted ⇔ ACKed ⇔ durable: `record_submission` writes a submission's accepted trajectories, its
 rejections, strikes and metrics in ONE transaction and returns only after the commit, so a receipt
 built from its return value never precedes durability. The round state machine lives in the same

@@ -1,4 +1,8 @@
-"""The journal's SQL schema (version 1) and the records read back from it."""
+"""The journal's SQL schema (version 1) and the records read back from it.
+
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Per-round, per-participant metrics for the console and the JSONL metrics file.
 
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+
 Everything reported for round r describes one policy per participant: the one that rolled out
 round r's plan (after training on pool r-1). reward_mean is the mean verified reward of that
 participant's accepted rollouts of round r; eval_accuracy and train metrics come from the

@@ -1,5 +1,8 @@
 """The coordinator's round state machine, transport-independent and torch-free.
 
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+
     journal = Journal(cfg.journal_path)
     coord = Coordinator(cfg, task, journal); coord.resume()
     coord.register("lab-a"); plan = coord.open_round(0); update = coord.make_update(0)

@@ -1,5 +1,8 @@
 """The transport interface and its in-process implementation (design.md "An in-process transport").
 
+Runs in the coordinator's process: the in-process loop drives `hacfed sim`, tests and benchmarks;
+the Flower transport is `hacfed.server.serverapp` + `hacfed.server.driver`.
+
 One exchange per round: the coordinator sends each participant a `RoundUpdate` {pool and
 capabilities of round r-1, plan of round r}; the participant trains on the pool, rolls out the plan
 and answers with a `Submission`. `run_rounds` drives that loop with direct calls, for tests,

@@ -1,5 +1,8 @@
 """Pure checks of a participant's `Submission` against its round's plan (security.md T1, T3, T6, T8).
 
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+
 Order: the cheap checks of every trajectory first (size, text, ids, identity, assignment, numbers,
 log-prob range, policy version), then re-verification of rewards, only for groups that passed. The
 costly verifier therefore never runs on a group that is already known to be unusable.
