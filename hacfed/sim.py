@@ -88,14 +88,14 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     """Run the federation; returns the metrics rows (also written to `metrics_out` as JSONL)."""
     from tqdm import tqdm
 
+    from hacfed.clients.participant import Participant, ParticipantConfig
+    from hacfed.hacpo_config import HacpoConfig
+    from hacfed.messages import SamplingParams
+    from hacfed.models.loading import load_model
     from hacfed.server.coordinator.config import CoordinatorConfig
     from hacfed.server.coordinator.journal import Journal
     from hacfed.server.coordinator.state import Coordinator
     from hacfed.server.coordinator.transport import run_rounds
-    from hacfed.hacpo_config import HacpoConfig
-    from hacfed.messages import SamplingParams
-    from hacfed.models.loading import load_model
-    from hacfed.clients.participant import Participant, ParticipantConfig
     from hacfed.tasks.registry import load_task
 
     task = load_task(cfg.task)

@@ -400,8 +400,8 @@ def _rounds(state_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
     from hacfed.clients.supernode import start_supernode
-    from hacfed.server.superlink import start_superlink, submit_run, wait_for_run
     from hacfed.procs import ProcessSupervisor, flower_env
+    from hacfed.server.superlink import start_superlink, submit_run, wait_for_run
 
     before = _running_descendants()
     pad = 6 * 1024 * 1024
@@ -491,8 +491,8 @@ def _write_tls_files(directory: Path) -> tuple[Path, Path, Path]:
 @pytest.mark.slow
 def test_one_round_over_tls(tmp_path: Path) -> None:
     from hacfed.clients.supernode import start_supernode
-    from hacfed.server.superlink import TlsFiles, start_superlink, submit_run, wait_for_run
     from hacfed.procs import ProcessSupervisor
+    from hacfed.server.superlink import TlsFiles, start_superlink, submit_run, wait_for_run
 
     ca, cert, key = _write_tls_files(tmp_path / "tls")
     with _echo_participants(["lab-a"]) as (ports, sizes), ProcessSupervisor(grace_s=10.0) as sup:

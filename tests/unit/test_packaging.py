@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import importlib.util
 import subprocess
@@ -40,3 +41,15 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "./scripts/test.sh" in readme and "./scripts/test.sh" in ci
+
+
+def test_flower_app_components_name_the_server_and_client_apps():
+    import tomllib
+
+    from hacfed.server.superlink import APP_DIR
+
+    components = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
+    assert components == {"serverapp": "hacfed.server.serverapp:app", "clientapp": "hacfed.clients.clientapp:app"}
+    for spec in components.values():
+        module, _, attr = spec.partition(":")
+        assert getattr(importlib.import_module(module), attr) is not None
