@@ -10,18 +10,16 @@ import importlib.metadata
 import json
 import math
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
+from hacfed.data import GSM8K_DIR as GSM8K
 from hacfed.models import store
 from hacfed.models.loading import SMOLLM2_DISTRIBUTION, load_model
 from hacfed.models.zoo import WARMUP_TASK, get_preset, parameter_count, warm_up_preset
 from hacfed.rollout.hf import evaluate_accuracy, generate
 from hacfed.trajectory import ChatMessage
-
-GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 @pytest.fixture(autouse=True)
