@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tomlfile import read_toml
@@ -71,6 +72,8 @@ class ServerSettings:
                     raise ValueError(f"server.{name} must be a path, got {value!r}")
                 object.__setattr__(self, name, Path(value).expanduser().resolve())
         tls = [self.tls_cert, self.tls_key, self.tls_ca]
+        if self.trust_on_first_use and not self.insecure:
+            raise ValueError("server.trust_on_first_use is a development shortcut allowed only with --insecure")
         if self.insecure:
             if any(tls):
                 raise ValueError("server.insecure: --insecure and the TLS files exclude each other; pass one of them")
@@ -84,8 +87,7 @@ class ServerSettings:
             for name in ("tls_cert", "tls_key", "tls_ca"):
                 if not getattr(self, name).is_file():
                     raise ValueError(f"server.{name}: {getattr(self, name)} is not a file")
-        if self.trust_on_first_use and not self.insecure:
-            raise ValueError("server.trust_on_first_use is a development shortcut allowed only with --insecure")
+            check_server_tls(self.tls_cert, self.tls_key, self.tls_ca)  # expired, another CA, wrong key, no 127.0.0.1
         for name in ("poll_interval_s", "retry_interval_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:

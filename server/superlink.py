@@ -6,12 +6,19 @@ telemetry and update checks off, runtime dependency installation off) and is wai
 is really serving, with its log tail in the error if it dies first. The labs' side, the SuperNode,
 is started by `hacfed.clients.supernode`.
 
+Exposure (security.md S1): only the Fleet API faces the labs, on the `--listen` host. The Control
+API runs any app submitted to it and has no authentication in Flower 1.32, and the ServerAppIo API
+serves the ServerApp: both always bind 127.0.0.1, whatever the Fleet host is. No other server is
+started (Flower's health server only starts with --health-server-address, which is never passed;
+the SuperExec and the ServerApp processes only dial the ServerAppIo API).
+`tests/integration/test_coordinator_exposure.py` checks every listening socket of the tree.
+
 The exact commands this module runs (each with its own FLWR_HOME, FLWR_TELEMETRY_ENABLED=0,
 FLWR_DISABLE_UPDATE_CHECK=1, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1, this venv's bin first
 on PATH, in its own process group; ports are examples: port 0 lets the OS choose, and the bound
 ports are read back from the logs, "Starting {Control,ServerAppIo,Fleet} API ... on HOST:PORT"):
 
-    flower-superlink --fleet-api-type grpc-rere --fleet-api-address 127.0.0.1:9092 \\
+    flower-superlink --fleet-api-type grpc-rere --fleet-api-address 0.0.0.0:9092 \\
         --control-api-address 127.0.0.1:9093 --serverappio-api-address 127.0.0.1:9091 \\
         --database STATE/superlink.db --disable-runtime-dependency-installation --insecure
     # with TLS instead of --insecure:
@@ -64,6 +71,7 @@ from hacfed.procs import (
 
 APP_DIR = Path(__file__).resolve().parent / "flower_app"
 DEFAULT_CONNECTION = "hacfed"
+LOCAL_HOST = "127.0.0.1"  # where every SuperLink API but the Fleet API binds
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,8 @@ class SuperLink:
 
     @property
     def control_address(self) -> str:
-        return f"{self.host}:{self.control_port}"
+        """Where hacfed-server reaches the Control API: always loopback."""
+        return f"{LOCAL_HOST}:{self.control_port}"
 
 
 def _check_bind_host(host: str, insecure: bool) -> None:
@@ -125,8 +134,8 @@ def start_superlink(
     A port of 0 lets the OS choose (no race between picking and binding); the SuperLink
     logs the bound addresses, which are read back. Use fixed ports where SuperNodes must
     find a restarted SuperLink again. State goes to `database` (default
-    `<state_dir>/superlink.db`) so runs survive a SuperLink restart. The ServerAppIo API
-    always binds loopback: only the ServerApp subprocess uses it. `extra_env` reaches the
+    `<state_dir>/superlink.db`) so runs survive a SuperLink restart. `host` is the Fleet API's
+    only: the Control and ServerAppIo APIs always bind 127.0.0.1. `extra_env` reaches the
     ServerApp process (e.g. PYTHONPATH for a driver module that is not installed).
     """
     if insecure == (tls is not None):
@@ -135,20 +144,8 @@ def start_superlink(
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     database = Path(database) if database is not None else state_dir / "superlink.db"
-    argv = [
-        "flower-superlink",
-        "--fleet-api-type", "grpc-rere",
-        "--fleet-api-address", f"{host}:{fleet_port}",
-        "--control-api-address", f"{host}:{control_port}",
-        "--serverappio-api-address", f"127.0.0.1:{serverappio_port}",
-        "--database", str(database),
-        "--disable-runtime-dependency-installation",
-    ]
-    if tls is None:
-        argv.append("--insecure")
-    else:
-        argv += ["--ssl-certfile", str(tls.certfile), "--ssl-keyfile", str(tls.keyfile),
-                 "--ssl-ca-certfile", str(tls.ca_certfile)]
+    argv = superlink_argv(host=host, fleet_port=fleet_port, control_port=control_port,
+                          serverappio_port=serverappio_port, tls=tls, database=database)
     home = state_dir / "flwr-home"
     log_path = state_dir / "superlink.log"
     proc = sup.start(argv, env=flower_env(home, extra=extra_env), log_path=log_path, name="superlink",
@@ -159,13 +156,33 @@ def start_superlink(
                                                ready_timeout_s, process=proc))
             for api in ("Control", "ServerAppIo", "Fleet")
         }
-        probe_host = "127.0.0.1" if host == "0.0.0.0" else host
-        for port in (bound["Fleet"], bound["Control"]):
-            wait_for_port(probe_host, port, ready_timeout_s, process=proc)
+        wait_for_port(LOCAL_HOST if host in ("0.0.0.0", "::") else host, bound["Fleet"], ready_timeout_s, process=proc)
+        wait_for_port(LOCAL_HOST, bound["Control"], ready_timeout_s, process=proc)
     except (ProcessError, TimeoutError):
         sup.stop(proc)
         raise
     return SuperLink(proc, host, bound["Fleet"], bound["Control"], bound["ServerAppIo"], home)
+
+
+def superlink_argv(
+    *, host: str, fleet_port: int, control_port: int, serverappio_port: int, tls: TlsFiles | None, database: Path,
+) -> list[str]:
+    """The `flower-superlink` command: the Fleet API on `host`, everything else on 127.0.0.1."""
+    argv = [
+        "flower-superlink",
+        "--fleet-api-type", "grpc-rere",
+        "--fleet-api-address", f"{host}:{fleet_port}",
+        "--control-api-address", f"{LOCAL_HOST}:{control_port}",
+        "--serverappio-api-address", f"{LOCAL_HOST}:{serverappio_port}",
+        "--database", str(database),
+        "--disable-runtime-dependency-installation",
+    ]
+    if tls is None:
+        argv.append("--insecure")
+    else:
+        argv += ["--ssl-certfile", str(tls.certfile), "--ssl-keyfile", str(tls.keyfile),
+                 "--ssl-ca-certfile", str(tls.ca_certfile)]
+    return argv
 
 
 def _bound_port(match: re.Match[str]) -> int:
