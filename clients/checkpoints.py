@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hacfed.crashpoints import crash_point
 from hacfed.trajectory import ChatMessage, Trajectory
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def save_checkpoint(directory: Path, round_id: int, write: Any, keep: int = 2) -
     try:
         write(tmp)
         fsync_tree(tmp)
+        crash_point("mid_checkpoint")  # the fault suite's kill point: files written, not yet renamed
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)

@@ -23,14 +23,16 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, load_private_key, open_envelope, seal
 from hacfed.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
-from hacfed.server.coordinator.errors import ErrorCode, safe_text
+from hacfed.server.coordinator.audit import AuditLog
+from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
 from hacfed.server.membership import Membership
 from hacfed.server.reporting import (
@@ -47,6 +49,12 @@ ACK_GRACE_S = 30.0  # how long a reported participant that is not connected may 
 
 class SupervisorGone(RuntimeError):
     """hacfed-server died (e.g. SIGKILL): this orphaned ServerApp must not drive rounds."""
+
+
+class FailedClosed(RuntimeError):
+    """The audit log cannot be written: the coordinator stops accepting (security.md S10). The
+    ServerApp ends; hacfed-server resubmits it a few times (it resumes once the log is writable
+    again) and otherwise exits non-zero. Unacknowledged submissions stay in the labs' outboxes."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,7 @@ class FederationDriver:
         self.state_dir = Path(self.cfg.state_dir)
         self._monotonic = monotonic
         self._console_sink = console
-        self.journal = Journal(self.cfg.journal_path)
+        self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
         self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, settings.task_base_dir),
                                        self.journal, clock=clock)
         self._key = load_private_key(settings.coordinator_key)
@@ -92,7 +100,24 @@ class FederationDriver:
 
     # -- RoundDriver ----------------------------------------------------------------------------
 
+    @contextmanager
+    def _fail_closed_guard(self) -> Iterator[None]:
+        """Stop the ServerApp as soon as the coordinator failed closed (its audit log failed)."""
+        try:
+            yield
+        except AuditError as exc:
+            self.coordinator.failed_closed = self.coordinator.failed_closed or str(exc)
+        if self.coordinator.failed_closed is not None:
+            self.console(f"AUDIT LOG FAILED: {self.coordinator.failed_closed}. The coordinator accepts nothing more "
+                         f"(fail closed): make {self.cfg.audit_path} writable (free space, permissions), check it "
+                         f"with `hacfed-server audit verify`, and restart hacfed-server")
+            raise FailedClosed(self.coordinator.failed_closed)
+
     def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
+        with self._fail_closed_guard():
+            return self._next_round(participants)
+
+    def _next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
         if not self.settings.supervisor_alive():
             self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
             raise SupervisorGone(f"hacfed-server (pid {self.settings.supervisor[0]}) is gone")
@@ -121,6 +146,10 @@ class FederationDriver:
         return payloads or None
 
     def on_reply(self, node_id: int, payload: bytes) -> None:
+        with self._fail_closed_guard():
+            self._on_reply(node_id, payload)
+
+    def _on_reply(self, node_id: int, payload: bytes) -> None:
         started = self._monotonic()
         sent = self._sent.pop(node_id, None)
         if sent is None:
@@ -156,10 +185,11 @@ class FederationDriver:
 
     def close_round(self) -> None:
         started = self._monotonic()
-        if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
-            self._close(reason)
-        elif self.coordinator.finished and not self._done:
-            self._maybe_finish()
+        with self._fail_closed_guard():
+            if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
+                self._close(reason)
+            elif self.coordinator.finished and not self._done:
+                self._maybe_finish()
         self._coordinator_s += self._monotonic() - started
 
     def finished(self) -> bool:
@@ -246,6 +276,10 @@ class FederationDriver:
 
     def _accept_submission(self, sent: _Sent, payload: bytes, round_trip_s: float) -> None:
         pid, what = sent.participant_id, _what(sent)
+        problem = self.coordinator.admit(pid, len(payload))  # caps first: before verifying or decoding (T8)
+        if problem is not None:
+            self._refuse(sent, problem.code.value, problem.detail, journaled=True)
+            return
         try:
             body, kid = open_envelope(payload, self.membership.registry.keys, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
             signer = self.membership.owner(kid)
@@ -266,7 +300,7 @@ class FederationDriver:
                 self.console(f"final report {pid}: eval {_fmt(accuracy)}")
                 self._acks.add(pid)
             return
-        result = self.coordinator.submit(submission, sender=signer)
+        result = self.coordinator.submit(submission, sender=signer, admitted=True)
         if result.refusal is not None:
             self._refuse(sent, result.refusal.value, result.rejected[0].detail, journaled=True)
             return

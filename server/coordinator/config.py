@@ -59,6 +59,9 @@ class CoordinatorConfig:
     max_strikes / strike_window_rounds: K reward mismatches within the last W rounds quarantine a
       participant.
     min_mean_logp: lower bound on a trajectory's per-token mean log-prob (-L_max, security.md T3).
+    rate_limit_per_s / rate_limit_burst: each participant's token bucket of submission attempts.
+    round_quota_bytes / round_quota_trajectories: what one participant may send per round, accepted
+      or not (default: 4 full submissions' worth); see hacfed.server.coordinator.limits.
     """
 
     run_id: str
@@ -80,6 +83,10 @@ class CoordinatorConfig:
     max_response_chars: int = 16384
     max_submission_bytes: int = 16 * 1024 * 1024
     min_mean_logp: float = -50.0
+    rate_limit_per_s: float = 0.5
+    rate_limit_burst: int = 8
+    round_quota_bytes: int | None = None
+    round_quota_trajectories: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -112,10 +119,33 @@ class CoordinatorConfig:
         _int(self, "max_response_chars", 1)
         _int(self, "max_submission_bytes", 1024)
         _number(self, "min_mean_logp", lambda v: v < 0, "< 0")
+        _number(self, "rate_limit_per_s", lambda v: v > 0, "> 0")
+        _int(self, "rate_limit_burst", 1)
+        if self.round_quota_bytes is not None:
+            _int(self, "round_quota_bytes", 1024)
+        if self.round_quota_trajectories is not None:
+            _int(self, "round_quota_trajectories", self.prompts_per_round * self.group_size)
+
+    @property
+    def quota_bytes(self) -> int:
+        """Bytes one participant may send per round (round_quota_bytes, default 4 full submissions)."""
+        return self.round_quota_bytes if self.round_quota_bytes is not None else 4 * self.max_submission_bytes
+
+    @property
+    def quota_trajectories(self) -> int:
+        """Trajectories one participant may send per round (default 4 full submissions)."""
+        if self.round_quota_trajectories is not None:
+            return self.round_quota_trajectories
+        return 4 * self.prompts_per_round * self.group_size
 
     @property
     def journal_path(self) -> Path:
         return self.state_dir / "journal.sqlite"
+
+    @property
+    def audit_path(self) -> Path:
+        """The hash-chained audit log (hacfed.server.coordinator.audit)."""
+        return self.state_dir / "audit.log"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain TOML/JSON-able values; `from_mapping(cfg.to_dict()) == cfg`."""
@@ -130,6 +160,8 @@ class CoordinatorConfig:
                 value = value.to_dict()
             elif f.name == "state_dir":
                 value = str(value)
+            elif value is None:
+                continue  # an unset optional setting: TOML has no null, and from_mapping defaults it
             out[f.name] = value
         return out
 

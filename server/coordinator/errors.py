@@ -33,6 +33,11 @@ class ErrorCode(str, enum.Enum):
     ROUND_CLOSED = "HACFED-E-ROUND-CLOSED"
     NONCE_REUSE = "HACFED-E-NONCE-REUSE"  # same nonce, different payload
     DUPLICATE = "HACFED-E-DUPLICATE"  # second submission for a round, or a trajectory id already used
+    # caps, checked before any costly work (decoding, hashing, verifying); each carries retry_after_s
+    RATE_LIMITED = "HACFED-E-RATE-LIMITED"  # the participant's token bucket is empty
+    QUOTA_BYTES = "HACFED-E-QUOTA-BYTES"  # more bytes this round than round_quota_bytes
+    QUOTA_TRAJECTORIES = "HACFED-E-QUOTA-TRAJECTORIES"  # more trajectories this round than the quota
+    AUDIT_UNAVAILABLE = "HACFED-E-AUDIT-UNAVAILABLE"  # the audit log cannot be written: fail closed (S10)
     # per trajectory / per group
     SOURCE_MISMATCH = "HACFED-E-SOURCE-MISMATCH"  # Trajectory.source_id != submitting participant
     UNKNOWN_PROMPT = "HACFED-E-UNKNOWN-PROMPT"  # not a prompt of the task at all
@@ -61,6 +66,10 @@ GRPC_STATUS: dict[ErrorCode, str] = {
     ErrorCode.ROUND_CLOSED: "FAILED_PRECONDITION",
     ErrorCode.NONCE_REUSE: "ALREADY_EXISTS",
     ErrorCode.DUPLICATE: "ALREADY_EXISTS",
+    ErrorCode.RATE_LIMITED: "RESOURCE_EXHAUSTED",
+    ErrorCode.QUOTA_BYTES: "RESOURCE_EXHAUSTED",
+    ErrorCode.QUOTA_TRAJECTORIES: "RESOURCE_EXHAUSTED",
+    ErrorCode.AUDIT_UNAVAILABLE: "UNAVAILABLE",
     ErrorCode.SOURCE_MISMATCH: "PERMISSION_DENIED",
     ErrorCode.UNKNOWN_PROMPT: "INVALID_ARGUMENT",
     ErrorCode.UNASSIGNED_PROMPT: "INVALID_ARGUMENT",
@@ -83,7 +92,12 @@ class CoordinatorStateError(RuntimeError):
 
 
 class JournalError(RuntimeError):
-    """The journal cannot be used: wrong schema version, another run's journal, unsafe pragmas."""
+    """The journal cannot be used: wrong schema version, another run's journal, unsafe pragmas,
+    a corrupt file or a read-only state directory."""
+
+
+class AuditError(RuntimeError):
+    """The audit log cannot be written (disk full, read-only, ...): the coordinator fails closed."""
 
 
 def safe_text(value: object, limit: int = 200) -> str:
@@ -95,3 +109,18 @@ def safe_text(value: object, limit: int = 200) -> str:
     text = repr(value) if not isinstance(value, str) else value.encode("utf-8", "backslashreplace").decode("utf-8")
     text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[: limit + 1])
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """One line for an SQLite or file-system failure, with the likely cause."""
+    text = str(exc)
+    lowered = text.lower()
+    if "not a database" in lowered or "malformed" in lowered:
+        return f"{text} (the file is corrupt or not a hacfed journal; restore it from a backup or use a new state dir)"
+    if "readonly" in lowered or "read-only" in lowered or isinstance(exc, PermissionError):
+        return f"{text} (the state directory or the journal file is read-only; make it writable)"
+    if "unable to open" in lowered:
+        return f"{text} (its directory must exist and be writable)"
+    if "disk" in lowered and "full" in lowered:
+        return f"{text} (the disk is full)"
+    return text

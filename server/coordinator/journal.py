@@ -11,8 +11,15 @@ file (OPEN -> CLOSED(quorum|deadline) -> PUBLISHED) together with the capability
 each close, so a restarted coordinator replays exactly what was decided and counts nothing twice.
 
 Uniqueness the schema enforces (T4): one recorded submission per (participant, round) and per
-content hash, one per (participant, nonce) when a nonce is set, one row per trajectory id and per
-(participant, round, prompt, sample index).
+content hash, one per (participant, nonce) when a nonce is set, one row per (participant,
+trajectory id) and per (participant, round, prompt, sample index).
+
+Audit (security.md S10): with an `AuditLog`, every write that decides something (a submission
+accepted or refused, a participant joining or quarantined, a round opened, extended or closed, a
+final report, a purge) appends one hash-chained line INSIDE its transaction, before COMMIT. A line
+that cannot be written raises `AuditError` and rolls the decision back: nothing is decided that is
+not audited. (A crash between the line and the COMMIT leaves a line for a decision that did not
+happen; it is never the other way round.)
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from hacfed.server.coordinator.errors import JournalError
+from hacfed.crashpoints import crash_point
+from hacfed.server.coordinator.audit import AuditEvent, AuditLog
+from hacfed.server.coordinator.errors import JournalError, describe_db_error
 from hacfed.server.coordinator.journal_schema import (
-    SCHEMA_SQL, SCHEMA_VERSION, SYNCHRONOUS_FULL, ParticipantRecord, RoundRecord, SubmissionRecord,
+    MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION, SYNCHRONOUS_FULL, ParticipantRecord, RoundRecord, SubmissionRecord,
     participant_record, round_record, trajectory_from_row, trajectory_row,
 )
 from hacfed.trajectory import Trajectory
@@ -37,20 +46,30 @@ __all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SubmissionRecord", "S
 class Journal:
     """Thread-safe (one connection behind a lock); every write method is one transaction."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, audit: AuditLog | None = None) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.audit = audit
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalError(f"journal {self.path} cannot be opened: {describe_db_error(exc)}") from None
         self._db.row_factory = sqlite3.Row
-        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        sync = self._db.execute("PRAGMA synchronous").fetchone()[0]
-        if str(mode).lower() != "wal" or sync != SYNCHRONOUS_FULL:
+        try:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            sync = self._db.execute("PRAGMA synchronous").fetchone()[0]
+            if str(mode).lower() != "wal" or sync != SYNCHRONOUS_FULL:
+                raise JournalError(f"journal {self.path}: need journal_mode=wal and synchronous=FULL, got {mode!r}/{sync!r}")
+            self._init_schema()
+        except sqlite3.Error as exc:
             self._db.close()
-            raise JournalError(f"journal {self.path}: need journal_mode=wal and synchronous=FULL, got {mode!r}/{sync!r}")
-        self._init_schema()
+            raise JournalError(f"journal {self.path} cannot be used: {describe_db_error(exc)}") from None
+        except JournalError:
+            self._db.close()
+            raise
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -63,6 +82,11 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _audit(self, event: AuditEvent) -> None:
+        """Append the decision's audit line; called inside its transaction (see the module docstring)."""
+        if self.audit is not None:
+            self.audit.append(event)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -86,9 +110,14 @@ class Journal:
                 db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
                 return
             row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            version = int(row[0]) if row else None
-            if version != SCHEMA_VERSION:
+            version = int(row[0]) if row and str(row[0]).isdigit() else None
+            if version is None or version > SCHEMA_VERSION or (version < SCHEMA_VERSION and version not in MIGRATIONS):
                 raise JournalError(f"journal {self.path} has schema version {version}, this hacfed reads {SCHEMA_VERSION}")
+            while version < SCHEMA_VERSION:  # migrate in place, inside this one transaction
+                for statement in MIGRATIONS[version]:
+                    db.execute(statement)
+                version += 1
+                db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
 
     def pragma(self, name: str) -> Any:
         if name not in ("journal_mode", "synchronous", "integrity_check", "foreign_keys"):
@@ -122,6 +151,7 @@ class Journal:
                 "INSERT INTO rounds (round_id, state, opened_at, deadline, plan_json) VALUES (?, 'OPEN', ?, ?, ?)",
                 (round_id, opened_at, deadline, plan_json),
             )
+            self._audit(AuditEvent("round_open", round_id=round_id, detail=f"deadline {deadline:.3f}"))
 
     def round(self, round_id: int) -> RoundRecord | None:
         with self._lock:
@@ -147,6 +177,7 @@ class Journal:
                 (deadline, round_id),
             )
             _event(db, now, "deadline_extended", None, round_id, detail)
+            self._audit(AuditEvent("deadline_extended", round_id=round_id, code="below_quorum", detail=detail))
 
     def close_round(
         self, round_id: int, reason: str, closed_at: float, below_quorum: bool,
@@ -162,6 +193,10 @@ class Journal:
                 raise JournalError(f"round {round_id} is not open in the journal; cannot close it")
             if below_quorum:
                 _event(db, closed_at, "closed_below_quorum", None, round_id, f"closed by {reason} below quorum")
+            self._audit(AuditEvent("round_close", round_id=round_id, code=reason,
+                                   detail=f"capabilities {json.dumps(capabilities, sort_keys=True)}"
+                                          f"{'; below quorum' if below_quorum else ''}"))
+            crash_point("mid_round_close")
 
     def mark_published(self, round_id: int) -> None:
         with self._tx() as db:
@@ -171,6 +206,9 @@ class Journal:
 
     def upsert_participant(self, participant_id: str, now: float) -> ParticipantRecord:
         with self._tx() as db:
+            known = db.execute("SELECT 1 FROM participants WHERE participant_id=?", (participant_id,)).fetchone()
+            if not known:
+                self._audit(AuditEvent("join", participant=participant_id))
             db.execute(
                 "INSERT INTO participants (participant_id, joined_at, last_seen) VALUES (?, ?, ?) "
                 "ON CONFLICT (participant_id) DO UPDATE SET last_seen=excluded.last_seen",
@@ -226,14 +264,19 @@ class Journal:
             ).fetchone()
         return int(row[0]) if row else None
 
-    def used_trajectory_ids(self, ids: Sequence[str]) -> set[str]:
+    def used_trajectory_ids(self, participant_id: str, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` this participant already used: ids live in their source's namespace, so
+        another lab's ids never collide with them (journal schema v2)."""
         wanted = [i for i in ids if isinstance(i, str)]
         found: set[str] = set()
         with self._lock:
             for start in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
                 chunk = wanted[start : start + 500]
                 marks = ",".join("?" * len(chunk))
-                rows = self._db.execute(f"SELECT trajectory_id FROM trajectories WHERE trajectory_id IN ({marks})", chunk)
+                rows = self._db.execute(
+                    f"SELECT trajectory_id FROM trajectories WHERE participant_id=? AND trajectory_id IN ({marks})",
+                    (participant_id, *chunk),
+                )
                 found.update(r[0] for r in rows)
         return found
 
@@ -251,7 +294,7 @@ class Journal:
             )
             seq = int(cur.lastrowid)
             db.executemany(
-                "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
                 [trajectory_row(seq, r.round_id, a) for a in r.accepted],
             )
             db.executemany(
@@ -279,6 +322,16 @@ class Journal:
             if r.report_json is not None:
                 db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (r.participant_id, r.round_id, r.report_json))
             db.execute("UPDATE submissions SET result_json=? WHERE seq=?", (result_for_seq(seq), seq))
+            codes = sorted({x.code.value for x in r.rejections})
+            self._audit(AuditEvent(
+                "accept", r.participant_id, r.round_id, "OK",
+                f"seq {seq} content {r.content_hash[:16]}: accepted {len(r.accepted)}, rejected {len(r.rejections)}"
+                f"{' ' + ','.join(codes) if codes else ''}",
+            ))
+            if r.quarantine:
+                self._audit(AuditEvent("quarantine", r.participant_id, r.round_id, "HACFED-E-QUARANTINED",
+                                       f"{len(r.strikes)} new strike(s)"))
+            crash_point("before_commit")
         return seq
 
     def record_rejection(self, participant_id: str | None, round_id: int | None, code: str, detail: str, now: float) -> None:
@@ -288,10 +341,54 @@ class Journal:
                 "INSERT INTO rejections (participant_id, round_id, code, detail, at) VALUES (?, ?, ?, ?, ?)",
                 (participant_id, round_id, code, detail, now),
             )
+            self._audit(AuditEvent("reject", participant_id, round_id, code, detail))
 
     def record_report(self, participant_id: str, round_id: int, report_json: str) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (participant_id, round_id, report_json))
+            self._audit(AuditEvent("final_report", participant_id, round_id))
+
+    # -- purge (security.md §3.3, R11) ------------------------------------------------------------
+
+    def purge(self, participant_id: str, from_round: int, now: float, detail: str) -> dict[int, int]:
+        """Withdraw the participant's accepted samples of rounds >= from_round from every pool
+        published from now on, and quarantine it; returns {round: samples withdrawn} (empty when
+        a previous purge already did it). One transaction, audited."""
+        with self._tx() as db:
+            withdrawn = {int(r): int(n) for r, n in db.execute(
+                "SELECT round_id, COUNT(*) FROM trajectories WHERE participant_id=? AND round_id>=? AND purged=0 "
+                "GROUP BY round_id ORDER BY round_id", (participant_id, from_round),
+            )}
+            db.execute("UPDATE trajectories SET purged=1 WHERE participant_id=? AND round_id>=?", (participant_id, from_round))
+            db.execute(
+                "UPDATE participants SET quarantined=1, quarantined_round=COALESCE(quarantined_round, ?) "
+                "WHERE participant_id=?", (from_round, participant_id),
+            )
+            _event(db, now, "purge", participant_id, from_round, detail)
+            self._audit(AuditEvent("purge", participant_id, from_round, "OK", detail))
+        return withdrawn
+
+    def pools_trained_on(self) -> dict[str, list[int]]:
+        """participant -> the rounds whose pools it reported training on: a submission for round
+        k + 1 (or a final report for round k + 1) carries the report of training on pool k."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT participant_id, round_id FROM submissions UNION SELECT participant_id, round_id FROM metrics"
+            ).fetchall()
+        out: dict[str, set[int]] = {}
+        for pid, round_id in rows:
+            if round_id >= 1:
+                out.setdefault(pid, set()).add(round_id - 1)
+        return {pid: sorted(rounds) for pid, rounds in sorted(out.items())}
+
+    def rounds_with_samples_of(self, participant_id: str, from_round: int) -> list[int]:
+        """Rounds >= from_round in which the participant has accepted samples (purged or not)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT round_id FROM trajectories WHERE participant_id=? AND round_id>=? ORDER BY round_id",
+                (participant_id, from_round),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
 
     # -- reads for closing, publishing and metrics ------------------------------------------------
 
@@ -304,10 +401,12 @@ class Journal:
         return [(r[0], float(r[1])) for r in rows]
 
     def pool(self, round_id: int) -> tuple[Trajectory, ...]:
-        """The accepted trajectories of a round, in a deterministic order, with verified rewards."""
+        """The accepted trajectories of a round, in a deterministic order, with verified rewards;
+        samples withdrawn by a purge are left out."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM trajectories WHERE round_id=? ORDER BY participant_id, prompt_pos, idx", (round_id,)
+                "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx",
+                (round_id,),
             ).fetchall()
         return tuple(trajectory_from_row(r) for r in rows)
 
@@ -361,3 +460,4 @@ def _event(db: sqlite3.Connection, at: float, kind: str, participant_id: str | N
         "INSERT INTO events (at, kind, participant_id, round_id, detail) VALUES (?, ?, ?, ?, ?)",
         (at, kind, participant_id, round_id, detail),
     )
+

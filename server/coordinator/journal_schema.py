@@ -1,7 +1,16 @@
-"""The journal's SQL schema (version 1) and the records read back from it.
+"""The journal's SQL schema (version 2), its migrations, and the records read back from it.
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
-starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`; `hacfed-server purge` and
+`audit verify` open it too.
+
+Version history (a journal of an older version is migrated in place when opened, in one
+transaction; security.md R10):
+  1: the first release.
+  2: trajectory ids are namespaced by their (authenticated) source: the key is
+     (participant_id, trajectory_id), so one lab can no longer occupy the ids of another
+     (issue 9, "trajectory-id squatting"); `trajectories.purged` marks samples withdrawn by
+     `hacfed-server purge`.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from dataclasses import dataclass
 from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SYNCHRONOUS_FULL = 2  # PRAGMA synchronous reads back as an integer
 
 SCHEMA_SQL = """
@@ -52,7 +61,7 @@ CREATE TABLE submissions (
 );
 CREATE UNIQUE INDEX submissions_nonce ON submissions (participant_id, nonce) WHERE nonce != '';
 CREATE TABLE trajectories (
-    trajectory_id TEXT PRIMARY KEY,
+    trajectory_id TEXT NOT NULL,         -- unique per source only: ids live in the source's namespace
     submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
     participant_id TEXT NOT NULL,
     round_id INTEGER NOT NULL,
@@ -67,6 +76,8 @@ CREATE TABLE trajectories (
     source_token_count INTEGER NOT NULL,
     finish_reason TEXT NOT NULL,
     policy_version INTEGER NOT NULL,
+    purged INTEGER NOT NULL DEFAULT 0,   -- withdrawn by `hacfed-server purge`: never published again
+    PRIMARY KEY (participant_id, trajectory_id),
     UNIQUE (participant_id, round_id, prompt_id, idx)
 );
 CREATE INDEX trajectories_round ON trajectories (round_id);
@@ -104,6 +115,28 @@ CREATE TABLE events (
     detail TEXT NOT NULL
 );
 """
+
+
+# Statements that bring a journal of version N (the key) to N + 1, run in one transaction.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        # SQLite cannot change a primary key in place: rebuild the table (same columns + purged).
+        "ALTER TABLE trajectories RENAME TO trajectories_v1",
+        "DROP INDEX trajectories_round",
+        """CREATE TABLE trajectories (
+            trajectory_id TEXT NOT NULL, submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
+            participant_id TEXT NOT NULL, round_id INTEGER NOT NULL, prompt_id TEXT NOT NULL,
+            prompt_pos INTEGER NOT NULL, idx INTEGER NOT NULL, prompt_json TEXT NOT NULL,
+            response_text TEXT NOT NULL, reward REAL NOT NULL, claimed_reward REAL NOT NULL,
+            source_logp_sum REAL NOT NULL, source_token_count INTEGER NOT NULL, finish_reason TEXT NOT NULL,
+            policy_version INTEGER NOT NULL, purged INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (participant_id, trajectory_id), UNIQUE (participant_id, round_id, prompt_id, idx)
+        )""",
+        "INSERT INTO trajectories SELECT *, 0 FROM trajectories_v1",
+        "DROP TABLE trajectories_v1",
+        "CREATE INDEX trajectories_round ON trajectories (round_id)",
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class Receipt:
     content_hash: str  # sha256 of the submission's canonical encoding (validation.submission_digest)
     accepted: int
     rejected: int
+    nonce: str = ""  # the submission's nonce (hex): which of the lab's outbox entries this answers
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

@@ -20,28 +20,40 @@ least `min_participants` contributed accepted groups; otherwise the deadline is 
 `round_deadline_s` up to `max_deadline_extensions` times (journaled), after which it closes with what
 it has, flagged below quorum and logged as a warning. Submissions are accepted until the round is
 closed, even after its deadline.
+
+Capability (issue 9, "capability inflation by omission"): when a round closes, every participant
+with a recorded submission is scored over ALL of its assigned samples (prompts x G): each sample
+that was not accepted (a planned prompt it left out, or a group that was rejected) counts as
+reward 0 in P̂. Rejecting a whole submission for one missing prompt was the alternative; it was not
+chosen because it does not stop the same attack made with a spoiled group instead of a missing one
+(send an invalid sample so that a group it got wrong is rejected), unless any invalid group also
+rejected the whole submission, which would throw away an honest lab's round for one malformed
+sample. Zero-reward accounting removes the gain of both with one rule and keeps the good groups.
+
+Caps (`limits`) run before any costly work; a coordinator whose audit log cannot be written fails
+closed (`failed_closed`): it refuses every submission with AUDIT_UNAVAILABLE until restarted.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from typing import Callable
+from collections import Counter
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from hacfed.capability import CapabilityTracker
+from hacfed.messages import RoundPlan, RoundUpdate
 from hacfed.server.coordinator.config import CoordinatorConfig
-from hacfed.server.coordinator.errors import CoordinatorStateError, ErrorCode, safe_text
-from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord, SubmissionRecord
+from hacfed.server.coordinator.errors import AuditError, CoordinatorStateError, safe_text
+from hacfed.server.coordinator.intake import SubmissionIntake
+from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord
+from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
-from hacfed.server.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
-from hacfed.server.coordinator.validation import (
-    MAX_ID_CHARS, Rejection, ValidationLimits, check_report, is_short_id, quick_size_rejection, report_to_dict,
-    submission_digest, validate_submission,
-)
-from hacfed.messages import RoundPlan, RoundUpdate, Submission
+from hacfed.server.coordinator.results import ResumeReport, RoundClosed
+from hacfed.server.coordinator.validation import MAX_ID_CHARS, is_short_id
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 
@@ -49,7 +61,7 @@ log = logging.getLogger("hacfed.server.coordinator")
 CLOSE_REASONS = ("quorum", "deadline")
 
 
-class Coordinator:
+class Coordinator(SubmissionIntake):
     def __init__(self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time) -> None:
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
         self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
@@ -57,6 +69,22 @@ class Coordinator:
         self._plans: dict[int, RoundPlan] = {}
         self._pools: dict[int, tuple[Trajectory, ...]] = {}
         self._tracker = self._restore_tracker()
+        self.limiter = SubmissionLimiter(
+            rate_per_s=cfg.rate_limit_per_s, burst=cfg.rate_limit_burst, quota_bytes=cfg.quota_bytes,
+            quota_trajectories=cfg.quota_trajectories, clock=clock, round_retry_s=self._round_retry_s,
+        )
+        self.failed_closed: str | None = None  # why the audit log failed; then every submission is refused
+
+    @contextmanager
+    def _audited(self) -> Iterator[None]:
+        """A write whose audit line fails puts the coordinator in the fail-closed state (S10)."""
+        try:
+            yield
+        except AuditError as exc:
+            if self.failed_closed is None:
+                self.failed_closed = str(exc)
+                log.error("AUDIT LOG FAILED, the coordinator stops accepting submissions: %s", exc)
+            raise
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -107,7 +135,8 @@ class Coordinator:
                 raise CoordinatorStateError(f"cannot open round {round_id}: the run has {self.cfg.rounds} rounds")
             plan = make_plan(self.cfg, self.task, round_id)
             now = self._clock()
-            self.journal.insert_round(round_id, now, now + self.cfg.round_deadline_s, plan_to_json(plan))
+            with self._audited():
+                self.journal.insert_round(round_id, now, now + self.cfg.round_deadline_s, plan_to_json(plan))
             self._plans[round_id] = plan
             log.info(
                 "round %d open: %d prompts x G=%d, deadline in %.0f s",
@@ -149,7 +178,8 @@ class Coordinator:
             if reason is None and record is not None and record.state == "OPEN" and now >= record.deadline:
                 deadline = now + self.cfg.round_deadline_s
                 detail = f"below quorum ({self.cfg.min_participants}) at deadline; extended to {deadline:.3f}"
-                self.journal.extend_deadline(record.round_id, deadline, now, detail)
+                with self._audited():
+                    self.journal.extend_deadline(record.round_id, deadline, now, detail)
                 log.warning("round %d: %s", record.round_id, detail)
             return reason
 
@@ -163,14 +193,18 @@ class Coordinator:
             if round_id is None:
                 raise CoordinatorStateError("no round is open")
             pairs = self.journal.accepted_rewards(round_id)
+            submitters = self.journal.submitters(round_id)
+            scored = pairs + self._unaccepted_as_zero(round_id, pairs, submitters)
             tracker = self._copy_tracker()
-            if pairs:
-                tracker.update([r for _, r in pairs], [p for p, _ in pairs])
+            if scored:
+                tracker.update([r for _, r in scored], [p for p, _ in scored])
             capabilities = tracker.capabilities()
-            contributors = tuple(sorted(p for p, n in self.journal.submitters(round_id).items() if n > 0))
+            contributors = tuple(sorted(p for p, n in submitters.items() if n > 0))
             below = len(contributors) < self.cfg.min_participants
-            self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
+            with self._audited():
+                self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
             self._tracker = tracker  # only after the commit: a crash before it leaves the round OPEN
+            self.limiter.forget_round(round_id)
             if below:
                 log.warning(
                     "round %d closed by %s below quorum: %d of %d contributors",
@@ -178,6 +212,16 @@ class Coordinator:
                 )
             log.info("round %d closed (%s): %d accepted from %s", round_id, reason, len(pairs), list(contributors))
             return RoundClosed(round_id, reason, below, len(pairs), contributors, capabilities)
+
+    def _unaccepted_as_zero(
+        self, round_id: int, pairs: list[tuple[str, float]], submitters: dict[str, int]
+    ) -> list[tuple[str, float]]:
+        """A reward of 0 for every assigned sample a submitter did not get accepted (see the module
+        docstring: leaving out or spoiling the groups it got wrong must not raise its P̂)."""
+        plan = self.plan_for(round_id)
+        assigned = len(plan.prompts) * plan.group_size
+        accepted = Counter(p for p, _ in pairs)
+        return [(pid, 0.0) for pid in sorted(submitters) for _ in range(max(assigned - accepted[pid], 0))]
 
     def make_update(self, next_round: int) -> RoundUpdate:
         """Pool and capabilities of round next_round-1 (closed) plus the plan of next_round (opened
@@ -212,7 +256,7 @@ class Coordinator:
         """Join or rejoin (after a crash, or late): idempotent; a quarantined participant stays so."""
         if not is_short_id(participant_id):
             raise ValueError(f"participant id must be 1-{MAX_ID_CHARS} printable characters, got {safe_text(participant_id)}")
-        with self._lock:
+        with self._lock, self._audited():
             record = self.journal.upsert_participant(participant_id, self._clock())
             if participant_id not in self._tracker.agent_ids:
                 self._tracker.add_agent(participant_id)
@@ -223,133 +267,6 @@ class Coordinator:
 
     def has_submitted(self, participant_id: str, round_id: int) -> bool:
         return self.journal.submission_seq(participant_id, round_id) is not None
-
-    # -- submissions -----------------------------------------------------------------------------
-
-    def submit(self, sub: Submission, sender: str | None = None) -> SubmissionResult:
-        """Judge and journal one submission; returns only after the journal commit (the ACK point).
-
-        sender: the authenticated identity the transport verified (mTLS / envelope key), if any.
-        An identical resend returns the stored result and receipt; nothing is written twice.
-        """
-        with self._lock:
-            now = self._clock()
-            gate = self._gate(sub, sender)
-            if isinstance(gate, SubmissionResult):
-                return gate
-            if isinstance(gate, Rejection):  # (a NamedTuple: test it before the plain tuple)
-                pid = safe_text(sub.participant_id) if isinstance(sub, Submission) else None
-                rid = sub.round_id if isinstance(sub, Submission) and isinstance(sub.round_id, int) else None
-                self.journal.record_rejection(pid, rid, gate.code.value, gate.detail, now)
-                log.info("submission from %s for round %s refused: %s %s", pid, rid, gate.code, gate.detail)
-                return SubmissionResult((), (gate,), None)
-            n_bytes, digest = gate
-            return self._judge_and_record(sub, now, n_bytes, digest)
-
-    def _gate(self, sub: object, sender: str | None) -> Rejection | SubmissionResult | tuple[int, str]:
-        """Whole-submission checks, cheapest first. Returns the refusal, the stored result of an
-        identical resend, or (size in bytes, content hash) of a submission to judge."""
-        if not isinstance(sub, Submission):
-            return Rejection(None, ErrorCode.SCHEMA, f"a {type(sub).__name__} is not a Submission")
-        pid = sub.participant_id
-        if not is_short_id(pid):
-            return Rejection(None, ErrorCode.SCHEMA, f"participant_id {safe_text(pid)} is not a short text")
-        if sender is not None and sender != pid:
-            return Rejection(None, ErrorCode.IDENTITY_MISMATCH, f"sent by {safe_text(sender)} but claims {pid}")
-        if sub.run_id != self.cfg.run_id:
-            return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
-        if not isinstance(sub.trajectories, tuple):
-            return Rejection(None, ErrorCode.SCHEMA, "trajectories must be a tuple")
-        too_big = quick_size_rejection(sub, self.cfg.prompts_per_round * self.cfg.group_size, self.cfg.max_submission_bytes)
-        if too_big is not None:
-            return too_big
-        n_bytes, digest = submission_digest(sub)
-        if n_bytes > self.cfg.max_submission_bytes:
-            return Rejection(None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}")
-        stored = self.journal.stored_result(digest)
-        if stored is not None:
-            return SubmissionResult.from_json(stored, replayed=True)
-        if sub.nonce and self.journal.hash_for_nonce(pid, sub.nonce) is not None:
-            return Rejection(None, ErrorCode.NONCE_REUSE, f"nonce {sub.nonce} was used for a different payload")
-        participant = self.journal.participant(pid)
-        if participant is None:
-            return Rejection(None, ErrorCode.UNKNOWN_PARTICIPANT, f"participant {pid} is not registered")
-        if participant.quarantined:
-            detail = f"participant {pid} quarantined since round {participant.quarantined_round}"
-            return Rejection(None, ErrorCode.QUARANTINED, detail)
-        record = self.journal.round(sub.round_id)
-        if record is None:
-            return Rejection(None, ErrorCode.UNKNOWN_ROUND, f"round {sub.round_id} was never opened")
-        if record.state != "OPEN":
-            latest_closed = self.journal.latest_closed_round()
-            code = ErrorCode.ROUND_CLOSED if latest_closed and latest_closed.round_id == sub.round_id else ErrorCode.STALE_ROUND
-            return Rejection(None, code, f"round {sub.round_id} is {record.state.lower()}")
-        seq = self.journal.submission_seq(pid, sub.round_id)
-        if seq is not None:
-            return Rejection(None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})")
-        return n_bytes, digest
-
-    def _judge_and_record(self, sub: Submission, now: float, n_bytes: int, digest: str) -> SubmissionResult:
-        pid, round_id = sub.participant_id, sub.round_id
-        plan = self.plan_for(round_id)
-        limits = ValidationLimits(
-            group_size=plan.group_size,
-            max_new_tokens=plan.sampling.max_new_tokens,
-            max_response_chars=self.cfg.max_response_chars,
-            min_mean_logp=self.cfg.min_mean_logp,
-            min_policy_version=self.journal.last_policy_version(pid),
-        )
-        used = self.journal.used_trajectory_ids([t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)])
-        outcome = validate_submission(sub, plan, self.task, limits, used)
-        strikes = outcome.strikes
-        window_start = round_id - self.cfg.strike_window_rounds + 1
-        quarantine = bool(strikes) and (
-            self.journal.count_strikes(pid, window_start) + len(strikes) >= self.cfg.max_strikes
-        )
-        rejections = outcome.rejections + ((outcome.report_rejection,) if outcome.report_rejection else ())
-        report_json = None
-        if sub.report is not None and outcome.report_rejection is None:
-            report_json = json.dumps(report_to_dict(sub.report), sort_keys=True)
-        accepted_ids = tuple(a.trajectory.trajectory_id for a in outcome.accepted)
-
-        def result_for(seq: int) -> SubmissionResult:
-            receipt = Receipt(self.cfg.run_id, round_id, pid, seq, digest, len(accepted_ids), len(rejections))
-            return SubmissionResult(accepted_ids, rejections, receipt)
-
-        record = SubmissionRecord(
-            pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
-        )
-        seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
-        if strikes:
-            log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
-        if quarantine:
-            log.warning(
-                "participant %s QUARANTINED: reached %d strikes within %d rounds",
-                pid, self.cfg.max_strikes, self.cfg.strike_window_rounds,
-            )
-        log.info("round %d: %s accepted %d, rejected %d (seq %d)", round_id, pid, len(accepted_ids), len(rejections), seq)
-        return result_for(seq)
-
-    def record_final_report(self, sub: Submission, sender: str | None = None) -> Rejection | None:
-        """The answer to the last update (no plan): a Submission for round `cfg.rounds` with no
-        trajectories, carrying the StepReport of training on the final pool. None when stored."""
-        with self._lock:
-            if not isinstance(sub, Submission) or sub.trajectories or sub.round_id != self.cfg.rounds:
-                detail = f"a final report is a Submission for round {self.cfg.rounds} without trajectories"
-                return Rejection(None, ErrorCode.SCHEMA, detail)
-            if sender is not None and sender != sub.participant_id:
-                detail = f"sent by {safe_text(sender)} but claims {safe_text(sub.participant_id)}"
-                return Rejection(None, ErrorCode.IDENTITY_MISMATCH, detail)
-            if sub.run_id != self.cfg.run_id:
-                return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
-            if self.journal.participant(sub.participant_id) is None:
-                detail = f"participant {safe_text(sub.participant_id)} is not registered"
-                return Rejection(None, ErrorCode.UNKNOWN_PARTICIPANT, detail)
-            problem = check_report(sub.report, sub.participant_id, sub.round_id)
-            if problem is not None or sub.report is None:
-                return problem or Rejection(None, ErrorCode.SCHEMA, "final submission carries no report")
-            self.journal.record_report(sub.participant_id, sub.round_id, json.dumps(report_to_dict(sub.report), sort_keys=True))
-            return None
 
     # -- metrics ---------------------------------------------------------------------------------
 

@@ -41,11 +41,13 @@ REWARD_TOLERANCE = 1e-6
 
 class Rejection(NamedTuple):
     """Why one trajectory (or, with trajectory_id None, a whole submission, its report or a missing
-    group) was refused: a `(trajectory_id, code, detail)` tuple."""
+    group) was refused: a `(trajectory_id, code, detail)` tuple. retry_after_s: for a refusal
+    that will pass later (a rate limit or a round quota), when to try again."""
 
     trajectory_id: str | None
     code: ErrorCode
     detail: str
+    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,8 @@ def validate_submission(
 ) -> ValidationOutcome:
     """Judge every trajectory of `sub` (already past the submission gates: run, round, identity).
 
-    used_trajectory_ids: ids of this submission already present in the journal (they are global).
+    used_trajectory_ids: ids of this submission that its participant already used (ids are namespaced
+      by their source: another participant's ids never collide with them).
     """
     planned = {p.prompt_id: (pos, p.messages) for pos, p in enumerate(plan.prompts)}
     rejections: list[Rejection] = []
