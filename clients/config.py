@@ -17,8 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hacfed.server.config import parse_set, split_host_port
-
+from hacfed.config_values import parse_set, split_host_port
 from hacfed.tomlfile import read_toml
 
 DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
@@ -32,7 +31,7 @@ class ClientConfig:
     server: the coordinator's Fleet API HOST:PORT. state_dir: keys, checkpoints, reply cache, logs.
     coordinator_key: the coordinator's public key file. insecure / tls_ca: plaintext or TLS.
     finetune, device, rollout_backend, learning_rate, lora_rank, eval_problems, minibatch_size,
-    seed: local training choices (hacfed.participant.ParticipantConfig; None keeps its default).
+    seed: local training choices (hacfed.clients.participant.ParticipantConfig; None keeps its default).
     exit_when_done: exit 0 after answering the final update. idle_poll_s: SuperNode poll interval."""
 
     participant_id: str
@@ -95,7 +94,7 @@ class ClientConfig:
         object.__setattr__(self, "task", dict(self.task))
 
     def participant_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of hacfed.participant.ParticipantConfig (defaults where unset)."""
+        """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""
         out: dict[str, Any] = {"finetune": self.finetune, "device": self.device, "rollout_backend": self.rollout_backend,
                                "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints")}
         optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,

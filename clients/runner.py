@@ -3,7 +3,7 @@
 1. keys: `<state-dir>/participant.key` (+ `.pub`), created on first start;
 2. the model, resident for the whole run (torch is imported here, after the config was checked),
    resuming from `<state-dir>/checkpoints` after a restart;
-3. the participant service on loopback (`hacfed.federation.service`, behind the relay's gRPC);
+3. the participant service on loopback (`hacfed.clients.service`, behind the relay's gRPC);
 4. a Flower SuperNode pointed at the coordinator, supervised: restarted if it exits.
 With --exit-when-done it stops once the coordinator acknowledged its final report and the
 SuperNode has sent the answer to that acknowledgement.
@@ -18,12 +18,12 @@ import threading
 import time
 
 from hacfed.clients.config import ClientConfig
+from hacfed.clients.relay import serve_participant
+from hacfed.clients.service import Answered, ParticipantService
+from hacfed.clients.supernode import SuperNode, start_supernode
 from hacfed.envelope import load_public_key
-from hacfed.federation.keys import ensure_key_pair, fingerprint
-from hacfed.federation.leftovers import forget_children, kill_leftovers, record_children
-from hacfed.federation.service import Answered, ParticipantService
-from hacfed.flower.launch import SuperNode, start_supernode
-from hacfed.flower.relay import serve_participant
+from hacfed.keys import ensure_key_pair, fingerprint
+from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.procs import ProcessError, ProcessSupervisor
 
 FALSIFY_ENV = "HACFED_TEST_FALSIFY_REWARDS"  # test-only: claim the opposite of every reward
@@ -145,7 +145,7 @@ def run_client(cfg: ClientConfig) -> int:
         say(f"TEST MODE ({FALSIFY_ENV}=1): every claimed reward is FALSIFIED; the coordinator should reject them")
     say(f"loading model {cfg.model} on {cfg.device} ({cfg.finetune} fine-tuning, {cfg.rollout_backend} rollouts); "
         f"task {task.name}")
-    from hacfed.participant import Participant, ParticipantConfig  # torch
+    from hacfed.clients.participant import Participant, ParticipantConfig  # torch
 
     participant = Participant.from_spec(ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs()), task)
     if participant.last_round is not None:

@@ -73,7 +73,7 @@ def participant_ids(agents: Sequence[str]) -> list[str]:
 
 
 def run_demo(agents: Sequence[str], args: Any) -> int:
-    from hacfed.federation.keys import ensure_key_pair
+    from hacfed.keys import ensure_key_pair
     from hacfed.models import store
     from hacfed.procs import ProcessSupervisor
 

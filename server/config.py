@@ -4,7 +4,7 @@
                              flags={"insecure": True})
 
 TOML layout (deploy/coordinator.toml): the coordinator's keys at top level (or in a `[coordinator]`
-table) with its `[task]`, `[sampling]` and `[hacpo]` tables (see hacfed.coordinator.config), and a
+table) with its `[task]`, `[sampling]` and `[hacpo]` tables (see hacfed.server.coordinator.config), and a
 `[server]` table for this process's own settings (the fields of `ServerSettings`). Precedence:
 file < `--set KEY=VALUE` (coordinator keys, dotted `task.digits`, or `server.listen`) < the
 dedicated flags (`--state-dir`, `--listen`, ...). Relative paths are taken from the current
@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hacfed.coordinator.config import CoordinatorConfig
+from hacfed.certs import check_server_tls
+from hacfed.config_values import parse_set, split_host_port
+from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
-
-
-def split_host_port(address: str, field: str) -> tuple[str, int]:
-    host, sep, port = str(address).rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{field} must be HOST:PORT with a port in 0-65535, got {address!r}")
-    return host, int(port)
 
 
 def is_loopback(host: str) -> bool:
@@ -79,6 +72,8 @@ class ServerSettings:
                     raise ValueError(f"server.{name} must be a path, got {value!r}")
                 object.__setattr__(self, name, Path(value).expanduser().resolve())
         tls = [self.tls_cert, self.tls_key, self.tls_ca]
+        if self.trust_on_first_use and not self.insecure:
+            raise ValueError("server.trust_on_first_use is a development shortcut allowed only with --insecure")
         if self.insecure:
             if any(tls):
                 raise ValueError("server.insecure: --insecure and the TLS files exclude each other; pass one of them")
@@ -92,8 +87,7 @@ class ServerSettings:
             for name in ("tls_cert", "tls_key", "tls_ca"):
                 if not getattr(self, name).is_file():
                     raise ValueError(f"server.{name}: {getattr(self, name)} is not a file")
-        if self.trust_on_first_use and not self.insecure:
-            raise ValueError("server.trust_on_first_use is a development shortcut allowed only with --insecure")
+            check_server_tls(self.tls_cert, self.tls_key, self.tls_ca)  # expired, another CA, wrong key, no 127.0.0.1
         for name in ("poll_interval_s", "retry_interval_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -124,20 +118,6 @@ class ServerConfig:
     @property
     def listen(self) -> tuple[str, int]:
         return split_host_port(self.server.listen, "server.listen")
-
-
-def parse_set(item: str) -> tuple[str, Any]:
-    """`KEY=VALUE` with VALUE read as a TOML value when it is one (3, 0.5, true, "x", [1, 2]),
-    else as a plain string (so `--set run_id=demo` needs no quotes)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text
-    return key, value
 
 
 def load_server_config(

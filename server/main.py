@@ -8,6 +8,10 @@ Starts a Flower SuperLink (gRPC Fleet API) and the hacfed app run, whose ServerA
 through the coordinator's journal in the state dir; prints who joined, each round's per-participant
 reward, accuracy, rejections and time split; writes JSONL metrics; exits 0 when all rounds are done.
 Killed and restarted with the same command, it resumes at the right round. Never imports torch.
+
+Administrative commands (hacfed.server.admin): `hacfed-server audit verify --state-dir DIR` checks
+the hash-chained audit log; `hacfed-server purge --state-dir DIR --participant X --from-round R`
+withdraws a participant's samples and lists what each lab must replay.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("audit", "purge"):  # administrative commands (hacfed.server.admin)
+        from hacfed.server.admin import main as admin_main
+
+        return admin_main(argv)
     args = build_parser().parse_args(argv)
     from hacfed.server.config import load_server_config  # torch-free, like everything this process imports
 

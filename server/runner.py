@@ -1,7 +1,7 @@
 """What hacfed-server does once its configuration is valid: supervise the SuperLink and the app run.
 
     SuperLink (gRPC-rere Fleet API on --listen, state in <state>/superlink.db)
-    flwr run  -> ServerApp -> hacfed.federation.driver (journal <state>/journal.sqlite)
+    flwr run  -> ServerApp -> hacfed.server.driver (journal <state>/journal.sqlite)
 
 The driver runs in a process the SuperLink starts, so this process follows it through files in the
 state dir: `console.log` (printed here as it grows), `federation-done.json` (the run is over). A run
@@ -20,15 +20,15 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from hacfed.coordinator import Journal, JournalError, load_task_from_config
-from hacfed.federation.keys import describe_key, ensure_key_pair
-from hacfed.federation.settings import (
-    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,
-)
-from hacfed.flower.launch import SuperLink, TlsFiles, start_superlink, submit_run
+from hacfed.keys import describe_key, ensure_key_pair
+from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
 from hacfed.server.config import ServerConfig
-from hacfed.federation.leftovers import forget_children, kill_leftovers, record_children
+from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
+from hacfed.server.driver_settings import (
+    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,
+)
+from hacfed.server.superlink import SuperLink, TlsFiles, start_superlink, submit_run
 
 Print = Callable[[str], None]
 PORT_FILE = "fleet-port"

@@ -1,5 +1,9 @@
 """A persistent, resource-limited worker process for running untrusted-input code (security.md T2/S8).
 
+Shared by both sides: the coordinator re-verifies every reward with it and a lab's participant
+scores its own rollouts with it. This module is the parent side (`SandboxedWorker`), which runs in
+the caller's process; the worker's own main loop is `hacfed.tasks.sandbox_worker`.
+
 Why a subprocess: verifying model text means parsing it with sympy-based code that was never written
 to face hostile input (exponent towers, pathological nesting, `sympify`-style evaluation). Running it
 in the caller's process would let one rollout hang or crash the coordinator. The worker is persistent
@@ -22,17 +26,13 @@ Wire format, both directions: a 4-byte big-endian length, then that many bytes o
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import math
 import os
-import resource
 import select
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -42,11 +42,11 @@ import weakref
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal, Mapping
+
+from hacfed.tasks.sandbox_worker import FRAME_HEADER, MAX_REQUEST_BYTES, write_all
 
 VERIFIER_ABORT = "HACFED-E-VERIFIER-ABORT"
-_HEADER = struct.Struct(">I")
-_MAX_REQUEST_BYTES = 1 << 20
 _log = logging.getLogger(__name__)
 
 NetworkIsolation = Literal["auto", "required", "off"]
@@ -146,8 +146,8 @@ class SandboxedWorker:
     def call(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request; return the handler's reply or raise SandboxAbort (never hangs past timeout_s)."""
         payload = json.dumps(request, ensure_ascii=True).encode("ascii")
-        if len(payload) > _MAX_REQUEST_BYTES:
-            raise SandboxAbort(f"refused: request of {len(payload)} bytes exceeds {_MAX_REQUEST_BYTES}")
+        if len(payload) > MAX_REQUEST_BYTES:
+            raise SandboxAbort(f"refused: request of {len(payload)} bytes exceeds {MAX_REQUEST_BYTES}")
         with self._lock:
             if self._closed:
                 raise RuntimeError("SandboxedWorker is closed")
@@ -224,7 +224,7 @@ class _WorkerProcess:
         config = {"cpu_s_per_item": limits.item_cpu_s, "cpu_s_lifetime": limits.cpu_s_lifetime,
                   "memory_bytes": limits.memory_bytes, "max_processes": limits.max_processes,
                   "self_timeout_s": 0.8 * limits.timeout_s}
-        bootstrap = "import sys; sys.path.insert(0, sys.argv[1]); from hacfed.tasks.sandbox import child_main; child_main(sys.argv[2:])"
+        bootstrap = "import sys; sys.path.insert(0, sys.argv[1]); from hacfed.tasks.sandbox_worker import child_main; child_main(sys.argv[2:])"
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         argv = [*prefix, sys.executable, "-I", "-B", "-c", bootstrap, package_root, factory, json.dumps(config)]
@@ -252,14 +252,14 @@ class _WorkerProcess:
     def roundtrip(self, payload: bytes, timeout_s: float, max_reply: int) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         try:
-            _write_all(self.popen.stdin.fileno(), _HEADER.pack(len(payload)) + payload)  # type: ignore[union-attr]
+            write_all(self.popen.stdin.fileno(), FRAME_HEADER.pack(len(payload)) + payload)  # type: ignore[union-attr]
         except (BrokenPipeError, ConnectionResetError):
             raise SandboxAbort(self._death_reason()) from None
         return self.read_frame(deadline, max_reply)
 
     def read_frame(self, deadline: float, max_bytes: int) -> dict[str, Any]:
         fd = self.popen.stdout.fileno()  # type: ignore[union-attr]
-        (length,) = _HEADER.unpack(self._read_exact(fd, _HEADER.size, deadline))
+        (length,) = FRAME_HEADER.unpack(self._read_exact(fd, FRAME_HEADER.size, deadline))
         if length > max_bytes:
             raise SandboxAbort(f"protocol error: reply of {length} bytes exceeds {max_bytes}")
         try:
@@ -327,13 +327,6 @@ def _kill_group(popen: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
 _warned_no_netns = False
 
 
@@ -342,101 +335,3 @@ def _warn_no_netns() -> None:
     if not _warned_no_netns:
         _warned_no_netns = True
         _log.warning("hacfed sandbox: `unshare -n` is unavailable; verifier workers run WITHOUT network isolation")
-
-
-# ----------------------------------------------------------------------------- child side
-
-
-class _ItemTimeout(BaseException):
-    """Raised by SIGALRM inside a request. A BaseException so library `except Exception` cannot swallow it."""
-
-
-_armed = False
-
-
-def _on_alarm(signum: int, frame: object) -> None:
-    if _armed:
-        raise _ItemTimeout()
-
-
-def child_main(args: list[str]) -> None:
-    """Entry point of the worker process (see `_WorkerProcess.start`). Not for use in the caller."""
-    factory_spec, config = args[0], json.loads(args[1])
-    wire_in = os.fdopen(0, "rb", buffering=0)
-    wire_out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # stray prints from libraries go to stderr (discarded), never into the wire
-    sys.stdout = sys.stderr
-    mem = config["memory_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    lifetime, per_item = config["cpu_s_lifetime"], config["cpu_s_per_item"]
-    resource.setrlimit(resource.RLIMIT_CPU, (lifetime, lifetime))
-    try:
-        module_name, func_name = factory_spec.split(":")
-        handler: Callable[[dict[str, Any]], dict[str, Any]] = getattr(importlib.import_module(module_name), func_name)()
-    except Exception as e:  # reported to the parent, which raises SandboxStartError
-        _send(wire_out, {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]})
-        return
-    if config["max_processes"] is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (config["max_processes"], config["max_processes"]))
-    signal.signal(signal.SIGALRM, _on_alarm)
-    _send(wire_out, {"ok": True, "interfaces": sorted(name for _, name in socket.if_nameindex())})
-    while True:
-        header = _read_exact_child(wire_in, _HEADER.size)
-        if header is None:
-            return  # parent closed the pipe: orderly shutdown
-        body = _read_exact_child(wire_in, _HEADER.unpack(header)[0])
-        if body is None:
-            return
-        used = _cpu_used()
-        resource.setrlimit(resource.RLIMIT_CPU, (min(lifetime, math.ceil(used) + per_item), lifetime))
-        reply = _handle_one(handler, body, config["self_timeout_s"])
-        if _cpu_used() > lifetime - 2 * per_item:
-            reply["retire"] = True
-        _send(wire_out, reply)
-        if reply.get("retire"):
-            return
-
-
-def _handle_one(handler: Callable[[dict[str, Any]], dict[str, Any]], body: bytes, timeout_s: float) -> dict[str, Any]:
-    global _armed
-    try:
-        request = json.loads(body)
-        _armed = True
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
-            result = handler(request)
-        finally:
-            _armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        return {"ok": True, "result": result}
-    except _ItemTimeout:
-        return {"ok": False, "error": "timeout"}
-    except (MemoryError, RecursionError) as e:
-        # The interpreter may be left in a poor state: answer, then let the parent start a fresh worker.
-        return {"ok": False, "error": type(e).__name__, "retire": True}
-    except Exception as e:  # the sandbox boundary: any handler failure becomes a reason, never a crash
-        return {"ok": False, "error": f"handler error: {type(e).__name__}"}
-
-
-def _cpu_used() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _read_exact_child(stream: Any, n: int) -> bytes | None:
-    if n > _MAX_REQUEST_BYTES:
-        raise SystemExit(f"request of {n} bytes exceeds the limit")
-    data = b""
-    while len(data) < n:
-        chunk = stream.read(n - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data
-
-
-def _send(stream: Any, message: Mapping[str, Any]) -> None:
-    data = json.dumps(message, ensure_ascii=True).encode("ascii")
-    _write_all(stream.fileno(), _HEADER.pack(len(data)) + data)

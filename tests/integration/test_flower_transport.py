@@ -22,7 +22,7 @@ import psutil
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 
-from hacfed.flower.relay import (
+from hacfed.clients.relay import (
     ParticipantRejection,
     RelayError,
     call_participant,
@@ -30,7 +30,7 @@ from hacfed.flower.relay import (
     relay_content,
     serve_participant,
 )
-from hacfed.flower.serverapp import EXCHANGE_TYPE, HELLO_TYPE, LoopSettings, RoundLoop
+from hacfed.server.serverapp import EXCHANGE_TYPE, HELLO_TYPE, LoopSettings, RoundLoop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -399,8 +399,9 @@ def _rounds(state_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
-    from hacfed.flower.launch import start_superlink, start_supernode, submit_run, wait_for_run
+    from hacfed.clients.supernode import start_supernode
     from hacfed.procs import ProcessSupervisor, flower_env
+    from hacfed.server.superlink import start_superlink, submit_run, wait_for_run
 
     before = _running_descendants()
     pad = 6 * 1024 * 1024
@@ -489,14 +490,9 @@ def _write_tls_files(directory: Path) -> tuple[Path, Path, Path]:
 
 @pytest.mark.slow
 def test_one_round_over_tls(tmp_path: Path) -> None:
-    from hacfed.flower.launch import (
-        TlsFiles,
-        start_superlink,
-        start_supernode,
-        submit_run,
-        wait_for_run,
-    )
+    from hacfed.clients.supernode import start_supernode
     from hacfed.procs import ProcessSupervisor
+    from hacfed.server.superlink import TlsFiles, start_superlink, submit_run, wait_for_run
 
     ca, cert, key = _write_tls_files(tmp_path / "tls")
     with _echo_participants(["lab-a"]) as (ports, sizes), ProcessSupervisor(grace_s=10.0) as sup:

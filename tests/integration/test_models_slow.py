@@ -10,18 +10,16 @@ import importlib.metadata
 import json
 import math
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
+from hacfed.data import GSM8K_DIR as GSM8K
 from hacfed.models import store
 from hacfed.models.loading import SMOLLM2_DISTRIBUTION, load_model
-from hacfed.models.zoo import WARMUP_TASK, get_preset, parameter_count, warm_up_preset
+from hacfed.models.zoo import get_preset, parameter_count, warm_up_preset
 from hacfed.rollout.hf import evaluate_accuracy, generate
 from hacfed.trajectory import ChatMessage
-
-GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 @pytest.fixture(autouse=True)
@@ -44,17 +42,18 @@ def test_warm_up_lands_in_band_caches_and_reloads_identically(tmp_path, monkeypa
     monkeypatch.setenv("HACFED_HOME", str(tmp_path))
     name = "tiny-llama"
     band = get_preset(name).warmup
+    warmup_task = get_preset(name).warmup_task()
     started = time.monotonic()
     path = store.ensure_built(name, progress=False)
     print(f"\n{name}: built in {time.monotonic() - started:.1f} s")
     meta = store.read_metadata(path)
     print(json.dumps({k: meta[k] for k in ("warmup_steps", "heldout_accuracy", "warmup_seconds", "parameters")}))
     assert band.target_accuracy <= meta["heldout_accuracy"] <= band.max_accuracy
-    assert meta["task"] == WARMUP_TASK.name and meta["warmup_steps"] > 0 and meta["seed"] == 0
+    assert meta["task"] == warmup_task.name and meta["warmup_steps"] > 0 and meta["seed"] == 0
 
     loaded = load_model(name)
-    held_out = WARMUP_TASK.eval_problems()
-    assert evaluate_accuracy(loaded.model, loaded.tokenizer, WARMUP_TASK, held_out, max_new_tokens=8) == meta["heldout_accuracy"]
+    held_out = warmup_task.eval_problems()
+    assert evaluate_accuracy(loaded.model, loaded.tokenizer, warmup_task, held_out, max_new_tokens=8) == meta["heldout_accuracy"]
     # The same recipe in memory (deterministic in the seed) gives the same model as the cached one.
     model, tokenizer, result = warm_up_preset(name, 0, progress=False)
     assert result.steps == meta["warmup_steps"] and result.accuracy == meta["heldout_accuracy"]

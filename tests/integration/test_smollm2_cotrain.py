@@ -12,14 +12,14 @@ import math
 import pytest
 import torch
 
-from hacfed.coordinator.config import CoordinatorConfig
-from hacfed.coordinator.journal import Journal
-from hacfed.coordinator.state import Coordinator
-from hacfed.coordinator.transport import run_rounds
+from hacfed.clients.participant import Participant, ParticipantConfig
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
 from hacfed.models.loading import load_model, smollm2_gguf_path
-from hacfed.participant import Participant, ParticipantConfig
+from hacfed.server.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.journal import Journal
+from hacfed.server.coordinator.state import Coordinator
+from hacfed.server.coordinator.transport import run_rounds
 from hacfed.tasks.registry import load_task
 
 pytestmark = pytest.mark.slow

@@ -296,8 +296,8 @@ def test_kl_k3_zero_for_identical_policies():
 
 
 def test_config_validation_names_field_and_value():
-    with pytest.raises(ValueError, match="mode.*'grpo'"):
-        HacpoConfig(mode="grpo")
+    with pytest.raises(ValueError, match="mode.*'ppo'"):
+        HacpoConfig(mode="ppo")
     with pytest.raises(ValueError, match="cross_clip_delta.*1.5"):
         HacpoConfig(cross_clip_delta=1.5)
     with pytest.raises(ValueError, match="capability_window.*0"):
@@ -343,5 +343,5 @@ def test_config_rejects_bools_for_numbers_and_ablations_outside_hacpo():
         HacpoConfig(capability_window=True)
     with pytest.raises(ValueError, match="kl_coef must be a number, got False"):
         HacpoConfig(kl_coef=False)
-    with pytest.raises(ValueError, match=r"\['stepwise_clip'\] only apply to mode 'hacpo', not 'naive'"):
+    with pytest.raises(ValueError, match=r"\['stepwise_clip'\] only apply to modes \('hacpo', 'xhacpo'\), not 'naive'"):
         HacpoConfig(mode="naive", stepwise_clip=False)

@@ -10,8 +10,8 @@ import pytest
 from hacfed.clients.config import DEFAULT_TASK, load_client_config
 from hacfed.clients.main import build_parser, main
 from hacfed.clients.runner import describe_answer
-from hacfed.federation.keys import ensure_key_pair
-from hacfed.federation.service import Answered
+from hacfed.clients.service import Answered
+from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
 
 
@@ -88,7 +88,7 @@ def test_main_reports_config_errors_without_a_traceback(flags: dict, capsys: pyt
 
 def test_progress_lines_say_what_the_step_did() -> None:
     from tests.unit.test_coordinator_fakes import TASK, make_config
-    from hacfed.coordinator.plan import make_plan
+    from hacfed.server.coordinator.plan import make_plan
     from tests.unit.test_coordinator_fakes import scripted_trajectories
 
     plan = make_plan(make_config(Path("/tmp")), TASK, 1)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from hacfed.coordinator import Coordinator, Journal
+from hacfed.clients.relay import ParticipantRejection, RelayError, call_participant, serve_participant
+from hacfed.clients.service import ParticipantService, falsify_rewards
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
-from hacfed.federation.keys import KEY_REQUEST_TYPE, ensure_key_pair, read_key_offer
-from hacfed.federation.service import ParticipantService, falsify_rewards
-from hacfed.flower.relay import ParticipantRejection, RelayError, call_participant, serve_participant
+from hacfed.keys import KEY_REQUEST_TYPE, ensure_key_pair
 from hacfed.messages import RoundUpdate
+from hacfed.server.coordinator import Coordinator, Journal
+from hacfed.server.membership import read_key_offer
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.wire import PayloadType, decode_submission, encode_round_update
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.coordinator import CoordinatorConfig, load_coordinator_config, load_task_from_config
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
+from hacfed.server.coordinator import CoordinatorConfig, load_coordinator_config, load_task_from_config
 
 TOML = """
 [coordinator]

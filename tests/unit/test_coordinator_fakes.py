@@ -10,8 +10,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hacfed.coordinator import Coordinator, CoordinatorConfig, Journal
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
+from hacfed.server.coordinator import Coordinator, CoordinatorConfig, Journal
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.trajectory import Trajectory
 

@@ -1,14 +1,17 @@
-"""The SQLite journal: durability pragmas, schema version, run binding, atomic submissions."""
+"""The SQLite journal: durability pragmas, schema version and migration, run binding, atomic
+submissions, and clear errors for a corrupt journal or a read-only state directory."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
-from hacfed.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
-from hacfed.coordinator.journal import SubmissionRecord
-from hacfed.coordinator.plan import plan_to_json
+from hacfed.server.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
+from hacfed.server.coordinator.journal import SubmissionRecord
+from hacfed.server.coordinator.plan import plan_to_json
 from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_submission
 
 
@@ -19,7 +22,7 @@ def test_wal_and_synchronous_full_and_schema_version(tmp_path):
     assert journal.pragma("integrity_check") == "ok"
     journal.close()
     db = sqlite3.connect(tmp_path / "j.sqlite")
-    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     db.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     db.commit()
     db.close()
@@ -88,3 +91,43 @@ def test_close_round_is_guarded_and_atomic(tmp_path):
         journal.close_round(0, "deadline", 6.0, False, {}, {})
     journal.mark_published(0)
     assert journal.round(0).state == "PUBLISHED"
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_previous_release_journal_opens_and_migrates(tmp_path):
+    """R10: tests/fixtures/journal-v1.sqlite was written by the first release (schema 1: global
+    trajectory ids); opening it migrates it in place to schema 2 without losing a row."""
+    path = tmp_path / "journal.sqlite"
+    shutil.copy(FIXTURES / "journal-v1.sqlite", path)
+    with sqlite3.connect(path) as db:
+        before = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("rounds", "submissions", "trajectories")}
+        old_pool = db.execute("SELECT trajectory_id, participant_id, reward FROM trajectories ORDER BY 2, 1").fetchall()
+    assert before == {"rounds": 2, "submissions": 4, "trajectories": 24}
+    with Journal(path) as journal:
+        assert journal.pragma("integrity_check") == "ok"
+        pool = journal.pool(0) + journal.pool(1)
+        assert sorted((t.trajectory_id, t.source_id, t.reward) for t in pool) == sorted(old_pool)
+        stored = journal.stored_result(next(iter(_hashes(path))))
+        assert stored is not None and '"receipt"' in stored
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+        keys = [r[5] for r in db.execute("PRAGMA table_info(trajectories)") if r[5]]
+        assert len(keys) == 2  # (participant_id, trajectory_id)
+    with Journal(path) as journal:  # opening a migrated journal again changes nothing
+        assert journal.count("trajectories") == 24
+
+
+def _hashes(path):
+    with sqlite3.connect(path) as db:
+        return [r[0] for r in db.execute("SELECT content_hash FROM submissions")]
+
+
+def test_corrupt_journal_is_one_clear_error(tmp_path):
+    path = tmp_path / "journal.sqlite"
+    path.write_bytes(b"this is not an SQLite file" * 100)
+    with pytest.raises(JournalError, match=r"journal .*journal.sqlite cannot be used: file is not a database "
+                                           r"\(the file is corrupt or not a hacfed journal"):
+        Journal(path)
+

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hacfed.coordinator import make_plan, plan_from_dict, plan_to_dict
+from hacfed.server.coordinator import make_plan, plan_from_dict, plan_to_dict
 from hacfed.tasks.arithmetic import ArithmeticTask
 from tests.unit.test_coordinator_fakes import TASK, make_config
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.coordinator import (
+from hacfed.server.coordinator import (
     Coordinator, CoordinatorStateError, ErrorCode, Journal, append_jsonl,
 )
 from tests.unit.test_coordinator_fakes import (
@@ -141,15 +141,16 @@ def test_close_updates_capabilities_once_with_verified_rewards(coord):
     coord.submit(scripted_submission(plan, "a", falsify=1))  # a: one group refused, one accepted 1/3 right
     closed = coord.close_round("quorum")
     assert closed.accepted == 3 and closed.contributors == ("a",)
-    assert closed.capabilities == pytest.approx({"a": 1 / 3, "b": 1.0})  # b absent: no history, P̂ = 1
+    # a is scored over all 6 assigned samples: 1 right, the refused group's 3 count as 0 -> 1/6
+    assert closed.capabilities == pytest.approx({"a": 1 / 6, "b": 1.0})  # b absent: no history, P̂ = 1
     with pytest.raises(CoordinatorStateError):
         coord.close_round("quorum")  # cannot count the round twice
-    assert coord.round_record(0).capabilities == pytest.approx({"a": 1 / 3, "b": 1.0})
+    assert coord.round_record(0).capabilities == pytest.approx({"a": 1 / 6, "b": 1.0})
     plan1 = coord.open_round(1)
     coord.submit(scripted_submission(plan1, "a"))
     coord.submit(scripted_submission(plan1, "b"))
-    # a: window [1/3, 1/3] ; b: [1/3]
-    assert coord.close_round("quorum").capabilities == pytest.approx({"a": 1 / 3, "b": 1 / 3})
+    # a: window [1/6, 1/3] -> 1/4 ; b: [1/3]
+    assert coord.close_round("quorum").capabilities == pytest.approx({"a": 1 / 4, "b": 1 / 3})
 
 
 def test_ready_to_close_quorum_deadline_and_extension(tmp_path, clock):
@@ -280,7 +281,7 @@ def test_resume_closes_an_expired_round_and_restores_the_tracker(tmp_path, clock
     assert report.open_round is None and report.next_round == 2
     assert report.closed_on_resume.round_id == 1 and report.closed_on_resume.reason == "deadline"
     assert report.closed_on_resume.accepted == 3  # b's honest group only
-    assert revived.capabilities() == pytest.approx({"a": 1 / 3, "b": 1 / 3})
+    assert revived.capabilities() == pytest.approx({"a": 1 / 3, "b": 1 / 6})  # b's refused group counts 0
     assert revived.resume().closed_on_resume is None  # a second resume changes nothing
     assert revived.journal.count("trajectories") == 9
 
@@ -339,7 +340,7 @@ def test_coordinator_never_imports_torch(tmp_path):
         import sys
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
-        from hacfed.coordinator import load_task_from_config
+        from hacfed.server.coordinator import load_task_from_config
         from tests.unit.test_coordinator_fakes import make_config, make_coordinator, scripted_submission
         task = load_task_from_config(make_config(Path({str(tmp_path)!r})))  # the server's real path
         coord = make_coordinator(Path({str(tmp_path)!r}), task=task)

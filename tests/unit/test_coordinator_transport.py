@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed.coordinator import Coordinator, ErrorCode, Journal, ParticipantEndpoint, run_rounds
+from hacfed.server.coordinator import Coordinator, ErrorCode, Journal, ParticipantEndpoint, run_rounds
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, ScriptedEndpoint, make_config, make_coordinator
 
 
@@ -46,7 +46,8 @@ def test_honest_and_cheating_participants_over_three_rounds(tmp_path):
         assert sorted({t.source_id for t in u.pool}) == ["cheat", "honest"]
         assert len(u.pool) == 6 + 3  # honest: 2 groups of 3; cheat: its honest group only
         assert all(t.reward == TASK.verify(TASK.problem(t.prompt_id), t.response_text).reward for t in u.pool)
-    assert updates[1].capabilities == pytest.approx({"honest": 1 / 3, "cheat": 1 / 3})
+    # the cheater's refused group counts as 3 zeros: 1 right of 6 assigned
+    assert updates[1].capabilities == pytest.approx({"honest": 1 / 3, "cheat": 1 / 6})
     assert cheat.updates[1].pool == updates[1].pool  # everyone gets the same pool
     # the final update's report is kept as round 3's metrics
     final = coord.round_summary(2).participants

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from hacfed.coordinator import ErrorCode, ValidationLimits, make_plan, submission_digest, validate_submission
-from hacfed.coordinator.errors import GRPC_STATUS, safe_text
-from hacfed.coordinator.validation import quick_size_rejection
 from hacfed.messages import StepReport, Submission
+from hacfed.server.coordinator import ErrorCode, ValidationLimits, make_plan, submission_digest, validate_submission
+from hacfed.server.coordinator.errors import GRPC_STATUS, safe_text
+from hacfed.server.coordinator.validation import quick_size_rejection
 from hacfed.trajectory import ChatMessage
 from tests.unit.test_coordinator_fakes import TASK, make_config, replace_at, scripted_submission, scripted_trajectories
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hacfed.clients.config import load_client_config
-from hacfed.coordinator import load_task_from_config
-from hacfed.federation.keys import ensure_key_pair
+from hacfed.keys import ensure_key_pair
 from hacfed.server.config import load_server_config
+from hacfed.server.coordinator import load_task_from_config
 from hacfed.tasks.registry import load_task
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -40,3 +40,15 @@ def test_participant_toml_loads_and_matches_the_coordinators_task(tmp_path: Path
     coordinator = load_server_config(DEPLOY / "coordinator.toml", [], {"state_dir": str(tmp_path / "s")})
     assert cfg.task == dict(coordinator.coordinator.task)
     assert load_task(cfg.task).name == "arith-add2"
+
+
+def test_the_commented_gsm8k_task_names_the_data_shipped_in_the_clone() -> None:
+    text = (DEPLOY / "coordinator.toml").read_text(encoding="utf-8")
+    block = "\n".join(line.removeprefix("# ") for line in text.splitlines()
+                      if line.startswith("# ") and line.split("=")[0].strip("# ") in
+                      ("kind", "name", "train_files", "eval_files", "answer_format"))
+    spec = tomllib.loads(block)
+    assert spec["kind"] == "jsonl" and spec["name"] == "gsm8k"
+    for path in spec["train_files"] + spec["eval_files"]:
+        assert (DEPLOY / path).resolve().is_relative_to(DEPLOY.parent), path  # inside the clone
+        assert (DEPLOY / path).is_file(), path

@@ -84,7 +84,7 @@ def _params(model):
 def test_warm_up_trains_deterministically_and_reports_cap():
     calls = []
 
-    def evaluator(model, tok, task, problems):
+    def evaluator(model, tok, task, problems, max_new_tokens):
         calls.append(len(problems))
         return 0.0
 

@@ -20,9 +20,11 @@ def built():
 
 
 def test_required_presets_exist_with_distinct_tokenizers():
-    assert {"tiny-llama", "tiny-gpt2", "tiny-qwen2"} <= set(PRESETS)
-    assert len({p.tokenizer for p in PRESETS.values()}) == len(PRESETS)
-    assert len({p.arch for p in PRESETS.values()}) == len(PRESETS)
+    smoke = [PRESETS[name] for name in ("tiny-llama", "tiny-gpt2", "tiny-qwen2")]
+    assert len({p.tokenizer for p in smoke}) == len({p.arch for p in smoke}) == 3
+    # The testbed has a preset for every architecture and tokenizer of the zoo.
+    chain = [p for p in PRESETS.values() if p.task["kind"] == "chain"]
+    assert {(p.arch, p.tokenizer) for p in chain} >= {(p.arch, p.tokenizer) for p in smoke}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
@@ -30,7 +32,7 @@ def test_preset_builds_in_size_range_and_runs(built, name):
     model, tokenizer = built[name]
     preset = get_preset(name)
     assert type(model).__name__ == ARCH_CLASS[preset.arch]
-    assert 500_000 <= parameter_count(model) <= 5_000_000
+    assert 150_000 <= parameter_count(model) <= 5_000_000
     assert model.config.vocab_size == len(tokenizer)
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
     assert model.generation_config.pad_token_id == tokenizer.pad_token_id

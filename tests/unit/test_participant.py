@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
+from hacfed.clients.participant import Participant, ParticipantConfig
+from hacfed.clients.update import mean_logp_over_ratio_tokens, order_pool
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
 from hacfed.models.zoo import build_untrained
-from hacfed.participant import Participant, ParticipantConfig
 from hacfed.tasks.arithmetic import ArithmeticTask
-from hacfed.update import mean_logp_over_ratio_tokens, order_pool
 
 TASK = ArithmeticTask(digits=2, num_train=200, num_eval=20)
 
@@ -86,7 +86,7 @@ def test_own_samples_first_then_agent_order(two_rollouts):
 def test_own_sample_ratio_starts_at_one():
     # The log-prob summary of our own rollout equals the teacher-forced recomputation.
     from hacfed.rollout.logprobs import sequence_logprobs
-    from hacfed.update import build_views, UpdateSettings
+    from hacfed.clients.update import build_views, UpdateSettings
 
     p = make("a", "tiny-qwen2")
     sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0, n=2, g=3), ("a",)))

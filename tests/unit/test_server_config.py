@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.server.config import load_server_config, parse_set
+from hacfed.certs import init_federation_certs
+from hacfed.config_values import parse_set
+from hacfed.server.config import load_server_config
 from hacfed.server.main import build_parser, main
 
 BASE = """
@@ -74,10 +76,19 @@ def test_errors_name_the_field(config_file: Path, sets: list[str], flags: dict, 
         load_server_config(config_file, sets, flags)
 
 
-def test_tls_flags_replace_the_files_plaintext_setting(config_file: Path) -> None:
-    cfg = load_server_config(config_file, [], {"listen": "0.0.0.0:9092", "tls_cert": __file__, "tls_key": __file__,
-                                               "tls_ca": __file__})
-    assert cfg.server.insecure is False and cfg.server.tls_cert == Path(__file__).resolve()
+def test_tls_flags_replace_the_files_plaintext_setting(config_file: Path, tmp_path: Path) -> None:
+    certs = init_federation_certs(tmp_path / "certs", ["coordinator.example"])
+    cfg = load_server_config(config_file, [], {"listen": "0.0.0.0:9092", "tls_cert": str(certs.server_cert),
+                                               "tls_key": str(certs.server_key), "tls_ca": str(certs.ca_cert)})
+    assert cfg.server.insecure is False and cfg.server.tls_cert == certs.server_cert.resolve()
+
+
+def test_tls_files_that_do_not_fit_are_refused_at_load(config_file: Path, tmp_path: Path) -> None:
+    ours, foreign = init_federation_certs(tmp_path / "ours", []), init_federation_certs(tmp_path / "foreign", [])
+    flags = {"listen": "0.0.0.0:9092", "tls_cert": str(foreign.server_cert), "tls_key": str(foreign.server_key),
+             "tls_ca": str(ours.ca_cert)}
+    with pytest.raises(ValueError, match="was not issued by the CA"):
+        load_server_config(config_file, [], flags)
 
 
 def test_state_dir_is_required_somewhere(tmp_path: Path) -> None:

@@ -18,13 +18,13 @@ from typing import Any, Callable
 
 import pytest
 
+from hacfed.clients.relay import ParticipantRejection
+from hacfed.clients.service import ParticipantService
 from hacfed.envelope import save_public_key
-from hacfed.federation.driver import FederationDriver
-from hacfed.federation.keys import ensure_key_pair
-from hacfed.federation.service import ParticipantService
-from hacfed.federation.settings import CONSOLE_FILE, DONE_FILE, DriverSettings
-from hacfed.flower.relay import ParticipantRejection
+from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
+from hacfed.server.driver import FederationDriver
+from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, DriverSettings
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config, scripted_submission
 
 STEP_TIMES = {"time_rollout_s": 0.25, "time_training_s": 0.5, "time_eval_s": 0.125, "time_checkpoint_s": 0.0}
@@ -249,10 +249,17 @@ def test_trust_on_first_use_registers_a_self_signed_key(tmp_path: Path) -> None:
     assert fed.driver.journal.pool(0)
 
 
-def test_driver_and_server_entry_point_do_not_import_torch() -> None:
-    code = ("import sys, hacfed.federation.driver, hacfed.server.main, hacfed.flower.serverapp; "
+def test_server_side_and_clientapp_relay_do_not_import_torch() -> None:
+    # Every module under server/ (ServerApp, driver, hacfed-server, ...) and the ClientApp relay,
+    # which runs in a fresh process per message, imported in a fresh interpreter.
+    code = ("import importlib, pkgutil, sys, hacfed.server\n"
+            "names = [m.name for m in pkgutil.walk_packages(hacfed.server.__path__, 'hacfed.server.')]\n"
+            "assert {'hacfed.server.driver', 'hacfed.server.main', 'hacfed.server.serverapp'} <= set(names), names\n"
+            "for name in [*names, 'hacfed.clients.clientapp']:\n"
+            "    importlib.import_module(name)\n"
             "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_settings_validate_paths_and_intervals(tmp_path: Path) -> None:

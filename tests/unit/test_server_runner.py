@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.federation.settings import DriverSettings, process_start_ticks
+from hacfed.leftovers import CHILDREN_FILE, kill_leftovers, record_children
 from hacfed.server.config import load_server_config
-from hacfed.federation.leftovers import CHILDREN_FILE, kill_leftovers, record_children
+from hacfed.server.driver_settings import DriverSettings, process_start_ticks
 from hacfed.server.runner import ConsoleTail, lock_state_dir, run_config
+from tests.unit.test_coordinator_fakes import FakeClock
 from tests.unit.test_server_config import BASE
 from tests.unit.test_server_driver import Federation
-from tests.unit.test_coordinator_fakes import FakeClock
 
 
 def _sleeper(ignore_term: bool = False) -> subprocess.Popen:
@@ -77,12 +77,12 @@ def test_run_config_keeps_the_relay_inside_the_round(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(BASE.format(state=tmp_path / "s"))
     config = run_config(load_server_config(path), tmp_path / "s" / "driver-settings.json")
-    assert config["driver"] == "hacfed.federation.driver:make_driver"
+    assert config["driver"] == "hacfed.server.driver:make_driver"
     assert config["relay-timeout-s"] < config["round-timeout-s"] == 30.0
 
 
 def test_orphaned_driver_stops_when_its_server_is_gone(tmp_path: Path) -> None:
-    from hacfed.federation.driver import SupervisorGone
+    from hacfed.server.driver import SupervisorGone
 
     fed = Federation(tmp_path, FakeClock())
     fed.add(1, "lab-a")

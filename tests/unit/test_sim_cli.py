@@ -27,10 +27,10 @@ def test_cli_reports_bad_options_without_traceback(capsys):
     assert main(["sim", "--rounds", "0"]) == 2
     assert "rounds must be an int >= 1, got 0" in capsys.readouterr().err
     assert main(["sim", "--mode", "naive", "--hacpo", "stepwise_clip=false"]) == 2
-    assert "only apply to mode 'hacpo'" in capsys.readouterr().err
+    assert "only apply to modes ('hacpo', 'xhacpo')" in capsys.readouterr().err
 
 
 def test_sim_config_validation_and_ids():
     with pytest.raises(ValueError, match="mode must be one of"):
-        SimConfig(mode="grpo")
+        SimConfig(mode="ppo")
     assert participant_ids(["tiny-llama", "tiny-llama", "tiny-gpt2"]) == ["tiny-llama", "tiny-llama-2", "tiny-gpt2"]

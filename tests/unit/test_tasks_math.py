@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from hacfed.data import GSM8K_DIR as GSM8K
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.tasks.math_data import DEFAULT_PROMPT_TEMPLATE, MathDataTask, answer_extractor, question_hash
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
 from hacfed.tasks.registry import load_task
-
-GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k"
 
 
 def _write_jsonl(path: Path, records: list[dict[str, object]]) -> str:
@@ -208,7 +207,7 @@ def test_registry_never_imports_torch(files: dict[str, str]) -> None:
 
 @pytest.fixture(scope="module")
 def gsm8k(tmp_path_factory: pytest.TempPathFactory) -> MathDataTask:
-    assert (GSM8K / "train.jsonl").is_file(), f"GSM8K files expected beside the repository in {GSM8K}"
+    assert (GSM8K / "train.jsonl").is_file(), f"GSM8K ships with the package, expected in {GSM8K}"
     task = load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["train.jsonl"], "eval_files": ["test.jsonl"],
                       "question_field": "question", "answer_field": "answer", "answer_format": "gsm8k",
                       "cache_dir": str(tmp_path_factory.mktemp("hf-cache"))}, base_dir=GSM8K)

@@ -1,0 +1,35 @@
+"""hacfed's Flower ClientApp: a stateless, torch-free relay to the resident participant.
+
+Runs on a lab's side: Flower runs this in a fresh `flwr-clientapp` process per message (started
+by the lab's SuperNode's `flower-superexec`), so it keeps no state and imports nothing heavy.
+
+Message types (sent by the coordinator's `hacfed.server.serverapp`):
+- `query.hello`: answered from the SuperNode's node config (`participant-id`), no call to
+  the participant; lets the ServerApp map Flower node ids to participants.
+- `train.exchange`: `content["hacfed"]["payload"]` (bytes) is forwarded to the participant's
+  `/hacfed.v1.ParticipantRelay/Exchange`; the reply bytes come back the same way.
+Every reply also says which participant answered and whether torch was loaded here.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from hacfed.clients.relay import hello_content, relay_content
+
+HELLO_ACTION = "hello"
+EXCHANGE_ACTION = "exchange"
+
+# A plain assignment: flwr's app loader finds `app` by parsing the module (no annotations).
+app = ClientApp()
+
+
+@app.query(HELLO_ACTION)
+def hello(msg: Message, context: Context) -> Message:
+    return Message(hello_content(context.node_config), reply_to=msg)
+
+
+@app.train(EXCHANGE_ACTION)
+def exchange(msg: Message, context: Context) -> Message:
+    return Message(relay_content(msg.content, context.node_config, context.run_config), reply_to=msg)

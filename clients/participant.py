@@ -1,0 +1,211 @@
+"""A lab's participant: owns model, tokenizer, optimizer, reference policy and checkpoints.
+
+Runs in a lab's hacfed-client process, resident for the whole run (and in `hacfed sim`, one per
+agent). One exchange per round (design.md): `step(update)` trains on the pool of round r, evaluates
+when the next plan asks for it, rolls out plan r+1 with the updated policy and returns the
+submission. The parts live beside it: `rollout_and_eval` (sampling a plan, held-out accuracy),
+`training` (policy, reference, optimizer, training on the pool; the HACPO update is `update`) and
+`checkpoints` (atomic save and resume).
+
+    from hacfed.clients.participant import Participant, ParticipantConfig
+    p = Participant.from_spec(ParticipantConfig("lab-a", "tiny-llama"), task)
+    submission = p.step(update)
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from hacfed.clients.checkpoints import restore_participant, save_participant
+from hacfed.clients.rollout_and_eval import Evaluation, evaluate_held_out, export_for_vllm, rollout_plan
+from hacfed.clients.training import prepare_training, train_on_pool
+from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
+from hacfed.tasks.base import Task
+from hacfed.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class ParticipantConfig:
+    """Local choices of one lab; everything that must agree comes from the coordinator's plan."""
+
+    participant_id: str
+    model: str
+    finetune: Literal["full", "lora"] = "full"
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
+    minibatch_size: int | None = None  # None: prompts × G / 2 of the pool (the paper's 2 updates per source)
+    max_grad_norm: float = 1.0
+    max_prompt_len: int = 128
+    max_response_len: int = 64
+    eval_problems: int = 200
+    eval_split: Literal["test", "validation"] = "test"  # "validation" when choosing settings
+    eval_sampled: bool = False  # also sampled pass@1 (one temperature-1 sample per problem)
+    rollout_batch_size: int = 256
+    device: str = "cpu"
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+
+    def __post_init__(self) -> None:
+        if not self.participant_id or not isinstance(self.participant_id, str):
+            raise ValueError(f"participant_id must be a non-empty string, got {self.participant_id!r}")
+        if self.finetune not in ("full", "lora"):
+            raise ValueError(f"finetune must be 'full' or 'lora', got {self.finetune!r}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.minibatch_size is not None and self.minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size!r}")
+        if self.rollout_backend not in ("hf", "vllm"):
+            raise ValueError(f"rollout_backend must be 'hf' or 'vllm', got {self.rollout_backend!r}")
+        if self.eval_problems < 1:
+            raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems!r}")
+
+
+@dataclass
+class RoundTimings:
+    rollout_s: float = 0.0
+    training_s: float = 0.0
+    eval_s: float = 0.0
+    checkpoint_s: float = 0.0
+
+
+class Participant:
+    def __init__(self, cfg: ParticipantConfig, model: Any, tokenizer: Any, task: Task) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.tokenizer = tokenizer
+        torch.manual_seed(cfg.seed)
+        model.to(cfg.device)
+        self.model, self._reference, self.optimizer = prepare_training(model, cfg)
+        self.policy_version = 0
+        self.last_round: int | None = None  # the last plan rolled out
+        self.capabilities: dict[str, float] = {}
+        self.timings = RoundTimings()
+        self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
+        self._own: dict[str, Trajectory] = {}  # own trajectories of the last rollout, with local ids
+        self._vllm = None
+        if cfg.checkpoint_dir:
+            self._maybe_resume(Path(cfg.checkpoint_dir))
+        if cfg.rollout_backend == "vllm":
+            from hacfed.rollout.vllm_backend import VllmRollout
+
+            self._vllm = VllmRollout(str(self._export_for_vllm()))
+
+    @classmethod
+    def from_spec(cls, cfg: ParticipantConfig, task: Task) -> "Participant":
+        from hacfed.models.loading import load_model
+
+        loaded = load_model(cfg.model, device=cfg.device)
+        return cls(cfg, loaded.model, loaded.tokenizer, task)
+
+    @property
+    def participant_id(self) -> str:
+        return self.cfg.participant_id
+
+    # --- the round -----------------------------------------------------------------------------
+
+    def step(self, update: RoundUpdate) -> Submission:
+        """Train on the pool, evaluate if asked, roll out the next plan, checkpoint."""
+        self.timings = RoundTimings()
+        metrics: dict[str, float] = {}
+        self.capabilities = dict(update.capabilities)
+        if update.pool:
+            t0 = time.perf_counter()
+            metrics.update(self.train_on_pool(update))
+            self.timings.training_s = time.perf_counter() - t0
+        plan = update.next_plan
+        if plan is not None and plan.sampling.max_new_tokens + 1 > self.cfg.max_response_len:
+            raise ValueError(
+                f"the plan asks for up to {plan.sampling.max_new_tokens} new tokens but max_response_len is "
+                f"{self.cfg.max_response_len}: raise max_response_len to at least {plan.sampling.max_new_tokens + 1}"
+            )
+        eval_accuracy = None
+        # Evaluate when the plan asks, and always after training on the final pool (no plan).
+        if (plan is not None and plan.evaluate) or (plan is None and update.pool):
+            t0 = time.perf_counter()
+            scores = self.evaluate(plan.sampling.max_new_tokens if plan else self._eval_max_new_tokens)
+            self.timings.eval_s = time.perf_counter() - t0
+            eval_accuracy = scores.greedy
+            if scores.pass1 is not None:
+                metrics["eval_pass1"] = scores.pass1
+        trajectories: tuple[Trajectory, ...] = ()
+        if plan is not None:
+            t0 = time.perf_counter()
+            trajectories = self.rollout(plan)
+            self.timings.rollout_s = time.perf_counter() - t0
+            rewards = [t.reward for t in trajectories]
+            metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
+            self.last_round = plan.round_id
+            self._eval_max_new_tokens = plan.sampling.max_new_tokens
+        if self.cfg.checkpoint_dir:
+            t0 = time.perf_counter()
+            self.save(Path(self.cfg.checkpoint_dir))
+            self.timings.checkpoint_s = time.perf_counter() - t0
+        metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})
+        # The submission answers plan r (or, after the last round, closes the run as round R).
+        round_id = plan.round_id if plan is not None else (update.pool_round or 0) + 1
+        report = StepReport(self.participant_id, round_id, metrics, eval_accuracy)
+        return Submission(
+            run_id=update.run_id,
+            participant_id=self.participant_id,
+            round_id=round_id,
+            trajectories=tuple(t.without_local_ids() for t in trajectories),
+            report=report,
+            nonce=secrets.token_hex(16),  # replay defence (security.md T4); resends reuse the object
+            created_at_ms=int(time.time() * 1000),
+        )
+
+    def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
+        metrics = train_on_pool(
+            self.model, self.tokenizer, self.optimizer, self._reference, update,
+            learner=self.participant_id, own=self._own, capabilities=self.capabilities, cfg=self.cfg,
+        )
+        if metrics.get("num_updates", 0) > 0:
+            self.policy_version += 1
+        if self._vllm is not None:
+            # vLLM serves weights from disk: hand it the updated policy, or ratios go stale.
+            self._vllm.reload(str(self._export_for_vllm()))
+        return metrics
+
+    def _export_for_vllm(self) -> Path:
+        return export_for_vllm(self.model, self.tokenizer, self.cfg.checkpoint_dir, self.cfg.finetune)
+
+    def evaluate(self, max_new_tokens: int) -> Evaluation:
+        return evaluate_held_out(self.model, self.tokenizer, self.task, self.cfg.eval_problems, max_new_tokens,
+                                 split=self.cfg.eval_split, sampled=self.cfg.eval_sampled, seed=self.cfg.seed)
+
+    def rollout(self, plan: RoundPlan) -> tuple[Trajectory, ...]:
+        """G samples per planned prompt at the plan's sampling settings; rewards are local claims."""
+        out = rollout_plan(
+            self.model, self.tokenizer, self.task, plan, participant_id=self.participant_id,
+            policy_version=self.policy_version, base_seed=self.cfg.seed, batch_size=self.cfg.rollout_batch_size,
+            vllm=self._vllm,
+        )
+        self._own = {t.trajectory_id: t for t in out}
+        return out
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def save(self, directory: Path) -> Path:
+        return save_participant(
+            directory, participant_id=self.participant_id, last_round=self.last_round,
+            policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
+            model=self.model, optimizer=self.optimizer, own=self._own,
+        )
+
+    def _maybe_resume(self, directory: Path) -> None:
+        restored = restore_participant(directory, self.participant_id, self.model, self.optimizer)
+        if restored is None:
+            return
+        self.policy_version = restored.policy_version
+        self.last_round = restored.last_round
+        self.capabilities = restored.capabilities
+        self._own = restored.own

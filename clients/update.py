@@ -1,0 +1,323 @@
+"""One learner's HACPO update on a round's pool (design.md "Participant's round", step 1).
+
+Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `hacfed.clients.training`.
+
+    views  -> own samples first, then each other source in agent order
+    A      -> hacpo_advantages over the whole pool with this learner as k
+    for each minibatch m (m counts every minibatch of the step):
+        mean log π over the ratio tokens -> hacpo_policy_loss(..., update_index=m)
+        + kl_coef · k3 KL on own samples against the reference policy
+        backward, clip grad norm, optimizer step
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from hacfed.algorithm import (
+    HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3,
+)
+from hacfed.rollout.logprobs import sequence_logprobs
+from hacfed.trajectory import TrainingView, Trajectory, build_training_view
+
+log = logging.getLogger("hacfed.clients.update")
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    minibatch_size: int
+    max_grad_norm: float = 1.0
+    max_prompt_len: int = 128
+    max_response_len: int = 64
+
+    def __post_init__(self) -> None:
+        if self.minibatch_size < 1:
+            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size!r}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+
+
+def order_pool(pool: Sequence[Trajectory], learner: str, agent_order: Sequence[str], cfg: HacpoConfig) -> list[Trajectory]:
+    """Own samples first, then each other source in agent order (hacpo.md §5); gspo drops others."""
+    rank = {agent: i for i, agent in enumerate(agent_order)}
+    own = [t for t in pool if t.source_id == learner]
+    if cfg.mode in ("gspo", "grpo"):
+        return own
+    others = [t for t in pool if t.source_id != learner]
+    others.sort(key=lambda t: (rank.get(t.source_id, len(rank)), t.source_id))  # stable inside a source
+    return own + others
+
+
+def build_views(
+    pool: Sequence[Trajectory], learner: str, tokenizer: Any, settings: UpdateSettings
+) -> tuple[list[TrainingView], int]:
+    """Views of every sample; returns (views, skipped).
+
+    Nothing is truncated: a truncated response would make the learner's mean cover a prefix while
+    the source's summary covers the whole response. Another agent's sample that does not fit (or
+    re-tokenizes to nothing) is left out and counted; an own sample that does not fit is a
+    configuration error (max_response_len below the plan's max_new_tokens) and raises.
+    """
+    views: list[TrainingView] = []
+    skipped = 0
+    for t in pool:
+        try:
+            views.append(build_training_view(
+                t, learner, tokenizer, settings.max_prompt_len, settings.max_response_len, overflow="error"
+            ))
+        except ValueError as exc:
+            if t.source_id == learner:
+                raise ValueError(f"own sample cannot be trained on: {exc}") from exc
+            log.warning("learner %s skips %s's sample %s: %s", learner, t.source_id, t.trajectory_id, exc)
+            skipped += 1
+    return views, skipped
+
+
+def default_minibatch(pool: Sequence[Trajectory]) -> int:
+    """The paper's minibatch: half of one agent's samples of the step (prompts × G / 2), so each
+    source fills two minibatches. Derived from the pool, which every lab receives identically, so
+    the stepwise schedule L_m agrees across labs."""
+    per_group: dict[tuple[str, str], int] = {}
+    for t in pool:
+        key = (t.prompt_id, t.source_id)
+        per_group[key] = per_group.get(key, 0) + 1
+    prompts = {p for p, _ in per_group}
+    group_size = max(per_group.values(), default=0)
+    return max(1, len(prompts) * group_size // 2)
+
+
+def mean_logp_over_ratio_tokens(logp: Tensor, views: Sequence[TrainingView]) -> Tensor:
+    """(B, T) per-token log-probs -> (B,) mean over each view's first `ratio_token_count` tokens."""
+    counts = torch.tensor([v.ratio_token_count for v in views], device=logp.device)
+    positions = torch.arange(logp.shape[1], device=logp.device).unsqueeze(0)  # (1, T)
+    ratio_mask = (positions < counts.unsqueeze(1)).to(logp.dtype)  # (B, T)
+    return (logp * ratio_mask).sum(dim=1) / counts.to(logp.dtype)
+
+
+def hacpo_update(
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    reference: Callable[[], contextlib.AbstractContextManager[Any]] | None,
+    pool: Sequence[Trajectory],
+    learner: str,
+    agent_order: Sequence[str],
+    capabilities: Mapping[str, float],
+    cfg: HacpoConfig,
+    settings: UpdateSettings,
+) -> dict[str, float]:
+    """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
+
+    `reference()` is a context manager yielding the reference model for the KL term (for LoRA:
+    the same model with the adapter disabled); None or kl_coef == 0 skips the KL.
+    """
+    ordered = order_pool(pool, learner, agent_order, cfg)
+    views, skipped = build_views(ordered, learner, tokenizer, settings)
+    if not views:
+        return {"num_samples": 0.0, "skipped_views": float(skipped)}
+    rewards = torch.tensor([v.reward for v in views], dtype=torch.float32)
+    advantages = hacpo_advantages(
+        rewards, [v.prompt_id for v in views], [v.source_id for v in views], learner, capabilities, cfg
+    )
+    omega = torch.tensor(
+        [capability_ratio(capabilities, v.source_id, learner, cfg) for v in views], dtype=torch.float32
+    )
+    pad_id = tokenizer.pad_token_id
+    device = next(model.parameters()).device
+    # Own samples: the old log-prob is recomputed with the training forward (not taken from the
+    # rollout engine, whose kernels may differ), so own ratios start at exactly 1. EOS-only samples
+    # of other agents have no source summary and use the learner's own old log-prob too; so do all
+    # of them in mode "sapo", which treats peers' text as the learner's own samples.
+    old_tokens = _old_token_logps(model, views, pad_id, learner, cfg)
+    by_bytes = torch.tensor([_per_byte(v, learner, cfg) for v in views], dtype=torch.bool)
+    source_norm = _source_norms(views, old_tokens, by_bytes)
+    use_kl = reference is not None and cfg.kl_coef > 0
+
+    model.train()
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    cross_log: list[tuple[str, float, float, bool]] = []  # (source, ratio, advantage, carries gradient)
+    for m, start in enumerate(range(0, len(views), settings.minibatch_size)):
+        idx = slice(start, start + settings.minibatch_size)
+        batch = views[idx]
+        logp, mask = sequence_logprobs(model, [v.prompt_ids for v in batch], [v.response_ids for v in batch], pad_id)
+        is_self = torch.tensor([v.is_self for v in batch], dtype=torch.bool, device=device)
+        if cfg.mode == "grpo":
+            old = _pad_rows([old_tokens[i] for i in range(start, start + len(batch))], logp.shape[1], device)
+            ratio_mask = _ratio_mask(logp, batch) * mask
+            loss, metrics = grpo_token_loss(logp, old, ratio_mask, advantages[idx].to(device), cfg)
+        else:
+            learner_norm = _learner_norms(logp, batch, by_bytes[idx].to(device))  # (b,)
+            loss, metrics = hacpo_policy_loss(
+                learner_norm, source_norm[idx].to(device), advantages[idx].to(device), is_self,
+                omega[idx].to(device), m, cfg,
+            )
+            cross_log.extend(_cross_diagnostics(batch, learner_norm, source_norm[idx], advantages[idx], m, cfg))
+        if use_kl and bool(is_self.any()):
+            own = is_self.nonzero().squeeze(1)
+            with torch.no_grad(), reference() as ref_model:
+                ref_logp, _ = sequence_logprobs(
+                    ref_model, [batch[i].prompt_ids for i in own.tolist()], [batch[i].response_ids for i in own.tolist()], pad_id
+                )
+            width = ref_logp.shape[1]  # the longest own response; wider columns are masked for own rows
+            kl = kl_k3(logp[own][:, :width], ref_logp.to(device), mask[own][:, :width])
+            loss = loss + cfg.kl_coef * kl
+            metrics["kl"] = float(kl.detach())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+        optimizer.step()
+        metrics["grad_norm"] = float(grad_norm)
+        for key, value in metrics.items():
+            if isinstance(value, float) and math.isfinite(value):
+                sums[key] = sums.get(key, 0.0) + value
+                counts[key] = counts.get(key, 0) + 1
+    out = {k: sums[k] / counts[k] for k in sums}
+    own_adv = advantages[[v.is_self for v in views]]
+    out.update(
+        num_samples=float(len(views)),
+        num_updates=float(m + 1),
+        adv_mean=float(advantages.mean()),
+        adv_abs_mean=float(advantages.abs().mean()),
+        own_adv_abs_mean=float(own_adv.abs().mean()) if own_adv.numel() else 0.0,
+        skipped_views=float(skipped),
+    )
+    out.update(summarize_cross(cross_log))
+    model.eval()
+    return out
+
+
+def _per_byte(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
+    """xhacpo's tokenizer-invariant ratio applies to cross samples with a source summary."""
+    return (
+        cfg.cross_ratio_unit == "byte" and view.source_id != learner
+        and view.source_mean_logp is not None and view.text_bytes > 0
+    )
+
+
+def _needs_own_old(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
+    return view.source_id == learner or view.source_mean_logp is None or cfg.mode == "sapo"
+
+
+def _old_token_logps(model: Any, views: Sequence[TrainingView], pad_id: int, learner: str,
+                     cfg: HacpoConfig) -> list[Tensor | None]:
+    """Per view, the learner's current (pre-update) log-probs of its ratio tokens, where needed."""
+    out: list[Tensor | None] = [None] * len(views)
+    wanted = [i for i, v in enumerate(views) if _needs_own_old(v, learner, cfg)]
+    with torch.no_grad():
+        for start in range(0, len(wanted), 256):
+            chunk = wanted[start:start + 256]
+            sub = [views[i] for i in chunk]
+            logp, _ = sequence_logprobs(model, [v.prompt_ids for v in sub], [v.response_ids for v in sub], pad_id)
+            for row, i in enumerate(chunk):
+                out[i] = logp[row, : views[i].ratio_token_count].float().cpu()
+    return out
+
+
+def _source_norms(views: Sequence[TrainingView], old_tokens: Sequence[Tensor | None], by_bytes: Tensor) -> Tensor:
+    """(N,) the "old" side of each sample's sequence log-ratio, in the unit the ratio uses."""
+    out = torch.empty(len(views))
+    for i, v in enumerate(views):
+        if old_tokens[i] is not None:
+            out[i] = old_tokens[i].mean()
+        elif bool(by_bytes[i]):
+            out[i] = v.source_logp_sum / v.text_bytes
+        else:
+            out[i] = v.source_mean_logp
+    return out
+
+
+def _ratio_mask(logp: Tensor, views: Sequence[TrainingView]) -> Tensor:
+    counts = torch.tensor([v.ratio_token_count for v in views], device=logp.device)
+    positions = torch.arange(logp.shape[1], device=logp.device).unsqueeze(0)  # (1, T)
+    return (positions < counts.unsqueeze(1)).to(logp.dtype)  # (B, T)
+
+
+def _learner_norms(logp: Tensor, views: Sequence[TrainingView], by_bytes: Tensor) -> Tensor:
+    """(B,) the learner's side of the log-ratio: token mean, or sum per byte of text for xhacpo."""
+    summed = (logp * _ratio_mask(logp, views)).sum(dim=1)  # (B,)
+    counts = torch.tensor([v.ratio_token_count for v in views], device=logp.device, dtype=logp.dtype)
+    text_bytes = torch.tensor([max(v.text_bytes, 1) for v in views], device=logp.device, dtype=logp.dtype)
+    return torch.where(by_bytes, summed / text_bytes, summed / counts)
+
+
+def _pad_rows(rows: Sequence[Tensor | None], width: int, device: torch.device) -> Tensor:
+    out = torch.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        if row is None:
+            raise ValueError("grpo needs the learner's old log-probs of every sample")
+        out[i, : row.shape[0]] = row
+    return out.to(device)
+
+
+def _cross_diagnostics(batch, learner_norm, source_norm, advantages, update_index, cfg):
+    """(source, ratio s, advantage, carries gradient) of each cross sample, as the loss saw it."""
+    from hacfed.algorithm import cross_clip_lower
+
+    lower = cross_clip_lower(update_index, cfg)
+    s = torch.exp(torch.clamp(learner_norm.detach().cpu() - source_norm, -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio))
+    rows = []
+    for v, ratio, adv in zip(batch, s.tolist(), advantages.tolist()):
+        if v.is_self:
+            continue
+        rows.append((v.source_id, ratio, adv, _carries(ratio, adv, lower, cfg)))
+    return rows
+
+
+def _carries(s: float, adv: float, lower: float, cfg: HacpoConfig) -> bool:
+    if adv == 0:
+        return False
+    if cfg.mode in ("hacpo", "xhacpo"):
+        if cfg.cross_negatives == "skip" and adv < 0:
+            return False
+        if not cfg.cross_clip or lower <= s <= 1.0:
+            return True
+        return cfg.cross_clip_style == "pessimistic" and adv > 0 and s < lower
+    low, high = 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high
+    if low <= s <= high:
+        return True
+    if adv > 0:
+        return s < low  # min(s·A, clip(s)·A) keeps s·A below the window
+    return cfg.mode != "naive" and s > high  # naive's dual clip holds negative samples above it
+
+
+def summarize_cross(rows: Sequence[tuple[str, float, float, bool]]) -> dict[str, float]:
+    """Per source: ratio quantiles, the fraction carrying gradient, and the advantage sign of those."""
+    out: dict[str, float] = {}
+    by_source: dict[str, list[tuple[float, float, bool]]] = {}
+    for source, s, adv, carries in rows:
+        by_source.setdefault(source, []).append((s, adv, carries))
+    for source, items in by_source.items():
+        ratios = sorted(s for s, _, _ in items)
+        for q in (0.1, 0.5, 0.9):
+            out[f"cross/{source}/ratio_p{int(q * 100)}"] = ratios[min(len(ratios) - 1, int(q * len(ratios)))]
+        signed = [(s, adv) for s, adv, _ in items if adv != 0]
+        if signed:
+            out[f"cross/{source}/pos_frac"] = sum(adv > 0 for _, adv in signed) / len(signed)
+            for name, keep in (("pos", lambda a: a > 0), ("neg", lambda a: a < 0)):
+                values = sorted(s for s, adv in signed if keep(adv))
+                if values:
+                    out[f"cross/{source}/ratio_p50_{name}"] = values[len(values) // 2]
+        carrying = [adv for _, adv, c in items if c]
+        out[f"cross/{source}/grad_frac"] = len(carrying) / len(items)
+        if carrying:
+            out[f"cross/{source}/grad_pos_frac"] = sum(a > 0 for a in carrying) / len(carrying)
+    return out
+
+
+@contextlib.contextmanager
+def frozen_copy_reference(ref_model: Any) -> Iterator[Any]:
+    yield ref_model
+
+
+@contextlib.contextmanager
+def adapter_disabled_reference(peft_model: Any) -> Iterator[Any]:
+    with peft_model.disable_adapter():
+        yield peft_model

@@ -1,0 +1,32 @@
+"""Values both command lines read from flags and TOML: `--set KEY=VALUE` items and HOST:PORT addresses.
+
+Shared by hacfed-server's config (`hacfed.server.config`) and hacfed-client's (`hacfed.clients.config`),
+so neither side imports the other's.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+
+def split_host_port(address: str, field: str) -> tuple[str, int]:
+    host, sep, port = str(address).rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{field} must be HOST:PORT with a port in 0-65535, got {address!r}")
+    return host, int(port)
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """`KEY=VALUE` with VALUE read as a TOML value when it is one (3, 0.5, true, "x", [1, 2]),
+    else as a plain string (so `--set run_id=demo` needs no quotes)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return key, value

@@ -1,0 +1,238 @@
+"""Domain dataclasses <-> protobuf messages of proto/hacfed_v1.proto, field by field.
+
+Shared by both sides, inside the `hacfed.wire` family (the only modules that import generated
+`*_pb2` code). `fill_*(m, obj)` writes a domain object into a protobuf message in place (no copies
+of large pools); `read_*(m)` builds the domain object back, checking closed enums and required
+sub-messages, and leaves the semantic checks to the dataclasses' own `__post_init__`. Framing,
+size and canonical-encoding checks are `hacfed.wire.framing`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from typing import Any, Mapping
+
+from google.protobuf.message import Message
+
+from hacfed.hacpo_config import HacpoConfig
+from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams, StepReport, Submission
+from hacfed.proto import hacfed_v1_pb2 as pb
+from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
+from hacfed.wire.types import NONCE_BYTES, ErrorCode, ErrorReply, Rejection, SubmissionReceipt, WireError
+
+# ---- enum tables ---------------------------------------------------------------------------------
+
+_ROLE_TO_PB = {"system": pb.ROLE_SYSTEM, "user": pb.ROLE_USER, "assistant": pb.ROLE_ASSISTANT}
+_FINISH_TO_PB = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_MODE_TO_PB = {
+    "hacpo": pb.HACPO_MODE_HACPO, "xhacpo": pb.HACPO_MODE_XHACPO, "naive": pb.HACPO_MODE_NAIVE,
+    "sapo": pb.HACPO_MODE_SAPO, "gspo": pb.HACPO_MODE_GSPO, "grpo": pb.HACPO_MODE_GRPO,
+}
+# HacpoConfig's string-valued settings and their protobuf enums (0 = unspecified: never accepted).
+_ENUM_FIELDS_TO_PB: dict[str, dict[str, int]] = {
+    "mode": _MODE_TO_PB,
+    "cross_ratio_unit": {"token": pb.CROSS_RATIO_UNIT_TOKEN, "byte": pb.CROSS_RATIO_UNIT_BYTE},
+    "cross_clip_style": {"hard": pb.CROSS_CLIP_STYLE_HARD, "pessimistic": pb.CROSS_CLIP_STYLE_PESSIMISTIC},
+    "cross_negatives": {"learn": pb.CROSS_NEGATIVES_LEARN, "skip": pb.CROSS_NEGATIVES_SKIP},
+}
+_ENUM_FIELDS_FROM_PB = {name: {v: k for k, v in table.items()} for name, table in _ENUM_FIELDS_TO_PB.items()}
+_ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
+_FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+
+
+def _from_enum(table: Mapping[int, str], value: int, what: str) -> str:
+    if value not in table:
+        raise WireError(ErrorCode.SCHEMA, f"{what}: unknown or unset enum value {value}")
+    return table[value]
+
+
+def _require(message: Message, name: str, what: str) -> None:
+    if not message.HasField(name):
+        raise WireError(ErrorCode.SCHEMA, f"{what}.{name} is missing")
+
+
+# ---- domain -> protobuf (fill a message in place; no copies of large pools) ---------------------
+
+
+def fill_chat(m: Any, c: ChatMessage) -> None:
+    m.role = _ROLE_TO_PB[c.role]
+    m.content = c.content
+
+
+def fill_trajectory(m: Any, t: Trajectory) -> None:
+    # response_token_ids are local-only and deliberately not written (security.md T11).
+    m.trajectory_id, m.prompt_id, m.source_id = t.trajectory_id, t.prompt_id, t.source_id
+    m.policy_version = t.policy_version
+    for c in t.prompt:
+        fill_chat(m.prompt.add(), c)
+    m.response_text = t.response_text
+    m.reward = t.reward
+    m.source_logp_sum = t.source_logp_sum
+    m.source_token_count = t.source_token_count
+    m.finish_reason = _FINISH_TO_PB[t.finish_reason]
+
+
+def fill_hacpo(m: Any, h: HacpoConfig) -> None:
+    for f in fields(HacpoConfig):
+        value = getattr(h, f.name)
+        table = _ENUM_FIELDS_TO_PB.get(f.name)
+        setattr(m, f.name, table[value] if table is not None else value)
+
+
+def fill_plan(m: Any, p: RoundPlan) -> None:
+    m.SetInParent()  # present even when every field holds its default
+    m.run_id, m.round_id, m.group_size, m.evaluate = p.run_id, p.round_id, p.group_size, p.evaluate
+    for prompt in p.prompts:
+        pm = m.prompts.add()
+        pm.prompt_id = prompt.prompt_id
+        for c in prompt.messages:
+            fill_chat(pm.messages.add(), c)
+    s = p.sampling
+    m.sampling.temperature, m.sampling.top_p, m.sampling.max_new_tokens = s.temperature, s.top_p, s.max_new_tokens
+    fill_hacpo(m.hacpo, p.hacpo)
+
+
+def fill_update(m: Any, u: RoundUpdate) -> None:
+    m.run_id = u.run_id
+    if u.pool_round is not None:
+        m.pool_round = u.pool_round
+    for t in u.pool:
+        fill_trajectory(m.pool.add(), t)
+    m.capabilities.update(u.capabilities)
+    if u.next_plan is not None:
+        fill_plan(m.next_plan, u.next_plan)
+    m.participants.extend(u.participants)
+    fill_hacpo(m.hacpo, u.hacpo)
+
+
+def fill_report(m: Any, r: StepReport) -> None:
+    m.SetInParent()  # present even when every field holds its default
+    m.participant_id, m.round_id = r.participant_id, r.round_id
+    m.metrics.update(r.metrics)
+    if r.eval_accuracy is not None:
+        m.eval_accuracy = r.eval_accuracy
+
+
+def fill_submission(m: Any, s: Submission) -> None:
+    m.run_id, m.participant_id, m.round_id = s.run_id, s.participant_id, s.round_id
+    for t in s.trajectories:
+        fill_trajectory(m.trajectories.add(), t)
+    if s.report is not None:
+        fill_report(m.report, s.report)
+    m.nonce = bytes.fromhex(s.nonce)
+    m.created_at_ms = s.created_at_ms
+
+
+def fill_batch(m: Any, batch: tuple[Trajectory, ...]) -> None:
+    for t in batch:
+        fill_trajectory(m.trajectories.add(), t)
+
+
+def fill_receipt(m: Any, r: SubmissionReceipt) -> None:
+    m.run_id, m.round_id, m.participant_id, m.seq = r.run_id, r.round_id, r.participant_id, r.seq
+    m.accepted_trajectory_ids.extend(r.accepted_trajectory_ids)
+    for rej in r.rejections:
+        m.rejections.add(trajectory_id=rej.trajectory_id, code=rej.code, detail=rej.detail)
+    m.content_hash = bytes.fromhex(r.content_hash)
+
+
+def fill_error(m: Any, e: ErrorReply) -> None:
+    m.code, m.message = e.code, e.message
+
+
+# ---- protobuf -> domain (domain __post_init__ does the semantic checks) -------------------------
+
+
+def read_chat(m: Any) -> ChatMessage:
+    return ChatMessage(_from_enum(_ROLE_FROM_PB, m.role, "ChatMessage.role"), m.content)
+
+
+def read_trajectory(m: Any) -> Trajectory:
+    lp = m.source_logp_sum
+    if not math.isfinite(lp) or lp > LOGP_EPS:
+        raise WireError(
+            ErrorCode.LOGPROB_RANGE,
+            f"trajectory {m.trajectory_id!r}: source_logp_sum must be finite and <= 0, got {lp!r}",
+        )
+    return Trajectory(
+        trajectory_id=m.trajectory_id, prompt_id=m.prompt_id, source_id=m.source_id,
+        policy_version=m.policy_version, prompt=tuple(read_chat(c) for c in m.prompt),
+        response_text=m.response_text, reward=m.reward, source_logp_sum=lp,
+        source_token_count=m.source_token_count,
+        finish_reason=_from_enum(_FINISH_FROM_PB, m.finish_reason, f"trajectory {m.trajectory_id!r} finish_reason"),
+    )
+
+
+def read_hacpo(m: Any) -> HacpoConfig:
+    values: dict[str, Any] = {}
+    for f in fields(HacpoConfig):
+        table = _ENUM_FIELDS_FROM_PB.get(f.name)
+        if table is not None:
+            values[f.name] = _from_enum(table, getattr(m, f.name), f"HacpoConfig.{f.name}")
+        else:
+            _require(m, f.name, "HacpoConfig")  # a setting every lab must agree on is never defaulted
+            values[f.name] = getattr(m, f.name)
+    return HacpoConfig(**values)
+
+
+def read_plan(m: Any) -> RoundPlan:
+    for name in ("sampling", "hacpo"):
+        _require(m, name, "RoundPlan")
+    for name in ("temperature", "top_p", "max_new_tokens"):
+        _require(m.sampling, name, "SamplingParams")
+    return RoundPlan(
+        run_id=m.run_id, round_id=m.round_id,
+        prompts=tuple(PlannedPrompt(p.prompt_id, tuple(read_chat(c) for c in p.messages)) for p in m.prompts),
+        group_size=m.group_size,
+        sampling=SamplingParams(m.sampling.temperature, m.sampling.top_p, m.sampling.max_new_tokens),
+        hacpo=read_hacpo(m.hacpo), evaluate=m.evaluate,
+    )
+
+
+def read_update(m: Any) -> RoundUpdate:
+    _require(m, "hacpo", "RoundUpdate")
+    return RoundUpdate(
+        run_id=m.run_id,
+        pool_round=m.pool_round if m.HasField("pool_round") else None,
+        pool=tuple(read_trajectory(t) for t in m.pool),
+        capabilities=dict(m.capabilities),
+        next_plan=read_plan(m.next_plan) if m.HasField("next_plan") else None,
+        participants=tuple(m.participants),
+        hacpo=read_hacpo(m.hacpo),
+    )
+
+
+def read_report(m: Any) -> StepReport:
+    return StepReport(
+        participant_id=m.participant_id, round_id=m.round_id, metrics=dict(m.metrics),
+        eval_accuracy=m.eval_accuracy if m.HasField("eval_accuracy") else None,
+    )
+
+
+def read_submission(m: Any) -> Submission:
+    if len(m.nonce) not in (0, NONCE_BYTES):
+        raise WireError(ErrorCode.SCHEMA, f"Submission.nonce must be {NONCE_BYTES} bytes, got {len(m.nonce)}")
+    return Submission(
+        run_id=m.run_id, participant_id=m.participant_id, round_id=m.round_id,
+        trajectories=tuple(read_trajectory(t) for t in m.trajectories),
+        report=read_report(m.report) if m.HasField("report") else None,
+        nonce=m.nonce.hex(), created_at_ms=m.created_at_ms,
+    )
+
+
+def read_batch(m: Any) -> tuple[Trajectory, ...]:
+    return tuple(read_trajectory(t) for t in m.trajectories)
+
+
+def read_receipt(m: Any) -> SubmissionReceipt:
+    return SubmissionReceipt(
+        run_id=m.run_id, round_id=m.round_id, participant_id=m.participant_id,
+        accepted_trajectory_ids=tuple(m.accepted_trajectory_ids),
+        rejections=tuple(Rejection(r.code, r.detail, r.trajectory_id) for r in m.rejections),
+        seq=m.seq, content_hash=m.content_hash.hex(),
+    )
+
+
+def read_error(m: Any) -> ErrorReply:
+    return ErrorReply(m.code, m.message)

@@ -1,0 +1,115 @@
+"""hacfed-server's administrative commands, run by the coordinator's operator beside (or instead of)
+the server itself; each reads the state directory and never starts a federation.
+
+    hacfed-server audit verify --state-dir state/coordinator
+    hacfed-server purge --state-dir state/coordinator --participant lab-x --from-round 4 [--dry-run]
+
+`audit verify` checks the hash chain of STATE/audit.log (hacfed.server.coordinator.audit) and names
+the first line that was edited, deleted, inserted or torn; exit 0 when intact, 1 when not.
+
+`purge` (security.md §3.3, R11) withdraws participant X's accepted samples of rounds >= R from every
+pool published from now on, quarantines X (it gets no more updates and its submissions are refused),
+journals and audits the purge, and tells the operator what each lab must do. A lab trains on the pool
+of round k when it answers the update of round k + 1, so its checkpoint of round R (taken after it
+rolled out plan R, before it trained on pool R) is the last one without X's influence; each lab that
+trained on an affected pool runs `hacfed-client replay --exclude X --from-round R` to restore that
+checkpoint and retrain on the pools it received, without X's samples. Samples that other labs
+produced with policies that had learned from X stay in the pools: a purge removes X's data, not its
+second-hand influence. Safe to run while hacfed-server runs (the journal and the audit log are
+locked per write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hacfed.server.coordinator.audit import AuditLog, verify_audit_log
+from hacfed.server.coordinator.errors import AuditError, JournalError
+from hacfed.server.coordinator.journal import Journal
+from hacfed.server.coordinator.validation import is_short_id
+
+COMMANDS = ("audit", "purge")
+JOURNAL_FILE = "journal.sqlite"  # CoordinatorConfig.journal_path / audit_path, without needing the config
+AUDIT_FILE = "audit.log"
+
+
+def say(text: str) -> None:
+    print(f"hacfed-server: {text}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hacfed-server", description="hacfed-server's administrative commands")
+    commands = parser.add_subparsers(dest="command", required=True)
+    audit = commands.add_parser("audit", help="the hash-chained audit log")
+    audit_commands = audit.add_subparsers(dest="audit_command", required=True)
+    verify = audit_commands.add_parser("verify", help="check every line of STATE/audit.log; exit 1 naming the "
+                                                      "first bad line")
+    verify.add_argument("--state-dir", required=True, metavar="DIR", help="the coordinator's state directory")
+    purge = commands.add_parser("purge", help="withdraw a participant's samples from round R on and tell each lab "
+                                              "how to replay without them")
+    purge.add_argument("--state-dir", required=True, metavar="DIR", help="the coordinator's state directory")
+    purge.add_argument("--participant", required=True, metavar="ID", help="the participant to purge")
+    purge.add_argument("--from-round", required=True, type=int, metavar="R", help="first round to purge (>= 0)")
+    purge.add_argument("--dry-run", action="store_true", help="list what would change, change nothing")
+    return parser
+
+
+def audit_verify(state_dir: Path) -> int:
+    path = state_dir / AUDIT_FILE
+    result = verify_audit_log(path)
+    if result.ok:
+        say(f"audit log {path}: {result.lines} lines, hash chain intact")
+        return 0
+    say(f"audit log {path} FAILED verification: {result.problem}")
+    return 1
+
+
+def purge(state_dir: Path, participant: str, from_round: int, dry_run: bool) -> int:
+    if not is_short_id(participant):
+        raise ValueError(f"--participant must be a participant id, got {participant!r}")
+    if from_round < 0:
+        raise ValueError(f"--from-round must be >= 0, got {from_round}")
+    journal_path = state_dir / JOURNAL_FILE
+    if not journal_path.is_file():
+        raise ValueError(f"no journal at {journal_path}: is {state_dir} a coordinator's state directory?")
+    with Journal(journal_path, audit=None if dry_run else AuditLog(state_dir / AUDIT_FILE)) as journal:
+        if journal.participant(participant) is None:
+            raise ValueError(f"{participant!r} never joined this run (known: "
+                             f"{[p.participant_id for p in journal.participants()]})")
+        rounds = journal.rounds_with_samples_of(participant, from_round)
+        trained = journal.pools_trained_on()
+        if dry_run:
+            say(f"DRY RUN: would withdraw {participant}'s samples of rounds {rounds} and quarantine it")
+        else:
+            detail = f"samples of rounds >= {from_round} withdrawn from future pools; participant quarantined"
+            withdrawn = journal.purge(participant, from_round, time.time(), detail)
+            say(f"purged {participant} from round {from_round}: withdrew {sum(withdrawn.values())} samples "
+                f"({withdrawn or 'none left'}) from the pools of rounds {rounds}; {participant} is quarantined")
+    say(f"rounds whose pools held {participant}'s samples: {rounds or 'none'}")
+    for lab, pools in trained.items():
+        if lab == participant:
+            continue
+        affected = [k for k in pools if k in rounds]
+        if affected:
+            say(f"{lab} trained on affected pools {affected}: it must roll back and replay without {participant}:\n"
+                f"    hacfed-client replay --state-dir <{lab}'s state dir> --model <its model> "
+                f"--exclude {participant} --from-round {from_round}")
+        else:
+            say(f"{lab}: no affected pool in its reports; if it trained on the latest published pool, the same "
+                f"replay command checks its own records and does nothing when there is nothing to replay")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        state_dir = Path(args.state_dir).expanduser().resolve()
+        if args.command == "audit":
+            return audit_verify(state_dir)
+        return purge(state_dir, args.participant, args.from_round, args.dry_run)
+    except (ValueError, JournalError, AuditError) as exc:
+        print(f"hacfed-server: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,216 @@
+"""The coordinator's hash-chained audit log (security.md S10, T12).
+
+Runs wherever the coordinator's journal is written (the ServerApp process, through
+`hacfed.server.coordinator.Journal`) and in hacfed-server's administrative commands (`audit
+verify`, `purge`, and the registration and revocation commands, which call `AuditLog.append`;
+`hacfed.server.audit` re-exports this API).
+
+    log = AuditLog(state_dir / "audit.log")
+    log.append(AuditEvent("accept", participant="lab-a", round_id=3, code="OK", detail="accepted 12 of 12"))
+    result = verify_audit_log(state_dir / "audit.log")   # result.ok, result.problem names the line
+
+One JSON object per line: `id` (1, 2, ...), `prev` (the previous line's hash; 64 zeros for the
+first), `at` (epoch seconds), `kind`, `participant`, `round`, `code`, `detail`, and `hash` =
+sha256(b"hacfed/v1/audit" || 0x00 || the line's canonical JSON without `hash`). Editing any byte of
+a line breaks its hash (or its JSON); deleting, inserting or reordering a line breaks the next id
+and prev link, so `verify_audit_log` names the exact line. Deleting lines at the END leaves a valid
+chain, so every append also records the head (line count and last hash) in `audit.log.head`, and
+verify compares the two. Whoever can rewrite both files and recompute every hash can still forge
+the log: the chain makes tampering evident, it does not make it impossible.
+
+Appends are durable before they return (write, fsync; the head is replaced atomically) and
+serialized across processes with an exclusive `flock` on the log, so the command-line tools can
+append while the coordinator runs. A write that failed half-way (disk full) leaves a torn last
+line; the next append cuts it off and says so in a `repair` line (its decision was rolled back). A failed append raises `AuditError`: the journal writes the line
+inside the same SQLite transaction as the decision it records, before COMMIT, so a decision whose
+line cannot be written is rolled back and the coordinator fails closed (stops accepting).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hacfed.server.coordinator.errors import AuditError, safe_text
+
+AUDIT_DOMAIN = b"hacfed/v1/audit"
+GENESIS = "0" * 64
+HEAD_SUFFIX = ".head"
+FIELDS = ("id", "prev", "at", "kind", "participant", "round", "code", "detail")
+_TAIL_READ = 64 * 1024  # a line is far shorter than this (details are capped at 500 characters)
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One audited fact. kind: accept | reject | join | register | revoke | quarantine | round_open |
+    round_close | deadline_extended | final_report | purge (open-ended: new tools add kinds).
+    code: "OK" for what was allowed, the HACFED-E-... code for what was refused, or a short word
+    (a close reason, ...)."""
+
+    kind: str
+    participant: str | None = None
+    round_id: int | None = None
+    code: str = "OK"
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not self.kind or not self.kind.replace("_", "").isalnum():
+            raise ValueError(f"AuditEvent.kind must be a short word, got {self.kind!r}")
+        if self.round_id is not None and (isinstance(self.round_id, bool) or not isinstance(self.round_id, int)):
+            raise ValueError(f"AuditEvent.round_id must be an int or None, got {self.round_id!r}")
+
+
+def line_hash(record: dict[str, Any]) -> str:
+    body = json.dumps({k: record[k] for k in FIELDS}, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(AUDIT_DOMAIN + b"\x00" + body.encode("ascii")).hexdigest()
+
+
+class AuditLog:
+    def __init__(self, path: str | os.PathLike, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.head_path = self.path.with_name(self.path.name + HEAD_SUFFIX)
+        self._clock = clock
+
+    def append(self, event: AuditEvent) -> dict[str, Any]:
+        """Write one line durably and return it; raises AuditError when it cannot."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise AuditError(f"audit log {self.path} cannot be opened: {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            last_id, prev, torn = _last_line(fd, self.path)
+            if torn:  # the previous append failed half-way: its decision was rolled back, drop the bytes
+                os.ftruncate(fd, os.fstat(fd).st_size - torn)
+                repair = AuditEvent("repair", code="TORN-LINE", detail=f"dropped {torn} bytes of a write that failed")
+                last_id, prev = self._write(fd, repair, last_id, prev)
+            last_id, prev = self._write(fd, event, last_id, prev)
+            os.fsync(fd)
+            _write_head(self.head_path, last_id, prev)
+        except OSError as exc:
+            raise AuditError(f"audit log {self.path} cannot be written: {exc}") from None
+        finally:
+            os.close(fd)  # also releases the lock
+        return {"id": last_id, "hash": prev}
+
+    def _write(self, fd: int, event: AuditEvent, last_id: int, prev: str) -> tuple[int, str]:
+        record: dict[str, Any] = {
+            "id": last_id + 1,
+            "prev": prev,
+            "at": round(float(self._clock()), 6),
+            "kind": event.kind,
+            "participant": None if event.participant is None else safe_text(event.participant, 128),
+            "round": event.round_id,
+            "code": safe_text(event.code, 64),
+            "detail": safe_text(event.detail, 500),
+        }
+        record["hash"] = line_hash(record)
+        data = (json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n").encode()
+        written = os.write(fd, data)
+        if written != len(data):  # a short write (file size limit, full disk) leaves a torn line
+            raise OSError(f"short write: {written} of {len(data)} bytes")
+        return record["id"], record["hash"]
+
+
+def _last_line(fd: int, path: Path) -> tuple[int, str, int]:
+    """(id, hash) of the last complete line, or (0, GENESIS) for an empty log, and the length of a
+    torn line after it (bytes without a line end, left by a failed write)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0, GENESIS, 0
+    start = max(0, size - _TAIL_READ)
+    tail = os.pread(fd, size - start, start)
+    cut = tail.rfind(b"\n")
+    if cut < 0:
+        if start > 0:
+            raise AuditError(f"audit log {path} ends with {len(tail)}+ bytes without a line end; run "
+                             f"`hacfed-server audit verify`")
+        return 0, GENESIS, len(tail)  # one torn first line
+    torn = len(tail) - cut - 1
+    lines = tail[:cut].split(b"\n")
+    try:
+        record = json.loads(lines[-1])
+        return int(record["id"]), str(record["hash"]), torn
+    except (ValueError, KeyError, TypeError):
+        raise AuditError(f"audit log {path}: its last line is not an audit record; run `hacfed-server audit verify`")
+
+
+def _write_head(path: Path, lines: int, last_hash: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps({"lines": lines, "hash": last_hash}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    ok: bool
+    lines: int  # complete lines that were checked
+    problem: str | None = None  # names the first bad line
+    line: int | None = None  # its 1-based number
+
+
+def verify_audit_log(path: str | os.PathLike) -> VerifyResult:
+    """Check every line's hash and link, then the recorded head; the first problem names its line."""
+    path = Path(path)
+    if not path.exists():
+        return VerifyResult(False, 0, f"{path} does not exist")
+    prev, count = GENESIS, 0
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            count = number
+            problem = _check_line(raw, number, prev)
+            if problem is not None:
+                return VerifyResult(False, number - 1, f"line {number}: {problem}", number)
+            prev = json.loads(raw)["hash"]
+    head_path = path.with_name(path.name + HEAD_SUFFIX)
+    if head_path.exists():
+        try:
+            head = json.loads(head_path.read_text(encoding="utf-8"))
+            head_lines, head_hash = int(head["lines"]), str(head["hash"])
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            return VerifyResult(False, count, f"{head_path} is unreadable: {exc}")
+        if head_lines > count:
+            return VerifyResult(False, count, f"line {count + 1}: missing; {head_lines} lines were written, the log "
+                                              f"ends after line {count} (lines deleted from the end)", count + 1)
+        if head_lines == count and head_hash != prev:
+            return VerifyResult(False, count, f"line {count}: its hash differs from the recorded head", count)
+    return VerifyResult(True, count)
+
+
+def _check_line(raw: bytes, number: int, prev: str) -> str | None:
+    if not raw.endswith(b"\n"):
+        return "torn (no line end): the write that produced it did not complete"
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return "not valid JSON (edited or corrupted)"
+    if not isinstance(record, dict) or set(record) != {*FIELDS, "hash"}:
+        return "not an audit record (fields missing or added)"
+    if line_hash(record) != record["hash"]:
+        return "content does not match its hash (edited)"
+    if record["id"] != number:
+        return (f"event id {record['id']!r} where {number} was expected: line {number} was deleted, or lines "
+                f"were inserted or reordered")
+    if record["prev"] != prev:
+        return f"prev_hash does not match line {number - 1}'s hash (a line before it was changed or removed)"
+    return None

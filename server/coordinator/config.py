@@ -1,0 +1,249 @@
+"""The coordinator's typed configuration: every setting that must agree across organizations
+(design.md rule 5) plus the coordinator's own reliability limits. Network and TLS options belong to
+the server command line, not here.
+
+Read by hacfed-server (`hacfed.server.config`), by the round driver in the ServerApp process, and
+by `hacfed sim`.
+
+    cfg = load_coordinator_config("deploy/coordinator.toml").with_overrides({"rounds": 3})
+
+TOML layout (nested tables for the nested settings):
+
+    run_id = "demo"
+    rounds = 20
+    prompts_per_round = 8
+    group_size = 8
+    expected_participants = 2
+    min_participants = 2
+    round_deadline_s = 600
+    state_dir = "state/coordinator"
+    [task]          # passed as-is to hacfed.tasks.registry.load_task
+    kind = "arithmetic"
+    [sampling]      # hacfed.messages.SamplingParams
+    max_new_tokens = 16
+    [hacpo]         # hacfed.hacpo_config.HacpoConfig
+    mode = "hacpo"
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from hacfed.hacpo_config import HacpoConfig
+from hacfed.messages import SamplingParams
+from hacfed.tomlfile import read_toml
+
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NESTED = ("task", "sampling", "hacpo")
+# Settings that decide the prompt plans and the objective: a journal written under other values
+# belongs to a different experiment, so the coordinator refuses to resume it (see Journal.bind_run).
+PLAN_FIELDS = ("run_id", "task", "seed", "prompts_per_round", "group_size", "sampling", "hacpo", "eval_every")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Validated at construction; every error names the field and the offending value.
+
+    expected_participants: how many labs the round waits for before closing early.
+    min_participants: quorum; a round whose deadline passes with fewer contributors (participants
+      with at least one accepted group) is extended up to `max_deadline_extensions` times, then
+      closed with what it has (logged as below quorum).
+    round_deadline_s: wall-clock seconds from opening a round to its deadline.
+    eval_every: plans of rounds 0, k, 2k, ... ask participants to evaluate; 0 disables.
+    max_strikes / strike_window_rounds: K reward mismatches within the last W rounds quarantine a
+      participant.
+    min_mean_logp: lower bound on a trajectory's per-token mean log-prob (-L_max, security.md T3).
+    rate_limit_per_s / rate_limit_burst: each participant's token bucket of submission attempts.
+    round_quota_bytes / round_quota_trajectories: what one participant may send per round, accepted
+      or not (default: 4 full submissions' worth); see hacfed.server.coordinator.limits.
+    """
+
+    run_id: str
+    task: Mapping[str, Any]
+    rounds: int
+    prompts_per_round: int
+    group_size: int
+    expected_participants: int
+    min_participants: int
+    round_deadline_s: float
+    state_dir: Path
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    hacpo: HacpoConfig = field(default_factory=HacpoConfig)
+    eval_every: int = 5
+    seed: int = 0
+    max_strikes: int = 3
+    strike_window_rounds: int = 10
+    max_deadline_extensions: int = 1
+    max_response_chars: int = 16384
+    max_submission_bytes: int = 16 * 1024 * 1024
+    min_mean_logp: float = -50.0
+    rate_limit_per_s: float = 0.5
+    rate_limit_burst: int = 8
+    round_quota_bytes: int | None = None
+    round_quota_trajectories: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
+            _bad("run_id", self.run_id, "1-64 characters of [A-Za-z0-9._-], starting alphanumeric")
+        if not isinstance(self.task, Mapping) or not self.task:
+            _bad("task", self.task, "a non-empty table (passed to hacfed.tasks.registry.load_task)")
+        # A private read-only copy: nobody can mutate the task spec after validation.
+        object.__setattr__(self, "task", MappingProxyType(copy.deepcopy(dict(self.task))))
+        _int(self, "rounds", 1)
+        _int(self, "prompts_per_round", 1)
+        _int(self, "group_size", 1)
+        _int(self, "expected_participants", 1)
+        _int(self, "min_participants", 1)
+        if self.min_participants > self.expected_participants:
+            _bad("min_participants", self.min_participants, f"<= expected_participants ({self.expected_participants})")
+        _number(self, "round_deadline_s", lambda v: v > 0, "> 0")
+        if isinstance(self.state_dir, str) and self.state_dir:
+            object.__setattr__(self, "state_dir", Path(self.state_dir))
+        if not isinstance(self.state_dir, Path):
+            _bad("state_dir", self.state_dir, "a non-empty path")
+        if not isinstance(self.sampling, SamplingParams):
+            _bad("sampling", self.sampling, "a SamplingParams")
+        if not isinstance(self.hacpo, HacpoConfig):
+            _bad("hacpo", self.hacpo, "a HacpoConfig")
+        _int(self, "eval_every", 0)
+        _int(self, "seed", 0)
+        _int(self, "max_strikes", 1)
+        _int(self, "strike_window_rounds", 1)
+        _int(self, "max_deadline_extensions", 0)
+        _int(self, "max_response_chars", 1)
+        _int(self, "max_submission_bytes", 1024)
+        _number(self, "min_mean_logp", lambda v: v < 0, "< 0")
+        _number(self, "rate_limit_per_s", lambda v: v > 0, "> 0")
+        _int(self, "rate_limit_burst", 1)
+        if self.round_quota_bytes is not None:
+            _int(self, "round_quota_bytes", 1024)
+        if self.round_quota_trajectories is not None:
+            _int(self, "round_quota_trajectories", self.prompts_per_round * self.group_size)
+
+    @property
+    def quota_bytes(self) -> int:
+        """Bytes one participant may send per round (round_quota_bytes, default 4 full submissions)."""
+        return self.round_quota_bytes if self.round_quota_bytes is not None else 4 * self.max_submission_bytes
+
+    @property
+    def quota_trajectories(self) -> int:
+        """Trajectories one participant may send per round (default 4 full submissions)."""
+        if self.round_quota_trajectories is not None:
+            return self.round_quota_trajectories
+        return 4 * self.prompts_per_round * self.group_size
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.sqlite"
+
+    @property
+    def audit_path(self) -> Path:
+        """The hash-chained audit log (hacfed.server.coordinator.audit)."""
+        return self.state_dir / "audit.log"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain TOML/JSON-able values; `from_mapping(cfg.to_dict()) == cfg`."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "task":
+                value = copy.deepcopy(dict(value))
+            elif f.name == "sampling":
+                value = asdict(value)
+            elif f.name == "hacpo":
+                value = value.to_dict()
+            elif f.name == "state_dir":
+                value = str(value)
+            elif value is None:
+                continue  # an unset optional setting: TOML has no null, and from_mapping defaults it
+            out[f.name] = value
+        return out
+
+    def plan_fingerprint(self) -> dict[str, Any]:
+        """The settings a journal is bound to (PLAN_FIELDS), as plain values."""
+        full = self.to_dict()
+        return {name: full[name] for name in PLAN_FIELDS}
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "CoordinatorConfig":
+        """Build from a parsed TOML table: nested tables for task, sampling and hacpo."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"coordinator config must be a table, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown coordinator config key(s): {unknown}; known: {sorted(known)}")
+        required = sorted(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise ValueError(f"coordinator config is missing required key(s): {missing}")
+        kwargs = dict(data)
+        if "sampling" in kwargs:
+            kwargs["sampling"] = _nested(SamplingParams, "sampling", kwargs["sampling"])
+        if "hacpo" in kwargs:
+            table = kwargs["hacpo"]
+            if not isinstance(table, Mapping):
+                _bad("hacpo", table, "a table")
+            kwargs["hacpo"] = HacpoConfig.from_dict(dict(table))
+        return cls(**kwargs)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "CoordinatorConfig":
+        """A copy with some settings replaced, re-validated. Keys are field names, dotted paths into
+        the nested tables (`"sampling.max_new_tokens"`), or nested mappings merged into them."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"override keys must be non-empty strings, got {key!r}")
+            head, _, rest = key.partition(".")
+            if rest:
+                if head not in _NESTED:
+                    raise ValueError(f"override {key!r}: only {list(_NESTED)} have nested settings")
+                data[head] = {**data[head], rest: value}
+            elif head in _NESTED and isinstance(value, Mapping) and head != "task":
+                data[head] = {**data[head], **value}
+            else:
+                data[head] = value
+        return CoordinatorConfig.from_mapping(data)
+
+
+def load_coordinator_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> CoordinatorConfig:
+    """Parse a TOML file; a top-level `[coordinator]` table is used if present, else the whole file."""
+    data = read_toml(path, "coordinator config file")
+    table = data.get("coordinator", data)
+    cfg = CoordinatorConfig.from_mapping(table)
+    return cfg.with_overrides(overrides) if overrides else cfg
+
+
+def _nested(cls: type, name: str, table: Any) -> Any:
+    if isinstance(table, cls):
+        return table
+    if not isinstance(table, Mapping):
+        _bad(name, table, "a table")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"CoordinatorConfig.{name}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return cls(**table)
+
+
+def _bad(name: str, value: object, requirement: str) -> None:
+    raise ValueError(f"CoordinatorConfig.{name} must be {requirement}, got {value!r}")
+
+
+def _int(cfg: CoordinatorConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _bad(name, value, f"an integer >= {minimum}")
+
+
+def _number(cfg: CoordinatorConfig, name: str, ok: Any, requirement: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        _bad(name, value, f"a finite number {requirement}")
+    object.__setattr__(cfg, name, float(value))

@@ -1,0 +1,213 @@
+"""How the coordinator takes in submissions: caps, gates, judging, journaling, refusals.
+
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`. A part of `Coordinator`
+(`hacfed.server.coordinator.state`), which mixes it in; it relies on the coordinator's config,
+journal, limiter, lock, clock and plans.
+
+Order, cheapest first (security.md T8): the caps of `limits` (the Flower driver applies the rate
+limit and the byte quota with `admit` before it verifies or decodes anything; the trajectory quota
+comes right after decoding), then the whole-submission gates (identity, run, size, identical
+resend, nonce reuse, registration, quarantine, round state, one submission per round), and only
+then validation and reward re-verification (`validation`). Every refusal is journaled and audited;
+a recorded submission returns only after its COMMIT (the ACK point, R2).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from hacfed.crashpoints import crash_point
+from hacfed.messages import Submission
+from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
+from hacfed.server.coordinator.journal import SubmissionRecord
+from hacfed.server.coordinator.results import Receipt, SubmissionResult
+from hacfed.server.coordinator.validation import (
+    Rejection, ValidationLimits, check_report, is_short_id, quick_size_rejection, report_to_dict, submission_digest,
+    validate_submission,
+)
+from hacfed.trajectory import Trajectory
+
+log = logging.getLogger("hacfed.server.coordinator")
+
+
+class SubmissionIntake:
+    """The submission half of `Coordinator` (see the module docstring)."""
+
+    def admit(self, participant_id: str, n_bytes: int) -> Rejection | None:
+        """The caps a transport applies to `n_bytes` of raw input from an authenticated participant
+        BEFORE it verifies or decodes anything: one token of its rate limit and its byte quota for
+        the open round. A refusal is journaled (and audited); pass `admitted=True` to `submit` after
+        this returned None."""
+        with self._lock:
+            if self.failed_closed is not None:
+                return self._closed_rejection()
+            problem = self.limiter.take_token(participant_id) or \
+                self.limiter.charge_bytes(participant_id, self.current_round, n_bytes)
+            if problem is not None:
+                self._journal_refusal(participant_id, self.current_round, problem)
+            return problem
+
+    def submit(self, sub: Submission, sender: str | None = None, *, admitted: bool = False) -> SubmissionResult:
+        """Judge and journal one submission; returns only after the journal commit (the ACK point).
+
+        sender: the authenticated identity the transport verified (mTLS / envelope key), if any.
+        admitted: the transport already applied `admit` to this submission's raw bytes.
+        An identical resend returns the stored result and receipt; nothing is written twice.
+        """
+        with self._lock:
+            if self.failed_closed is not None:
+                return SubmissionResult((), (self._closed_rejection(),), None)
+            try:
+                gate = self._gate(sub, sender, admitted)
+                if isinstance(gate, SubmissionResult):
+                    return gate
+                if isinstance(gate, Rejection):  # (a NamedTuple: test it before the plain tuple)
+                    pid = safe_text(sub.participant_id) if isinstance(sub, Submission) else None
+                    rid = sub.round_id if isinstance(sub, Submission) and isinstance(sub.round_id, int) else None
+                    self._journal_refusal(pid, rid, gate)
+                    return SubmissionResult((), (gate,), None)
+                n_bytes, digest = gate
+                with self._audited():
+                    result = self._judge_and_record(sub, self._clock(), n_bytes, digest)
+            except AuditError:
+                return SubmissionResult((), (self._closed_rejection(),), None)
+            crash_point("after_commit_before_ack")
+            return result
+
+    def _journal_refusal(self, pid: str | None, round_id: int | None, problem: Rejection) -> None:
+        with self._audited():
+            self.journal.record_rejection(pid, round_id, problem.code.value, problem.detail, self._clock())
+        log.info("submission from %s for round %s refused: %s %s", pid, round_id, problem.code, problem.detail)
+
+    def _closed_rejection(self) -> Rejection:
+        detail = f"the coordinator's audit log failed ({self.failed_closed}); it accepts nothing until restarted"
+        return Rejection(None, ErrorCode.AUDIT_UNAVAILABLE, safe_text(detail, 500))
+
+    def _round_retry_s(self) -> float:
+        """A retry-after hint for a round quota: when the open round's deadline passes."""
+        record = self.journal.latest_round()
+        if record is None or record.state != "OPEN":
+            return 1.0
+        return max(record.deadline - self._clock(), 1.0)
+
+    def _gate(self, sub: object, sender: str | None, admitted: bool) -> Rejection | SubmissionResult | tuple[int, str]:
+        """Whole-submission checks, cheapest first. Returns the refusal, the stored result of an
+        identical resend, or (size in bytes, content hash) of a submission to judge."""
+        if not isinstance(sub, Submission):
+            return Rejection(None, ErrorCode.SCHEMA, f"a {type(sub).__name__} is not a Submission")
+        pid = sub.participant_id
+        if not is_short_id(pid):
+            return Rejection(None, ErrorCode.SCHEMA, f"participant_id {safe_text(pid)} is not a short text")
+        if sender is not None and sender != pid:
+            return Rejection(None, ErrorCode.IDENTITY_MISMATCH, f"sent by {safe_text(sender)} but claims {pid}")
+        if not admitted and (problem := self.limiter.take_token(pid)) is not None:
+            return problem
+        if not isinstance(sub.trajectories, tuple):
+            return Rejection(None, ErrorCode.SCHEMA, "trajectories must be a tuple")
+        round_key = self.current_round
+        if (problem := self.limiter.charge_trajectories(pid, round_key, len(sub.trajectories))) is not None:
+            return problem
+        if sub.run_id != self.cfg.run_id:
+            return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
+        too_big = quick_size_rejection(sub, self.cfg.prompts_per_round * self.cfg.group_size, self.cfg.max_submission_bytes)
+        if too_big is not None:
+            return too_big
+        n_bytes, digest = submission_digest(sub)
+        if n_bytes > self.cfg.max_submission_bytes:
+            return Rejection(None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}")
+        if not admitted and (problem := self.limiter.charge_bytes(pid, round_key, n_bytes)) is not None:
+            return problem
+        stored = self.journal.stored_result(digest)
+        if stored is not None:
+            return SubmissionResult.from_json(stored, replayed=True)
+        if sub.nonce and self.journal.hash_for_nonce(pid, sub.nonce) is not None:
+            return Rejection(None, ErrorCode.NONCE_REUSE, f"nonce {sub.nonce} was used for a different payload")
+        participant = self.journal.participant(pid)
+        if participant is None:
+            return Rejection(None, ErrorCode.UNKNOWN_PARTICIPANT, f"participant {pid} is not registered")
+        if participant.quarantined:
+            detail = f"participant {pid} quarantined since round {participant.quarantined_round}"
+            return Rejection(None, ErrorCode.QUARANTINED, detail)
+        record = self.journal.round(sub.round_id)
+        if record is None:
+            return Rejection(None, ErrorCode.UNKNOWN_ROUND, f"round {sub.round_id} was never opened")
+        if record.state != "OPEN":
+            latest_closed = self.journal.latest_closed_round()
+            code = ErrorCode.ROUND_CLOSED if latest_closed and latest_closed.round_id == sub.round_id else ErrorCode.STALE_ROUND
+            return Rejection(None, code, f"round {sub.round_id} is {record.state.lower()}")
+        seq = self.journal.submission_seq(pid, sub.round_id)
+        if seq is not None:
+            return Rejection(None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})")
+        return n_bytes, digest
+
+    def _judge_and_record(self, sub: Submission, now: float, n_bytes: int, digest: str) -> SubmissionResult:
+        pid, round_id = sub.participant_id, sub.round_id
+        plan = self.plan_for(round_id)
+        limits = ValidationLimits(
+            group_size=plan.group_size,
+            max_new_tokens=plan.sampling.max_new_tokens,
+            max_response_chars=self.cfg.max_response_chars,
+            min_mean_logp=self.cfg.min_mean_logp,
+            min_policy_version=self.journal.last_policy_version(pid),
+        )
+        used = self.journal.used_trajectory_ids(pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)])
+        outcome = validate_submission(sub, plan, self.task, limits, used)
+        strikes = outcome.strikes
+        window_start = round_id - self.cfg.strike_window_rounds + 1
+        quarantine = bool(strikes) and (
+            self.journal.count_strikes(pid, window_start) + len(strikes) >= self.cfg.max_strikes
+        )
+        rejections = outcome.rejections + ((outcome.report_rejection,) if outcome.report_rejection else ())
+        report_json = None
+        if sub.report is not None and outcome.report_rejection is None:
+            report_json = json.dumps(report_to_dict(sub.report), sort_keys=True)
+        accepted_ids = tuple(a.trajectory.trajectory_id for a in outcome.accepted)
+
+        def result_for(seq: int) -> SubmissionResult:
+            receipt = Receipt(self.cfg.run_id, round_id, pid, seq, digest, len(accepted_ids), len(rejections), sub.nonce)
+            return SubmissionResult(accepted_ids, rejections, receipt)
+
+        record = SubmissionRecord(
+            pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
+        )
+        seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
+        if strikes:
+            log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
+        if quarantine:
+            log.warning(
+                "participant %s QUARANTINED: reached %d strikes within %d rounds",
+                pid, self.cfg.max_strikes, self.cfg.strike_window_rounds,
+            )
+        log.info("round %d: %s accepted %d, rejected %d (seq %d)", round_id, pid, len(accepted_ids), len(rejections), seq)
+        return result_for(seq)
+
+    def record_final_report(self, sub: Submission, sender: str | None = None) -> Rejection | None:
+        """The answer to the last update (no plan): a Submission for round `cfg.rounds` with no
+        trajectories, carrying the StepReport of training on the final pool. None when stored."""
+        with self._lock:
+            if not isinstance(sub, Submission) or sub.trajectories or sub.round_id != self.cfg.rounds:
+                detail = f"a final report is a Submission for round {self.cfg.rounds} without trajectories"
+                return Rejection(None, ErrorCode.SCHEMA, detail)
+            if sender is not None and sender != sub.participant_id:
+                detail = f"sent by {safe_text(sender)} but claims {safe_text(sub.participant_id)}"
+                return Rejection(None, ErrorCode.IDENTITY_MISMATCH, detail)
+            if sub.run_id != self.cfg.run_id:
+                return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
+            if self.journal.participant(sub.participant_id) is None:
+                detail = f"participant {safe_text(sub.participant_id)} is not registered"
+                return Rejection(None, ErrorCode.UNKNOWN_PARTICIPANT, detail)
+            problem = check_report(sub.report, sub.participant_id, sub.round_id)
+            if problem is not None or sub.report is None:
+                return problem or Rejection(None, ErrorCode.SCHEMA, "final submission carries no report")
+            if self.failed_closed is not None:
+                return self._closed_rejection()
+            try:
+                with self._audited():
+                    self.journal.record_report(
+                        sub.participant_id, sub.round_id, json.dumps(report_to_dict(sub.report), sort_keys=True)
+                    )
+            except AuditError:
+                return self._closed_rejection()
+            return None

@@ -1,0 +1,463 @@
+"""The coordinator's durable journal: one SQLite file, WAL, `synchronous=FULL` (security.md §3.3).
+
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server also opens it
+before it starts anything, to refuse a journal of another run.
+
+Accepted ⇔ ACKed ⇔ durable: `record_submission` writes a submission's accepted trajectories, its
+rejections, strikes and metrics in ONE transaction and returns only after the commit, so a receipt
+built from its return value never precedes durability. The round state machine lives in the same
+file (OPEN -> CLOSED(quorum|deadline) -> PUBLISHED) together with the capability tracker's state at
+each close, so a restarted coordinator replays exactly what was decided and counts nothing twice.
+
+Uniqueness the schema enforces (T4): one recorded submission per (participant, round) and per
+content hash, one per (participant, nonce) when a nonce is set, one row per (participant,
+trajectory id) and per (participant, round, prompt, sample index).
+
+Audit (security.md S10): with an `AuditLog`, every write that decides something (a submission
+accepted or refused, a participant joining or quarantined, a round opened, extended or closed, a
+final report, a purge) appends one hash-chained line INSIDE its transaction, before COMMIT. A line
+that cannot be written raises `AuditError` and rolls the decision back: nothing is decided that is
+not audited. (A crash between the line and the COMMIT leaves a line for a decision that did not
+happen; it is never the other way round.)
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from hacfed.crashpoints import crash_point
+from hacfed.server.coordinator.audit import AuditEvent, AuditLog
+from hacfed.server.coordinator.errors import JournalError, describe_db_error
+from hacfed.server.coordinator.journal_schema import (
+    MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION, SYNCHRONOUS_FULL, ParticipantRecord, RoundRecord, SubmissionRecord,
+    participant_record, round_record, trajectory_from_row, trajectory_row,
+)
+from hacfed.trajectory import Trajectory
+
+__all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SubmissionRecord", "SCHEMA_VERSION"]
+
+
+class Journal:
+    """Thread-safe (one connection behind a lock); every write method is one transaction."""
+
+    def __init__(self, path: str | Path, audit: AuditLog | None = None) -> None:
+        self.path = Path(path)
+        self.audit = audit
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalError(f"journal {self.path} cannot be opened: {describe_db_error(exc)}") from None
+        self._db.row_factory = sqlite3.Row
+        try:
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            sync = self._db.execute("PRAGMA synchronous").fetchone()[0]
+            if str(mode).lower() != "wal" or sync != SYNCHRONOUS_FULL:
+                raise JournalError(f"journal {self.path}: need journal_mode=wal and synchronous=FULL, got {mode!r}/{sync!r}")
+            self._init_schema()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise JournalError(f"journal {self.path} cannot be used: {describe_db_error(exc)}") from None
+        except JournalError:
+            self._db.close()
+            raise
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _audit(self, event: AuditEvent) -> None:
+        """Append the decision's audit line; called inside its transaction (see the module docstring)."""
+        if self.audit is not None:
+            self.audit.append(event)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _init_schema(self) -> None:
+        with self._tx() as db:
+            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+            if not has_meta:
+                # One statement at a time: executescript() would COMMIT the open transaction.
+                for statement in SCHEMA_SQL.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                return
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            version = int(row[0]) if row and str(row[0]).isdigit() else None
+            if version is None or version > SCHEMA_VERSION or (version < SCHEMA_VERSION and version not in MIGRATIONS):
+                raise JournalError(f"journal {self.path} has schema version {version}, this hacfed reads {SCHEMA_VERSION}")
+            while version < SCHEMA_VERSION:  # migrate in place, inside this one transaction
+                for statement in MIGRATIONS[version]:
+                    db.execute(statement)
+                version += 1
+                db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
+
+    def pragma(self, name: str) -> Any:
+        if name not in ("journal_mode", "synchronous", "integrity_check", "foreign_keys"):
+            raise ValueError(f"unsupported pragma {name!r}")
+        with self._lock:
+            return self._db.execute(f"PRAGMA {name}").fetchone()[0]
+
+    def bind_run(self, run_id: str, fingerprint: dict[str, Any]) -> None:
+        """Tie the journal to one run and its plan-deciding settings; refuse to mix experiments."""
+        encoded = json.dumps(fingerprint, sort_keys=True)
+        with self._tx() as db:
+            rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            if "run_id" not in rows:
+                db.execute("INSERT INTO meta VALUES ('run_id', ?), ('plan_fingerprint', ?)", (run_id, encoded))
+                return
+        if rows["run_id"] != run_id:
+            raise JournalError(f"journal {self.path} belongs to run {rows['run_id']!r}, not {run_id!r}")
+        stored = json.loads(rows["plan_fingerprint"])
+        changed = sorted(k for k in set(stored) | set(fingerprint) if stored.get(k) != fingerprint.get(k))
+        if changed:
+            raise JournalError(
+                f"journal {self.path}: run {run_id!r} was started with different {changed}; "
+                "these settings decide the prompt plans and cannot change mid-run (use a new run_id)"
+            )
+
+    # -- rounds ----------------------------------------------------------------------------------
+
+    def insert_round(self, round_id: int, opened_at: float, deadline: float, plan_json: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO rounds (round_id, state, opened_at, deadline, plan_json) VALUES (?, 'OPEN', ?, ?, ?)",
+                (round_id, opened_at, deadline, plan_json),
+            )
+            self._audit(AuditEvent("round_open", round_id=round_id, detail=f"deadline {deadline:.3f}"))
+
+    def round(self, round_id: int) -> RoundRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM rounds WHERE round_id=?", (round_id,)).fetchone()
+        return round_record(row) if row else None
+
+    def latest_round(self) -> RoundRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM rounds ORDER BY round_id DESC LIMIT 1").fetchone()
+        return round_record(row) if row else None
+
+    def latest_closed_round(self) -> RoundRecord | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT * FROM rounds WHERE state != 'OPEN' ORDER BY round_id DESC LIMIT 1"
+            ).fetchone()
+        return round_record(row) if row else None
+
+    def extend_deadline(self, round_id: int, deadline: float, now: float, detail: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE rounds SET deadline=?, extensions=extensions+1 WHERE round_id=? AND state='OPEN'",
+                (deadline, round_id),
+            )
+            _event(db, now, "deadline_extended", None, round_id, detail)
+            self._audit(AuditEvent("deadline_extended", round_id=round_id, code="below_quorum", detail=detail))
+
+    def close_round(
+        self, round_id: int, reason: str, closed_at: float, below_quorum: bool,
+        capabilities: dict[str, float], tracker_state: dict,
+    ) -> None:
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE rounds SET state='CLOSED', close_reason=?, closed_at=?, below_quorum=?, "
+                "capabilities_json=?, tracker_json=? WHERE round_id=? AND state='OPEN'",
+                (reason, closed_at, int(below_quorum), json.dumps(capabilities), json.dumps(tracker_state), round_id),
+            )
+            if cur.rowcount != 1:
+                raise JournalError(f"round {round_id} is not open in the journal; cannot close it")
+            if below_quorum:
+                _event(db, closed_at, "closed_below_quorum", None, round_id, f"closed by {reason} below quorum")
+            self._audit(AuditEvent("round_close", round_id=round_id, code=reason,
+                                   detail=f"capabilities {json.dumps(capabilities, sort_keys=True)}"
+                                          f"{'; below quorum' if below_quorum else ''}"))
+            crash_point("mid_round_close")
+
+    def mark_published(self, round_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE rounds SET state='PUBLISHED' WHERE round_id=? AND state='CLOSED'", (round_id,))
+
+    # -- participants ----------------------------------------------------------------------------
+
+    def upsert_participant(self, participant_id: str, now: float) -> ParticipantRecord:
+        with self._tx() as db:
+            known = db.execute("SELECT 1 FROM participants WHERE participant_id=?", (participant_id,)).fetchone()
+            if not known:
+                self._audit(AuditEvent("join", participant=participant_id))
+            db.execute(
+                "INSERT INTO participants (participant_id, joined_at, last_seen) VALUES (?, ?, ?) "
+                "ON CONFLICT (participant_id) DO UPDATE SET last_seen=excluded.last_seen",
+                (participant_id, now, now),
+            )
+        record = self.participant(participant_id)
+        assert record is not None
+        return record
+
+    def participant(self, participant_id: str) -> ParticipantRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM participants WHERE participant_id=?", (participant_id,)).fetchone()
+        return participant_record(row) if row else None
+
+    def participants(self) -> list[ParticipantRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM participants ORDER BY participant_id").fetchall()
+        return [participant_record(r) for r in rows]
+
+    def count_strikes(self, participant_id: str, since_round: int) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM strikes WHERE participant_id=? AND round_id>=?", (participant_id, since_round)
+            ).fetchone()
+        return int(row[0])
+
+    def last_policy_version(self, participant_id: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MAX(policy_version) FROM trajectories WHERE participant_id=?", (participant_id,)
+            ).fetchone()
+        return int(row[0]) if row[0] is not None else 0
+
+    # -- submissions -----------------------------------------------------------------------------
+
+    def stored_result(self, content_hash: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT result_json FROM submissions WHERE content_hash=?", (content_hash,)).fetchone()
+        return row[0] if row else None
+
+    def hash_for_nonce(self, participant_id: str, nonce: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT content_hash FROM submissions WHERE participant_id=? AND nonce=? AND nonce != ''",
+                (participant_id, nonce),
+            ).fetchone()
+        return row[0] if row else None
+
+    def submission_seq(self, participant_id: str, round_id: int) -> int | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq FROM submissions WHERE participant_id=? AND round_id=?", (participant_id, round_id)
+            ).fetchone()
+        return int(row[0]) if row else None
+
+    def used_trajectory_ids(self, participant_id: str, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` this participant already used: ids live in their source's namespace, so
+        another lab's ids never collide with them (journal schema v2)."""
+        wanted = [i for i in ids if isinstance(i, str)]
+        found: set[str] = set()
+        with self._lock:
+            for start in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT trajectory_id FROM trajectories WHERE participant_id=? AND trajectory_id IN ({marks})",
+                    (participant_id, *chunk),
+                )
+                found.update(r[0] for r in rows)
+        return found
+
+    def record_submission(self, record: SubmissionRecord, result_for_seq: Callable[[int], str]) -> int:
+        """Insert the whole submission in one transaction; return its sequence number after COMMIT.
+
+        `result_for_seq(seq)` renders the result (with its receipt) stored for idempotent resends.
+        """
+        r = record
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO submissions (participant_id, round_id, content_hash, nonce, n_bytes, received_at, result_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, '')",
+                (r.participant_id, r.round_id, r.content_hash, r.nonce, r.n_bytes, r.received_at),
+            )
+            seq = int(cur.lastrowid)
+            db.executemany(
+                "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                [trajectory_row(seq, r.round_id, a) for a in r.accepted],
+            )
+            db.executemany(
+                "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.participant_id, r.round_id, seq, x.trajectory_id, x.code.value, x.detail, r.received_at)
+                    for x in r.rejections
+                ],
+            )
+            db.executemany(
+                "INSERT INTO strikes (participant_id, round_id, trajectory_id, code, at) VALUES (?, ?, ?, ?, ?)",
+                [(r.participant_id, r.round_id, x.trajectory_id, x.code.value, r.received_at) for x in r.strikes],
+            )
+            db.execute(
+                "UPDATE participants SET strikes=strikes+?, last_seen=? WHERE participant_id=?",
+                (len(r.strikes), r.received_at, r.participant_id),
+            )
+            if r.quarantine:
+                db.execute(
+                    "UPDATE participants SET quarantined=1, quarantined_round=? WHERE participant_id=?",
+                    (r.round_id, r.participant_id),
+                )
+                _event(db, r.received_at, "quarantine", r.participant_id, r.round_id, f"{len(r.strikes)} new strike(s)")
+            if r.report_json is not None:
+                db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (r.participant_id, r.round_id, r.report_json))
+            db.execute("UPDATE submissions SET result_json=? WHERE seq=?", (result_for_seq(seq), seq))
+            codes = sorted({x.code.value for x in r.rejections})
+            self._audit(AuditEvent(
+                "accept", r.participant_id, r.round_id, "OK",
+                f"seq {seq} content {r.content_hash[:16]}: accepted {len(r.accepted)}, rejected {len(r.rejections)}"
+                f"{' ' + ','.join(codes) if codes else ''}",
+            ))
+            if r.quarantine:
+                self._audit(AuditEvent("quarantine", r.participant_id, r.round_id, "HACFED-E-QUARANTINED",
+                                       f"{len(r.strikes)} new strike(s)"))
+            crash_point("before_commit")
+        return seq
+
+    def record_rejection(self, participant_id: str | None, round_id: int | None, code: str, detail: str, now: float) -> None:
+        """A refusal before anything was recorded (wrong run, closed round, ...), kept for the audit."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO rejections (participant_id, round_id, code, detail, at) VALUES (?, ?, ?, ?, ?)",
+                (participant_id, round_id, code, detail, now),
+            )
+            self._audit(AuditEvent("reject", participant_id, round_id, code, detail))
+
+    def record_report(self, participant_id: str, round_id: int, report_json: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (participant_id, round_id, report_json))
+            self._audit(AuditEvent("final_report", participant_id, round_id))
+
+    # -- purge (security.md §3.3, R11) ------------------------------------------------------------
+
+    def purge(self, participant_id: str, from_round: int, now: float, detail: str) -> dict[int, int]:
+        """Withdraw the participant's accepted samples of rounds >= from_round from every pool
+        published from now on, and quarantine it; returns {round: samples withdrawn} (empty when
+        a previous purge already did it). One transaction, audited."""
+        with self._tx() as db:
+            withdrawn = {int(r): int(n) for r, n in db.execute(
+                "SELECT round_id, COUNT(*) FROM trajectories WHERE participant_id=? AND round_id>=? AND purged=0 "
+                "GROUP BY round_id ORDER BY round_id", (participant_id, from_round),
+            )}
+            db.execute("UPDATE trajectories SET purged=1 WHERE participant_id=? AND round_id>=?", (participant_id, from_round))
+            db.execute(
+                "UPDATE participants SET quarantined=1, quarantined_round=COALESCE(quarantined_round, ?) "
+                "WHERE participant_id=?", (from_round, participant_id),
+            )
+            _event(db, now, "purge", participant_id, from_round, detail)
+            self._audit(AuditEvent("purge", participant_id, from_round, "OK", detail))
+        return withdrawn
+
+    def pools_trained_on(self) -> dict[str, list[int]]:
+        """participant -> the rounds whose pools it reported training on: a submission for round
+        k + 1 (or a final report for round k + 1) carries the report of training on pool k."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT participant_id, round_id FROM submissions UNION SELECT participant_id, round_id FROM metrics"
+            ).fetchall()
+        out: dict[str, set[int]] = {}
+        for pid, round_id in rows:
+            if round_id >= 1:
+                out.setdefault(pid, set()).add(round_id - 1)
+        return {pid: sorted(rounds) for pid, rounds in sorted(out.items())}
+
+    def rounds_with_samples_of(self, participant_id: str, from_round: int) -> list[int]:
+        """Rounds >= from_round in which the participant has accepted samples (purged or not)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT round_id FROM trajectories WHERE participant_id=? AND round_id>=? ORDER BY round_id",
+                (participant_id, from_round),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    # -- reads for closing, publishing and metrics ------------------------------------------------
+
+    def accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT participant_id, reward FROM trajectories WHERE round_id=? "
+                "ORDER BY participant_id, prompt_pos, idx", (round_id,),
+            ).fetchall()
+        return [(r[0], float(r[1])) for r in rows]
+
+    def pool(self, round_id: int) -> tuple[Trajectory, ...]:
+        """The accepted trajectories of a round, in a deterministic order, with verified rewards;
+        samples withdrawn by a purge are left out."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx",
+                (round_id,),
+            ).fetchall()
+        return tuple(trajectory_from_row(r) for r in rows)
+
+    def submitters(self, round_id: int) -> dict[str, int]:
+        """participant -> number of accepted trajectories, for everyone with a recorded submission."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.participant_id, COUNT(t.trajectory_id) FROM submissions s "
+                "LEFT JOIN trajectories t ON t.submission_seq = s.seq WHERE s.round_id=? GROUP BY s.participant_id",
+                (round_id,),
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def round_stats(self, round_id: int) -> dict[str, dict[str, Any]]:
+        """Per participant: accepted count, mean verified reward, rejection count, report."""
+        stats: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for pid, n, mean in self._db.execute(
+                "SELECT participant_id, COUNT(*), AVG(reward) FROM trajectories WHERE round_id=? GROUP BY participant_id",
+                (round_id,),
+            ):
+                stats.setdefault(pid, {}).update(accepted=int(n), reward_mean=float(mean))
+            for pid, n in self._db.execute(
+                # refusals of whole submissions (late, duplicate, ...) stay in the audit rows but are
+                # not the round's: a closed round's summary never changes after it closed
+                "SELECT participant_id, COUNT(*) FROM rejections WHERE round_id=? AND submission_seq IS NOT NULL "
+                "GROUP BY participant_id", (round_id,),
+            ):
+                stats.setdefault(pid, {})["rejected"] = int(n)
+            reports = self._db.execute("SELECT participant_id, report_json FROM metrics WHERE round_id=?", (round_id,))
+            for pid, report in reports:
+                stats.setdefault(pid, {})["report"] = json.loads(report)
+        return stats
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        query, args = "SELECT * FROM events", ()
+        if kind is not None:
+            query, args = query + " WHERE kind=?", (kind,)
+        with self._lock:
+            return [dict(r) for r in self._db.execute(query + " ORDER BY id", args)]
+
+    def count(self, table: str) -> int:
+        if table not in ("rounds", "participants", "submissions", "trajectories", "rejections", "strikes", "metrics", "events"):
+            raise ValueError(f"unknown journal table {table!r}")
+        with self._lock:
+            return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+
+def _event(db: sqlite3.Connection, at: float, kind: str, participant_id: str | None, round_id: int | None, detail: str) -> None:
+    db.execute(
+        "INSERT INTO events (at, kind, participant_id, round_id, detail) VALUES (?, ?, ?, ?, ?)",
+        (at, kind, participant_id, round_id, detail),
+    )
+

@@ -1,0 +1,225 @@
+"""The journal's SQL schema (version 2), its migrations, and the records read back from it.
+
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`; `hacfed-server purge` and
+`audit verify` open it too.
+
+Version history (a journal of an older version is migrated in place when opened, in one
+transaction; security.md R10):
+  1: the first release.
+  2: trajectory ids are namespaced by their (authenticated) source: the key is
+     (participant_id, trajectory_id), so one lab can no longer occupy the ids of another
+     (issue 9, "trajectory-id squatting"); `trajectories.purged` marks samples withdrawn by
+     `hacfed-server purge`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+
+from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
+from hacfed.trajectory import ChatMessage, Trajectory
+
+SCHEMA_VERSION = 2
+SYNCHRONOUS_FULL = 2  # PRAGMA synchronous reads back as an integer
+
+SCHEMA_SQL = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE rounds (
+    round_id INTEGER PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('OPEN', 'CLOSED', 'PUBLISHED')),
+    opened_at REAL NOT NULL,
+    deadline REAL NOT NULL,              -- wall-clock epoch seconds
+    extensions INTEGER NOT NULL DEFAULT 0,
+    closed_at REAL,
+    close_reason TEXT CHECK (close_reason IN ('quorum', 'deadline')),
+    below_quorum INTEGER,
+    plan_json TEXT NOT NULL,
+    capabilities_json TEXT,              -- P̂ after this round's update
+    tracker_json TEXT                    -- CapabilityTracker.state_dict() after this round's update
+);
+CREATE TABLE participants (
+    participant_id TEXT PRIMARY KEY,
+    joined_at REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    strikes INTEGER NOT NULL DEFAULT 0,
+    quarantined INTEGER NOT NULL DEFAULT 0,
+    quarantined_round INTEGER
+);
+CREATE TABLE submissions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    participant_id TEXT NOT NULL REFERENCES participants (participant_id),
+    round_id INTEGER NOT NULL REFERENCES rounds (round_id),
+    content_hash TEXT NOT NULL UNIQUE,
+    nonce TEXT NOT NULL,
+    n_bytes INTEGER NOT NULL,
+    received_at REAL NOT NULL,
+    result_json TEXT NOT NULL,
+    UNIQUE (participant_id, round_id)
+);
+CREATE UNIQUE INDEX submissions_nonce ON submissions (participant_id, nonce) WHERE nonce != '';
+CREATE TABLE trajectories (
+    trajectory_id TEXT NOT NULL,         -- unique per source only: ids live in the source's namespace
+    submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
+    participant_id TEXT NOT NULL,
+    round_id INTEGER NOT NULL,
+    prompt_id TEXT NOT NULL,
+    prompt_pos INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    prompt_json TEXT NOT NULL,
+    response_text TEXT NOT NULL,
+    reward REAL NOT NULL,                -- verified
+    claimed_reward REAL NOT NULL,
+    source_logp_sum REAL NOT NULL,
+    source_token_count INTEGER NOT NULL,
+    finish_reason TEXT NOT NULL,
+    policy_version INTEGER NOT NULL,
+    purged INTEGER NOT NULL DEFAULT 0,   -- withdrawn by `hacfed-server purge`: never published again
+    PRIMARY KEY (participant_id, trajectory_id),
+    UNIQUE (participant_id, round_id, prompt_id, idx)
+);
+CREATE INDEX trajectories_round ON trajectories (round_id);
+CREATE TABLE rejections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    participant_id TEXT,
+    round_id INTEGER,
+    submission_seq INTEGER,
+    trajectory_id TEXT,
+    code TEXT NOT NULL,
+    detail TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE INDEX rejections_round ON rejections (round_id, participant_id);
+CREATE TABLE strikes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    participant_id TEXT NOT NULL,
+    round_id INTEGER NOT NULL,
+    trajectory_id TEXT,
+    code TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE TABLE metrics (
+    participant_id TEXT NOT NULL,
+    round_id INTEGER NOT NULL,           -- the round whose submission carried the report
+    report_json TEXT NOT NULL,
+    PRIMARY KEY (participant_id, round_id)
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,                  -- quarantine | deadline_extended | closed_below_quorum | ...
+    participant_id TEXT,
+    round_id INTEGER,
+    detail TEXT NOT NULL
+);
+"""
+
+
+# Statements that bring a journal of version N (the key) to N + 1, run in one transaction.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        # SQLite cannot change a primary key in place: rebuild the table (same columns + purged).
+        "ALTER TABLE trajectories RENAME TO trajectories_v1",
+        "DROP INDEX trajectories_round",
+        """CREATE TABLE trajectories (
+            trajectory_id TEXT NOT NULL, submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
+            participant_id TEXT NOT NULL, round_id INTEGER NOT NULL, prompt_id TEXT NOT NULL,
+            prompt_pos INTEGER NOT NULL, idx INTEGER NOT NULL, prompt_json TEXT NOT NULL,
+            response_text TEXT NOT NULL, reward REAL NOT NULL, claimed_reward REAL NOT NULL,
+            source_logp_sum REAL NOT NULL, source_token_count INTEGER NOT NULL, finish_reason TEXT NOT NULL,
+            policy_version INTEGER NOT NULL, purged INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (participant_id, trajectory_id), UNIQUE (participant_id, round_id, prompt_id, idx)
+        )""",
+        "INSERT INTO trajectories SELECT *, 0 FROM trajectories_v1",
+        "DROP TABLE trajectories_v1",
+        "CREATE INDEX trajectories_round ON trajectories (round_id)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round_id: int
+    state: str
+    opened_at: float
+    deadline: float
+    extensions: int
+    closed_at: float | None
+    close_reason: str | None
+    below_quorum: bool | None
+    plan_json: str
+    capabilities: dict[str, float] | None
+    tracker_state: dict | None
+
+
+@dataclass(frozen=True)
+class ParticipantRecord:
+    participant_id: str
+    joined_at: float
+    last_seen: float
+    strikes: int
+    quarantined: bool
+    quarantined_round: int | None
+
+
+@dataclass(frozen=True)
+class SubmissionRecord:
+    """Everything one submission adds to the journal, written atomically by `record_submission`."""
+
+    participant_id: str
+    round_id: int
+    content_hash: str
+    nonce: str
+    n_bytes: int
+    received_at: float
+    accepted: tuple[AcceptedTrajectory, ...]
+    rejections: tuple[Rejection, ...]
+    strikes: tuple[Rejection, ...]
+    quarantine: bool
+    report_json: str | None
+
+
+
+def round_record(row: sqlite3.Row) -> RoundRecord:
+    return RoundRecord(
+        round_id=row["round_id"], state=row["state"], opened_at=row["opened_at"], deadline=row["deadline"],
+        extensions=row["extensions"], closed_at=row["closed_at"], close_reason=row["close_reason"],
+        below_quorum=None if row["below_quorum"] is None else bool(row["below_quorum"]),
+        plan_json=row["plan_json"],
+        capabilities=json.loads(row["capabilities_json"]) if row["capabilities_json"] else None,
+        tracker_state=json.loads(row["tracker_json"]) if row["tracker_json"] else None,
+    )
+
+
+def participant_record(row: sqlite3.Row) -> ParticipantRecord:
+    return ParticipantRecord(
+        participant_id=row["participant_id"], joined_at=row["joined_at"], last_seen=row["last_seen"],
+        strikes=row["strikes"], quarantined=bool(row["quarantined"]), quarantined_round=row["quarantined_round"],
+    )
+
+
+def trajectory_row(seq: int, round_id: int, a: AcceptedTrajectory) -> tuple:
+    t = a.trajectory
+    prompt = json.dumps([m.as_dict() for m in t.prompt], ensure_ascii=False)
+    return (
+        t.trajectory_id, seq, t.source_id, round_id, t.prompt_id, a.prompt_pos, a.idx, prompt, t.response_text,
+        float(t.reward), float(a.claimed_reward), float(t.source_logp_sum), t.source_token_count, t.finish_reason,
+        t.policy_version,
+    )
+
+
+def trajectory_from_row(row: sqlite3.Row) -> Trajectory:
+    return Trajectory(
+        trajectory_id=row["trajectory_id"],
+        prompt_id=row["prompt_id"],
+        source_id=row["participant_id"],
+        policy_version=row["policy_version"],
+        prompt=tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(row["prompt_json"])),
+        response_text=row["response_text"],
+        reward=row["reward"],
+        source_logp_sum=row["source_logp_sum"],
+        source_token_count=row["source_token_count"],
+        finish_reason=row["finish_reason"],
+    )

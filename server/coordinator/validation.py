@@ -1,0 +1,351 @@
+"""Pure checks of a participant's `Submission` against its round's plan (security.md T1, T3, T6, T8).
+
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
+
+Order: the cheap checks of every trajectory first (size, text, ids, identity, assignment, numbers,
+log-prob range, policy version), then re-verification of rewards, only for groups that passed. The
+costly verifier therefore never runs on a group that is already known to be unusable.
+
+Groups are all-or-nothing. A planned prompt's group is accepted only if it holds exactly G samples
+and every sample passes every check: GRPO/HACPO advantages are normalized within a group, so a group
+with a sample removed would bias every other sample's advantage (and would let a participant drop
+its failures to inflate its capability estimate). The invalid sample gets its own code; its valid
+siblings get GROUP_REJECTED. A planned prompt with no sample at all is reported with trajectory id
+None and INCOMPLETE_GROUP; the participant's other groups are still judged on their own.
+
+Rewards are never taken from the participant: each is re-computed with the task's verifier
+(`task.verify(task.problem(prompt_id), response_text).reward`). A claim that differs is a
+REWARD_MISMATCH (a strike, see errors.STRIKE_CODES); accepted trajectories carry the verified reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Collection, Iterable, NamedTuple
+
+from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
+from hacfed.messages import RoundPlan, StepReport, Submission
+from hacfed.tasks.base import Task
+from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory
+
+MAX_ID_CHARS = 128
+MAX_POLICY_VERSION = 2**62  # stays a SQLite INTEGER
+MAX_REPORT_METRICS = 256
+REWARD_TOLERANCE = 1e-6
+
+
+class Rejection(NamedTuple):
+    """Why one trajectory (or, with trajectory_id None, a whole submission, its report or a missing
+    group) was refused: a `(trajectory_id, code, detail)` tuple. retry_after_s: for a refusal
+    that will pass later (a rate limit or a round quota), when to try again."""
+
+    trajectory_id: str | None
+    code: ErrorCode
+    detail: str
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class AcceptedTrajectory:
+    """A trajectory that passed every check. `trajectory.reward` is the verified reward.
+    prompt_pos: the prompt's position in the plan; idx: the sample's position in its group."""
+
+    trajectory: Trajectory
+    claimed_reward: float
+    prompt_pos: int
+    idx: int
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    group_size: int
+    max_new_tokens: int  # a response cannot have more own tokens than the plan allowed
+    max_response_chars: int
+    min_mean_logp: float
+    min_policy_version: int = 0  # a participant's policy never goes back in time
+
+
+@dataclass(frozen=True)
+class ValidationOutcome:
+    accepted: tuple[AcceptedTrajectory, ...]
+    rejections: tuple[Rejection, ...]
+    report_rejection: Rejection | None = None
+
+    @property
+    def strikes(self) -> tuple[Rejection, ...]:
+        return tuple(r for r in self.rejections if r.code in STRIKE_CODES)
+
+
+def submission_digest(sub: Submission) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of the submission's canonical JSON encoding.
+
+    The digest identifies a submission for idempotent resends: the same domain content always
+    gives the same digest, whatever transport carried it. Local-only token ids are excluded.
+    """
+    doc = {
+        "run_id": sub.run_id,
+        "participant_id": sub.participant_id,
+        "round_id": sub.round_id,
+        "nonce": getattr(sub, "nonce", ""),
+        "created_at_ms": getattr(sub, "created_at_ms", 0),
+        "trajectories": [_trajectory_doc(t) for t in sub.trajectories],
+        "report": report_to_dict(sub.report),
+    }
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    raw = data.encode("utf-8", "surrogatepass")
+    return len(raw), hashlib.sha256(raw).hexdigest()
+
+
+def quick_size_rejection(sub: Submission, max_trajectories: int, max_bytes: int) -> Rejection | None:
+    """O(number of trajectories) bound checked before encoding anything (T8): too many samples, or
+    more characters of text than the byte cap allows (a character is at least one byte)."""
+    count = len(sub.trajectories)
+    if count > max_trajectories:
+        return Rejection(None, ErrorCode.SIZE, f"{count} trajectories > {max_trajectories} (prompts x G)")
+    chars = 0
+    for t in sub.trajectories:
+        if isinstance(t, Trajectory) and isinstance(t.response_text, str):
+            chars += len(t.response_text) + sum(len(m.content) for m in t.prompt if isinstance(m, ChatMessage))
+    if chars > max_bytes:
+        return Rejection(None, ErrorCode.SIZE, f"{chars} characters of text > max_submission_bytes {max_bytes}")
+    return None
+
+
+def check_report(report: object, participant_id: str, round_id: int) -> Rejection | None:
+    """A StepReport describes the policy that rolled out this round: trained on pool round_id-1
+    (or, for a baseline, nothing yet), so its round is round_id - 1 or round_id."""
+    if report is None:
+        return None
+    if not isinstance(report, StepReport):
+        return Rejection(None, ErrorCode.SCHEMA, f"report is a {type(report).__name__}, not a StepReport")
+    if report.participant_id != participant_id:
+        detail = f"report.participant_id {safe_text(report.participant_id)} != {participant_id}"
+        return Rejection(None, ErrorCode.SOURCE_MISMATCH, detail)
+    if report.round_id not in (round_id - 1, round_id):
+        detail = f"report.round_id {safe_text(report.round_id)} not in ({round_id - 1}, {round_id})"
+        return Rejection(None, ErrorCode.SCHEMA, detail)
+    if len(report.metrics) > MAX_REPORT_METRICS:
+        return Rejection(None, ErrorCode.SIZE, f"report has {len(report.metrics)} metrics > {MAX_REPORT_METRICS}")
+    for key, value in report.metrics.items():
+        if not is_short_id(key):
+            return Rejection(None, ErrorCode.SCHEMA, f"report metric name {safe_text(key)} is not a short text")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return Rejection(None, ErrorCode.SCHEMA, f"report metric {key} must be a finite number, got {safe_text(value)}")
+    return None
+
+
+def validate_submission(
+    sub: Submission,
+    plan: RoundPlan,
+    task: Task,
+    limits: ValidationLimits,
+    used_trajectory_ids: Collection[str] = frozenset(),
+) -> ValidationOutcome:
+    """Judge every trajectory of `sub` (already past the submission gates: run, round, identity).
+
+    used_trajectory_ids: ids of this submission that its participant already used (ids are namespaced
+      by their source: another participant's ids never collide with them).
+    """
+    planned = {p.prompt_id: (pos, p.messages) for pos, p in enumerate(plan.prompts)}
+    rejections: list[Rejection] = []
+    groups: dict[str, list[tuple[Trajectory, Rejection | None]]] = {}
+    seen: set[str] = set()
+    for t in sub.trajectories:
+        problem = _cheap_check(t, sub.participant_id, planned, task, limits, seen, used_trajectory_ids)
+        if isinstance(t, Trajectory) and isinstance(t.trajectory_id, str):
+            seen.add(t.trajectory_id)
+        if isinstance(t, Trajectory) and isinstance(t.prompt_id, str) and t.prompt_id in planned:
+            groups.setdefault(t.prompt_id, []).append((t, problem))
+        elif problem is not None:
+            rejections.append(problem)
+    accepted: list[AcceptedTrajectory] = []
+    for prompt_id, (pos, _) in planned.items():
+        samples = groups.get(prompt_id, [])
+        if not samples:
+            detail = f"prompt {prompt_id}: 0 of {limits.group_size} samples"
+            rejections.append(Rejection(None, ErrorCode.INCOMPLETE_GROUP, detail))
+            continue
+        group_accepted, group_rejections = _judge_group(prompt_id, pos, samples, task, limits.group_size)
+        accepted.extend(group_accepted)
+        rejections.extend(group_rejections)
+    report_rejection = check_report(sub.report, sub.participant_id, sub.round_id)
+    return ValidationOutcome(tuple(accepted), tuple(rejections), report_rejection)
+
+
+def _judge_group(
+    prompt_id: str, pos: int, samples: list[tuple[Trajectory, Rejection | None]], task: Task, group_size: int
+) -> tuple[list[AcceptedTrajectory], list[Rejection]]:
+    failed = [r for _, r in samples if r is not None]
+    if len(samples) != group_size:
+        detail = f"prompt {prompt_id}: {len(samples)} samples, expected exactly {group_size}"
+        return [], [r or Rejection(t.trajectory_id, ErrorCode.INCOMPLETE_GROUP, detail) for t, r in samples]
+    if failed:
+        detail = f"prompt {prompt_id}: sibling {safe_text(failed[0].trajectory_id)} rejected ({failed[0].code})"
+        return [], [r or Rejection(t.trajectory_id, ErrorCode.GROUP_REJECTED, detail) for t, r in samples]
+    # Every cheap check passed: now (and only now) spend the verifier on the group.
+    problem = task.problem(prompt_id)
+    verified = [_verified_reward(task, problem, t) for t, _ in samples]
+    mismatched = {
+        t.trajectory_id: v for (t, _), v in zip(samples, verified) if abs(float(t.reward) - v) > REWARD_TOLERANCE
+    }
+    if mismatched:
+        first = next(iter(mismatched))
+        rejected = []
+        for t, _ in samples:
+            if t.trajectory_id in mismatched:
+                detail = f"claimed reward {t.reward!r}, verifier says {mismatched[t.trajectory_id]!r}"
+                rejected.append(Rejection(t.trajectory_id, ErrorCode.REWARD_MISMATCH, detail))
+            else:
+                detail = f"prompt {prompt_id}: sibling {first} rejected ({ErrorCode.REWARD_MISMATCH})"
+                rejected.append(Rejection(t.trajectory_id, ErrorCode.GROUP_REJECTED, detail))
+        return [], rejected
+    accepted = [
+        AcceptedTrajectory(dataclasses.replace(t.without_local_ids(), reward=v), float(t.reward), pos, idx)
+        for idx, ((t, _), v) in enumerate(zip(samples, verified))
+    ]
+    return accepted, []
+
+
+def _verified_reward(task: Task, problem: Any, t: Trajectory) -> float:
+    reward = task.verify(problem, t.response_text).reward
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not (0.0 <= reward <= 1.0):
+        raise ValueError(f"task {task.name!r} verifier returned reward {reward!r} outside [0, 1]")
+    return float(reward)
+
+
+def _cheap_check(
+    t: object,
+    participant_id: str,
+    planned: dict[str, tuple[int, tuple[ChatMessage, ...]]],
+    task: Task,
+    limits: ValidationLimits,
+    seen: set[str],
+    used: Collection[str],
+) -> Rejection | None:
+    """The first failed check of one trajectory, cheapest first; None if it passes them all."""
+    if not isinstance(t, Trajectory):
+        return Rejection(None, ErrorCode.SCHEMA, f"a {type(t).__name__} is not a Trajectory")
+    tid = t.trajectory_id
+    for name in ("trajectory_id", "prompt_id", "source_id"):
+        value = getattr(t, name)
+        if not is_short_id(value):
+            detail = f"{name} {safe_text(value)} is not 1-{MAX_ID_CHARS} printable chars"
+            return Rejection(_id_or_none(tid), ErrorCode.SCHEMA, detail)
+    if not isinstance(t.response_text, str):
+        return Rejection(tid, ErrorCode.SCHEMA, "response_text is not text")
+    if len(t.response_text) > limits.max_response_chars:
+        detail = f"response of {len(t.response_text)} chars > max_response_chars {limits.max_response_chars}"
+        return Rejection(tid, ErrorCode.SIZE, detail)
+    if not is_storable_text(t.response_text):
+        return Rejection(tid, ErrorCode.SCHEMA, "response_text is not valid Unicode (lone surrogate)")
+    if tid in seen or tid in used:
+        return Rejection(tid, ErrorCode.DUPLICATE, f"trajectory id {tid} already used")
+    if t.source_id != participant_id:
+        return Rejection(tid, ErrorCode.SOURCE_MISMATCH, f"source_id {t.source_id} != submitting participant {participant_id}")
+    if t.prompt_id not in planned:
+        try:
+            task.problem(t.prompt_id)
+        except KeyError:
+            return Rejection(tid, ErrorCode.UNKNOWN_PROMPT, f"prompt {t.prompt_id} is not a prompt of task {task.name}")
+        return Rejection(tid, ErrorCode.UNASSIGNED_PROMPT, f"prompt {t.prompt_id} is not in this round's plan")
+    if tuple(t.prompt) != planned[t.prompt_id][1]:
+        return Rejection(tid, ErrorCode.PROMPT_MISMATCH, f"prompt messages of {t.prompt_id} differ from the plan")
+    return _check_numbers(t, limits)
+
+
+def _check_numbers(t: Trajectory, limits: ValidationLimits) -> Rejection | None:
+    tid = t.trajectory_id
+    reward = t.reward
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0 <= reward <= 1:
+        return Rejection(tid, ErrorCode.SCHEMA, f"claimed reward {safe_text(reward)} is not a number in [0, 1]")
+    if t.finish_reason not in FINISH_REASONS:
+        return Rejection(tid, ErrorCode.SCHEMA, f"finish_reason {safe_text(t.finish_reason)} not in {FINISH_REASONS}")
+    n, lp = t.source_token_count, t.source_logp_sum
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return Rejection(tid, ErrorCode.SCHEMA, f"source_token_count {safe_text(n)} is not an int >= 0")
+    if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp):
+        return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"source_logp_sum {safe_text(lp)} is not finite")
+    if lp > LOGP_EPS:
+        return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"source_logp_sum {lp!r} > 0")
+    if n > limits.max_new_tokens:
+        detail = f"source_token_count {n} > plan's max_new_tokens {limits.max_new_tokens}"
+        return Rejection(tid, ErrorCode.LOGPROB_RANGE, detail)
+    if n == 0 and lp != 0:
+        return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"0 tokens with source_logp_sum {lp!r}")
+    if n > 0 and lp / n < limits.min_mean_logp:
+        return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"mean log-prob {lp / n:.3f} < min_mean_logp {limits.min_mean_logp}")
+    if not t.response_text and t.finish_reason != "stop":
+        # Nothing a learner can train on. An empty text that stopped (EOS only, or special tokens
+        # that decode to nothing) is fine: every learner sees it as its own EOS.
+        detail = f"empty response_text with finish_reason {t.finish_reason!r} and {n} tokens"
+        return Rejection(tid, ErrorCode.SCHEMA, detail)
+    v = t.policy_version
+    if isinstance(v, bool) or not isinstance(v, int) or not limits.min_policy_version <= v < MAX_POLICY_VERSION:
+        return Rejection(
+            tid, ErrorCode.POLICY_VERSION,
+            f"policy_version {safe_text(v)} outside [{limits.min_policy_version}, 2**62) (versions never decrease)",
+        )
+    return None
+
+
+def is_storable_text(text: str) -> bool:
+    """UTF-8 encodable (no lone surrogates), so it can be hashed, journaled and re-sent."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_short_id(value: object) -> bool:
+    """An id or name a peer chose: 1-128 printable characters (no newlines or bidi controls that
+    would forge log lines), storable as UTF-8."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable() and is_storable_text(value)
+
+
+def _id_or_none(value: object) -> str | None:
+    return value if is_short_id(value) else None
+
+
+def _trajectory_doc(t: object) -> Any:
+    if not isinstance(t, Trajectory):
+        return {"not_a_trajectory": repr(t)[:1000]}
+    return {
+        "trajectory_id": t.trajectory_id,
+        "prompt_id": t.prompt_id,
+        "source_id": t.source_id,
+        "policy_version": t.policy_version,
+        "prompt": [[m.role, m.content] if isinstance(m, ChatMessage) else repr(m) for m in t.prompt],
+        "response_text": t.response_text,
+        "reward": t.reward,
+        "source_logp_sum": t.source_logp_sum,
+        "source_token_count": t.source_token_count,
+        "finish_reason": t.finish_reason,
+    }
+
+
+def report_to_dict(report: object) -> Any:
+    """JSON-able form of a StepReport (for the digest and the metrics table)."""
+    if report is None:
+        return None
+    if not isinstance(report, StepReport):
+        return {"not_a_report": repr(report)[:1000]}
+    return {
+        "participant_id": report.participant_id,
+        "round_id": report.round_id,
+        "metrics": {k if isinstance(k, str) else repr(k): v for k, v in report.metrics.items()},
+        "eval_accuracy": report.eval_accuracy,
+    }
+
+
+def rejections_by_code(rejections: Iterable[Rejection]) -> dict[str, int]:
+    """Counts per code, for metrics and logs."""
+    out: dict[str, int] = {}
+    for r in rejections:
+        out[r.code.value] = out.get(r.code.value, 0) + 1
+    return out

@@ -1,0 +1,447 @@
+"""The coordinator's side of the real federation: a `RoundDriver` for hacfed's Flower ServerApp.
+
+    run config: driver = "hacfed.server.driver:make_driver", driver-config = <state>/driver-settings.json
+
+hacfed-server writes the settings and submits the run; the SuperLink starts the ServerApp, whose
+`RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error,
+and tells it when an exchange ends. The driver owns a `Coordinator` over the journal in the server's
+state dir, so a restarted ServerApp (or hacfed-server) resumes where the journal stands.
+
+One coordinator round may take several exchanges: a participant whose exchange failed (down,
+unreachable, timed out) is sent the same round again after `retry_interval_s` until it submits or
+the round closes (quorum, or the deadline with its extensions: Coordinator.poll). Rounds open when
+enough registered participants are connected: the first round waits up to one deadline for
+`expected_participants`, later rounds start with `min_participants`; whoever is late joins the open
+round or the next one. After the last round a plan-less update collects the final reports.
+
+Never imports torch (design.md): `driver-status.json` records `'torch' in sys.modules`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, load_private_key, open_envelope, seal
+from hacfed.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE
+from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
+from hacfed.server.coordinator.audit import AuditLog
+from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
+from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
+from hacfed.server.membership import Membership
+from hacfed.server.reporting import (
+    StepTimes, append_rows, final_row, participant_line, rejection_line, round_line, round_rows, rounds_written,
+    split_round,
+)
+from hacfed.wire import PayloadType, WireError, decode_submission, encode_round_update
+
+log = logging.getLogger("hacfed.server.driver")
+FINAL = -1  # the round number of the final (plan-less) exchange in `_Sent`
+ACK = -2  # ... and of the final acknowledgement
+ACK_GRACE_S = 30.0  # how long a reported participant that is not connected may keep the run waiting for its ack
+
+
+class SupervisorGone(RuntimeError):
+    """hacfed-server died (e.g. SIGKILL): this orphaned ServerApp must not drive rounds."""
+
+
+class FailedClosed(RuntimeError):
+    """The audit log cannot be written: the coordinator stops accepting (security.md S10). The
+    ServerApp ends; hacfed-server resubmits it a few times (it resumes once the log is writable
+    again) and otherwise exits non-zero. Unacknowledged submissions stay in the labs' outboxes."""
+
+
+@dataclass(frozen=True)
+class _Sent:
+    participant_id: str
+    round_id: int | None  # a coordinator round, FINAL, ACK, or None for a key request
+    at: float  # monotonic
+
+
+class FederationDriver:
+    def __init__(
+        self, settings: DriverSettings, *, clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.cfg = settings.coordinator_config
+        self.state_dir = Path(self.cfg.state_dir)
+        self._monotonic = monotonic
+        self._console_sink = console
+        self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
+        self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, settings.task_base_dir),
+                                       self.journal, clock=clock)
+        self._key = load_private_key(settings.coordinator_key)
+        self.membership = Membership(Path(settings.keys_dir), self.console,
+                                     trust_on_first_use=settings.trust_on_first_use, monotonic=monotonic)
+        self.metrics_out = Path(settings.metrics_out)
+        self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
+        self._sent: dict[int, _Sent] = {}
+        self._retry_at: dict[str, float] = {}
+        self._last_error: dict[str, str] = {}
+        self._told: set[str] = set()
+        self._registered: set[str] = set()  # registered with the coordinator by this driver
+        self._connected: set[str] = set()  # admitted participants the loop currently knows
+        self._updates: dict[tuple[int, tuple[str, ...]], bytes] = {}
+        self._steps: dict[str, StepTimes] = {}
+        self._coordinator_s = 0.0
+        self._waiting_since: float | None = None
+        self._final_since: float | None = None
+        self._acks: set[str] = set()  # the run is over for them; acknowledgement not yet delivered
+        self._acked: set[str] = set()  # acknowledgements sent (each participant gets one)
+        self._done = (self.state_dir / DONE_FILE).exists()
+        self._resume()
+
+    # -- RoundDriver ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _fail_closed_guard(self) -> Iterator[None]:
+        """Stop the ServerApp as soon as the coordinator failed closed (its audit log failed)."""
+        try:
+            yield
+        except AuditError as exc:
+            self.coordinator.failed_closed = self.coordinator.failed_closed or str(exc)
+        if self.coordinator.failed_closed is not None:
+            self.console(f"AUDIT LOG FAILED: {self.coordinator.failed_closed}. The coordinator accepts nothing more "
+                         f"(fail closed): make {self.cfg.audit_path} writable (free space, permissions), check it "
+                         f"with `hacfed-server audit verify`, and restart hacfed-server")
+            raise FailedClosed(self.coordinator.failed_closed)
+
+    def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
+        with self._fail_closed_guard():
+            return self._next_round(participants)
+
+    def _next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
+        if not self.settings.supervisor_alive():
+            self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
+            raise SupervisorGone(f"hacfed-server (pid {self.settings.supervisor[0]}) is gone")
+        started = self._monotonic()
+        self._nodes = dict(participants)
+        admitted = self.membership.admit(set(participants.values()))
+        for pid in sorted(admitted - self._connected):
+            self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
+            self.coordinator.register(pid)  # idempotent; a quarantined participant stays so
+            self._registered.add(pid)
+        for pid in sorted(self._connected - admitted):
+            self.console(f"left: {pid} (its Flower node is gone)")
+        self._connected = set(admitted)
+        payloads = self._key_requests(set(participants.values()) - admitted)
+        if self._done:
+            return payloads or None
+        if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
+            self._close(reason)
+        if self.coordinator.current_round is None and not self.coordinator.finished:
+            self._maybe_open(admitted)
+        if self.coordinator.current_round is not None:
+            payloads.update(self._round_payloads(admitted))
+        elif self.coordinator.finished:
+            payloads.update(self._final_payloads(admitted))
+        self._coordinator_s += self._monotonic() - started
+        return payloads or None
+
+    def on_reply(self, node_id: int, payload: bytes) -> None:
+        with self._fail_closed_guard():
+            self._on_reply(node_id, payload)
+
+    def _on_reply(self, node_id: int, payload: bytes) -> None:
+        started = self._monotonic()
+        sent = self._sent.pop(node_id, None)
+        if sent is None:
+            log.warning("ignoring a reply from node %s that was sent nothing", node_id)
+            return
+        if sent.round_id is None:
+            self._accept_key_offer(sent.participant_id, payload)
+        elif sent.round_id == ACK:
+            self._acks.discard(sent.participant_id)
+        else:
+            self._accept_submission(sent, payload, started - sent.at)
+        self._coordinator_s += self._monotonic() - started
+
+    def on_error(self, node_id: int, error: str) -> None:
+        sent = self._sent.pop(node_id, None)
+        if sent is None:
+            return
+        pid = sent.participant_id
+        if sent.round_id == ACK:  # the participant may leave as soon as it has the ack: no retry
+            self._acks.discard(pid)
+            return
+        self._retry_at[pid] = self._monotonic() + self.settings.retry_interval_s
+        if self._last_error.get(pid) != error:  # a participant that stays down is named once
+            self._last_error[pid] = error
+            self.console(f"{_what(sent)} {pid}: exchange failed: {error}")
+
+    def round_done(self) -> bool:
+        if not self.settings.supervisor_alive():
+            return True  # end the exchange; next_round then stops this orphaned ServerApp
+        if self.coordinator.current_round is not None:
+            return self.coordinator.poll() is not None
+        return False
+
+    def close_round(self) -> None:
+        started = self._monotonic()
+        with self._fail_closed_guard():
+            if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
+                self._close(reason)
+            elif self.coordinator.finished and not self._done:
+                self._maybe_finish()
+        self._coordinator_s += self._monotonic() - started
+
+    def finished(self) -> bool:
+        return self._done
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    def _active(self, admitted: set[str]) -> set[str]:
+        quarantined = {p.participant_id for p in self.coordinator.participants() if p.quarantined}
+        for pid in sorted((admitted & quarantined) - self._told):
+            self._told.add(pid)
+            self.console(f"{pid} is quarantined (reward mismatches): it gets no more updates")
+        return admitted - quarantined
+
+    def _maybe_open(self, admitted: set[str]) -> None:
+        connected = len(self._active(admitted))
+        first = self.coordinator.next_round_id == 0
+        needed = self.cfg.expected_participants if first else self.cfg.min_participants
+        if connected < needed:
+            now = self._monotonic()
+            if self._waiting_since is None:
+                self._waiting_since = now
+                fallback = first and self.cfg.min_participants < needed
+                self.console(f"waiting for participants: {connected} connected, round "
+                             f"{self.coordinator.next_round_id} starts with {needed}"
+                             f"{f' (or {self.cfg.min_participants} after {self.cfg.round_deadline_s:.0f}s)' if fallback else ''}")
+            grace_over = first and connected >= self.cfg.min_participants and \
+                now - self._waiting_since >= self.cfg.round_deadline_s
+            if not grace_over:
+                return
+        self._waiting_since = None
+        plan = self.coordinator.open_round()
+        self._steps, self._coordinator_s, self._retry_at, self._last_error = {}, 0.0, {}, {}
+        self.console(f"round {plan.round_id} open: {len(plan.prompts)} prompts x G={plan.group_size}"
+                     f"{' (+ evaluation)' if plan.evaluate else ''}, deadline {self.cfg.round_deadline_s:.0f}s")
+
+    def _targets(self, admitted: set[str], done: Callable[[str], bool]) -> dict[int, str]:
+        now, busy = self._monotonic(), {s.participant_id for s in self._sent.values()}
+        active = self._active(admitted)
+        return {node: pid for node, pid in self._nodes.items()
+                if pid in active and pid not in busy and not done(pid) and self._retry_at.get(pid, 0.0) <= now}
+
+    def _sealed_update(self, next_round: int) -> bytes:
+        active = tuple(sorted(p.participant_id for p in self.coordinator.participants() if not p.quarantined))
+        key = (next_round, active)
+        if key not in self._updates:
+            update = self.coordinator.make_update(next_round)
+            self._updates = {key: seal(encode_round_update(update), PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE)}
+        return self._updates[key]
+
+    def _round_payloads(self, admitted: set[str]) -> dict[int, bytes]:
+        round_id = self.coordinator.current_round
+        targets = self._targets(admitted, lambda pid: self.coordinator.has_submitted(pid, round_id))
+        return self._send(targets, round_id, self._sealed_update(round_id)) if targets else {}
+
+    def _send(self, targets: Mapping[int, str], round_id: int | None, payload: bytes) -> dict[int, bytes]:
+        now = self._monotonic()
+        for node, pid in targets.items():
+            self._sent[node] = _Sent(pid, round_id, now)
+        return {node: payload for node in targets}
+
+    def _close(self, reason: str) -> None:
+        round_id = self.coordinator.current_round
+        record = self.coordinator.round_record(round_id)
+        closed = self.coordinator.close_round(reason)
+        wall = self.coordinator.now() - record.opened_at
+        summary = self.coordinator.round_summary(round_id)
+        times = split_round(wall, self._coordinator_s, self._steps)
+        append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, self._steps))
+        for m in summary.participants:
+            line = participant_line(summary, m.participant_id, self._steps.get(m.participant_id))
+            connected = m.participant_id in self._nodes.values()
+            if line and (m.submitted or (connected and not m.quarantined)):
+                self.console(line)
+        self.console(round_line(summary, times) + f"; contributors {list(closed.contributors)}")
+        self._sent = {n: s for n, s in self._sent.items() if s.round_id != round_id}
+        self._write_status()
+        if self.coordinator.finished:
+            self._final_since = self._monotonic()
+            self._retry_at, self._last_error = {}, {}
+            self.console(f"all {self.cfg.rounds} rounds done: collecting final reports")
+
+    # -- submissions -----------------------------------------------------------------------------
+
+    def _accept_submission(self, sent: _Sent, payload: bytes, round_trip_s: float) -> None:
+        pid, what = sent.participant_id, _what(sent)
+        problem = self.coordinator.admit(pid, len(payload))  # caps first: before verifying or decoding (T8)
+        if problem is not None:
+            self._refuse(sent, problem.code.value, problem.detail, journaled=True)
+            return
+        try:
+            body, kid = open_envelope(payload, self.membership.registry.keys, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
+            signer = self.membership.owner(kid)
+            submission = decode_submission(body)
+        except WireError as exc:  # unknown key, bad signature, malformed payload
+            self._refuse(sent, str(exc.code), exc.message)
+            return
+        if signer != pid:  # the key of one participant used by the node of another (T5)
+            self._refuse(sent, ErrorCode.IDENTITY_MISMATCH.value,
+                         f"envelope signed with the key of {signer}, sent by the node of {pid}")
+            return
+        if sent.round_id == FINAL:
+            problem = self.coordinator.record_final_report(submission, sender=signer)
+            if problem is not None:
+                self._refuse(sent, problem.code.value, problem.detail)
+            else:
+                accuracy = submission.report.eval_accuracy if submission.report else None
+                self.console(f"final report {pid}: eval {_fmt(accuracy)}")
+                self._acks.add(pid)
+            return
+        result = self.coordinator.submit(submission, sender=signer, admitted=True)
+        if result.refusal is not None:
+            self._refuse(sent, result.refusal.value, result.rejected[0].detail, journaled=True)
+            return
+        report = submission.report.metrics if submission.report is not None else {}
+        self._steps[pid] = StepTimes.from_report(report, round_trip_s)
+        self.console(f"{what} {pid}: submitted {len(submission.trajectories)} trajectories, accepted "
+                     f"{len(result.accepted_ids)} (receipt seq {result.receipt.seq}"
+                     f"{', identical resend' if result.replayed else ''})")
+        if result.rejected:
+            self.console(rejection_line(sent.round_id, pid, result.rejected, len(submission.trajectories)))
+
+    def _refuse(self, sent: _Sent, code: str, detail: str, *, journaled: bool = False) -> None:
+        """A reply that is refused as a whole: journaled, named on the console, and the sender is
+        not asked again for this round (its retry would be the same cached reply)."""
+        pid = sent.participant_id
+        round_id = None if sent.round_id == FINAL else sent.round_id
+        if not journaled:
+            self.journal.record_rejection(pid, round_id, code, safe_text(detail, 500), self.coordinator.now())
+        self._retry_at[pid] = float("inf")
+        self.console(f"{_what(sent)} {pid}: REFUSED {code}: {safe_text(detail, 300)}")
+
+    # -- trust on first use ------------------------------------------------------------------------
+
+    def _key_requests(self, unknown: set[str]) -> dict[int, bytes]:
+        if not self.membership.trust_on_first_use or not unknown:
+            return {}
+        now = self._monotonic()
+        busy = {s.participant_id for s in self._sent.values()}
+        targets = {node: pid for node, pid in self._nodes.items()
+                   if pid in unknown and pid not in busy and self._retry_at.get(pid, 0.0) <= now}
+        if not targets:
+            return {}
+        return self._send(targets, None, seal(b"", KEY_REQUEST_TYPE, self._key, DOMAIN_UPDATE))
+
+    def _accept_key_offer(self, participant_id: str, payload: bytes) -> None:
+        try:
+            self.membership.accept_offer(participant_id, payload)
+        except (WireError, ValueError) as exc:
+            self._retry_at[participant_id] = float("inf")
+            self.console(f"REFUSED key offer of {participant_id}: {exc}")
+
+    # -- the end of the run ----------------------------------------------------------------------
+
+    def _final_reports(self) -> dict[str, dict]:
+        stats = self.journal.round_stats(self.cfg.rounds)
+        return {pid: s["report"] for pid, s in stats.items() if s.get("report") is not None}
+
+    def _final_payloads(self, admitted: set[str]) -> dict[int, bytes]:
+        if self._final_since is None:
+            self._final_since = self._monotonic()
+        reported = set(self._final_reports())
+        quarantined = {p.participant_id for p in self.coordinator.participants() if p.quarantined}
+        self._acks |= (quarantined & set(self._nodes.values())) - self._acked  # they may leave too
+        busy = {s.participant_id for s in self._sent.values()}
+        acks = {node: pid for node, pid in self._nodes.items()
+                if pid in self._acks and pid not in busy and pid not in self._acked}
+        self._acked |= set(acks.values())
+        payloads = self._send(acks, ACK, seal(self.cfg.run_id.encode(), FINAL_ACK_TYPE, self._key, DOMAIN_UPDATE))
+        targets = self._targets(admitted, lambda pid: pid in reported)
+        if targets:
+            payloads.update(self._send(targets, FINAL, self._sealed_update(self.cfg.rounds)))
+        if not payloads:
+            self._maybe_finish()
+        return payloads
+
+    def _maybe_finish(self) -> None:
+        """Done once every active participant reported and got its ack, or one deadline after the
+        last round; a reported participant that is not connected is waited for ACK_GRACE_S."""
+        reports = self._final_reports()
+        active = {p.participant_id for p in self.coordinator.participants() if not p.quarantined}
+        waited = self._monotonic() - (self._final_since or self._monotonic())
+        if waited >= ACK_GRACE_S:
+            self._acks &= set(self._nodes.values())
+        if waited < self.cfg.round_deadline_s and not (active <= set(reports) and not self._acks):
+            return
+        _, final_written = rounds_written(self.metrics_out)
+        if not final_written:
+            mode, seed = self.cfg.hacpo.mode, self.cfg.seed
+            append_rows(self.metrics_out, [final_row(pid, self.cfg.rounds, mode, seed, r) for pid, r in sorted(reports.items())])
+        missing = sorted(active - set(reports))
+        self._write_status()
+        done = {"rounds": self.cfg.rounds, "final_reports": sorted(reports), "missing_final_reports": missing,
+                "torch_loaded": "torch" in sys.modules}
+        (self.state_dir / DONE_FILE).write_text(json.dumps(done, sort_keys=True) + "\n", encoding="utf-8")
+        self._done = True
+        self.console(f"federation finished: {self.cfg.rounds} rounds, final reports from {sorted(reports)}"
+                     f"{f', none from {missing}' if missing else ''}; torch loaded in the ServerApp: "
+                     f"{'torch' in sys.modules}")
+
+    # -- resume, status, console -----------------------------------------------------------------
+
+    def _resume(self) -> None:
+        resumed = self.coordinator.resume()
+        written, _ = rounds_written(self.metrics_out)
+        for round_id in range(self.coordinator.next_round_id):
+            record = self.coordinator.round_record(round_id)
+            if record is not None and record.state != "OPEN" and round_id not in written:
+                summary = self.coordinator.round_summary(round_id)  # closed while down: rows without timings
+                append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, None, {}))
+        if resumed.open_round is not None:
+            where = f"round {resumed.open_round} continues (same id and deadline)"
+        elif self.coordinator.finished:
+            where = "all rounds done" + ("" if self._done else "; final reports pending")
+        else:
+            where = f"next round {resumed.next_round}"
+        closed = f"; round {resumed.closed_on_resume.round_id} closed at its passed deadline" \
+            if resumed.closed_on_resume else ""
+        self.console(f"coordinator ready (run {self.cfg.run_id}): {where}{closed}")
+        if self.coordinator.finished and not self._done:
+            self._final_since = self._monotonic()
+            self._acks = set(self._final_reports())  # reported before the restart: they may still wait
+        self._write_status()
+
+    def _write_status(self) -> None:
+        status = {"torch_loaded": "torch" in sys.modules, "next_round": self.coordinator.next_round_id,
+                  "open_round": self.coordinator.current_round, "done": self._done}
+        (self.state_dir / STATUS_FILE).write_text(json.dumps(status, sort_keys=True) + "\n", encoding="utf-8")
+
+    def console(self, line: str) -> None:
+        """One console line: to the sink given (tests) or appended to <state-dir>/console.log, which
+        hacfed-server prints; also logged."""
+        log.info("%s", line)
+        if self._console_sink is not None:
+            self._console_sink(line)
+            return
+        with open(self.state_dir / CONSOLE_FILE, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+
+def _what(sent: _Sent) -> str:
+    names = {FINAL: "final report", ACK: "final acknowledgement", None: "key request"}
+    return names.get(sent.round_id, f"round {sent.round_id}")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
+    """The ServerApp's factory (run config `driver`); `driver-config` names the settings file."""
+    path = run_config.get("driver-config")
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"run config 'driver-config' must name the driver settings file, got {path!r}")
+    return FederationDriver(DriverSettings.read(path))

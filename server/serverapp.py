@@ -1,0 +1,299 @@
+"""hacfed's Flower ServerApp: drives rounds through a pluggable `RoundDriver`.
+
+Runs in the coordinator's ServerApp process, which the SuperLink started by hacfed-server starts
+for the submitted run (`hacfed.server.superlink.submit_run`).
+
+Why push/pull and not `grid.send_and_receive`: the latter sleeps 3 s between pulls; here
+the loop polls every `poll-interval-s` (0.2 s by default) and closes each round at its own
+deadline, so a round costs what the SuperNodes cost and no more.
+
+The ServerApp knows nothing of the payload. Each round it asks the driver for one payload
+per participant, sends them as `train.exchange` messages, and hands every reply (or error)
+back to the driver. Participants are discovered continuously: every node that appears in
+`grid.get_node_ids()` gets a `query.hello`, whose reply names its participant id (from the
+SuperNode's node config; a ServerApp cannot read node configs itself). A node that joins
+late takes part from the next round on.
+
+Run config keys (defaults in `server/flower_app/pyproject.toml`):
+  driver                "pkg.module:factory"; `factory(run_config) -> RoundDriver`
+  poll-interval-s       pull interval while waiting for replies
+  round-timeout-s       deadline of one round, also the TTL of its messages
+  hello-timeout-s       how long a hello may stay unanswered before it is sent again
+  discovery-interval-s  how often to look for new nodes
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Protocol, runtime_checkable
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from hacfed.flower_protocol import (
+    ERROR_KEY,
+    PARTICIPANT_ID_KEY,
+    PAYLOAD_KEY,
+    RECORD_NAME,
+    TORCH_LOADED_KEY,
+)
+
+HELLO_TYPE = "query.hello"
+EXCHANGE_TYPE = "train.exchange"
+_ERROR_CODE_NAMES = {v: k for k, v in vars(ErrorCode).items() if isinstance(v, int)}
+
+
+@runtime_checkable
+class RoundDriver(Protocol):
+    """What the coordinator implements; the ServerApp calls it from one thread."""
+
+    def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
+        """Payloads of the next round by node id (a subset of `participants`, node id ->
+        participant id), or None (or {}) to wait, e.g. for a quorum, and be asked again."""
+
+    def on_reply(self, node_id: int, payload: bytes) -> None:
+        """A participant's reply bytes for the current round."""
+
+    def on_error(self, node_id: int, error: str) -> None:
+        """A node's failure for the current round, as "HACFED-E-...: message"."""
+
+    def round_done(self) -> bool:
+        """True to close the current round before every reply is in (e.g. quorum reached)."""
+
+    def close_round(self) -> None:
+        """The current round is closed: all replied, `round_done()`, or the deadline passed."""
+
+    def finished(self) -> bool:
+        """True when the run is over; the ServerApp then returns."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The ServerApp's transport settings, read from the run config."""
+
+    driver: str
+    poll_interval_s: float
+    round_timeout_s: float
+    hello_timeout_s: float
+    discovery_interval_s: float
+
+    def __post_init__(self) -> None:
+        if ":" not in self.driver or self.driver.startswith(":") or self.driver.endswith(":"):
+            raise ValueError(f"run config 'driver' must be 'package.module:factory', got {self.driver!r}")
+        for name in ("poll_interval_s", "round_timeout_s", "hello_timeout_s", "discovery_interval_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"run config {name.replace('_', '-')!r} must be > 0, got {value!r}")
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, object]) -> LoopSettings:
+        return cls(
+            driver=_str(run_config, "driver"),
+            poll_interval_s=_number(run_config, "poll-interval-s"),
+            round_timeout_s=_number(run_config, "round-timeout-s"),
+            hello_timeout_s=_number(run_config, "hello-timeout-s"),
+            discovery_interval_s=_number(run_config, "discovery-interval-s"),
+        )
+
+
+def _str(config: Mapping[str, object], key: str) -> str:
+    value = config.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"run config {key!r} must be a string, got {value!r}")
+    return value
+
+
+def _number(config: Mapping[str, object], key: str) -> float:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"run config {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def load_driver(spec: str, run_config: Mapping[str, object]) -> RoundDriver:
+    """Import `module:factory` and build the driver with the run config."""
+    module_name, _, attr = spec.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr, None)
+    if not callable(factory):
+        raise ValueError(f"driver {spec!r}: {attr!r} is not a callable in {module_name}")
+    driver = factory(run_config)
+    missing = [m for m in ("next_round", "on_reply", "on_error", "round_done", "close_round", "finished")
+               if not callable(getattr(driver, m, None))]
+    if missing:
+        raise ValueError(f"driver {spec!r} built a {type(driver).__name__} without {', '.join(missing)}")
+    return driver
+
+
+def describe_flower_error(msg: Message) -> str:
+    """A Flower-level error reply (node gone, ClientApp crashed, TTL expired) as one line."""
+    code = msg.error.code
+    return f"HACFED-E-FLOWER-{_ERROR_CODE_NAMES.get(code, 'UNKNOWN')}: code {code}: {msg.error.reason}"
+
+
+@dataclass(frozen=True)
+class RelayReply:
+    """A relay's reply: exactly one of payload / error, plus what the relay reported."""
+
+    payload: bytes | None
+    error: str | None
+    participant_id: str | None = None
+    torch_loaded: bool | None = None
+
+    def __post_init__(self) -> None:
+        if (self.payload is None) == (self.error is None):
+            raise ValueError(f"a reply has a payload or an error, got {self!r}")
+
+
+def parse_reply(msg: Message) -> RelayReply:
+    """Read a relay reply; Flower errors and malformed replies become `error` strings."""
+    if msg.has_error():
+        return RelayReply(None, describe_flower_error(msg))
+    record = msg.content.config_records.get(RECORD_NAME)
+    if record is None:
+        return RelayReply(None, f"HACFED-E-REPLY-MALFORMED: reply has no {RECORD_NAME!r} config record")
+    participant = record.get(PARTICIPANT_ID_KEY)
+    participant_id = participant if isinstance(participant, str) else None
+    torch = record.get(TORCH_LOADED_KEY)
+    torch_loaded = torch if isinstance(torch, bool) else None
+    error = record.get(ERROR_KEY)
+    payload = record.get(PAYLOAD_KEY)
+    if isinstance(error, str):
+        return RelayReply(None, error, participant_id, torch_loaded)
+    if isinstance(payload, bytes):
+        return RelayReply(payload, None, participant_id, torch_loaded)
+    if msg.metadata.message_type == HELLO_TYPE:
+        return RelayReply(b"", None, participant_id, torch_loaded)
+    return RelayReply(None, "HACFED-E-REPLY-MALFORMED: reply has neither payload nor error",
+                      participant_id, torch_loaded)
+
+
+def _message(node_id: int, message_type: str, payload: bytes | None, group_id: str, ttl: float) -> Message:
+    values: dict[str, bytes] = {} if payload is None else {PAYLOAD_KEY: payload}
+    content = RecordDict({RECORD_NAME: ConfigRecord(values)})
+    return Message(content, node_id, message_type, ttl=ttl, group_id=group_id)
+
+
+class RoundLoop:
+    """Discovery plus rounds over a Grid; see the module docstring."""
+
+    def __init__(self, grid: Grid, driver: RoundDriver, settings: LoopSettings) -> None:
+        self.grid = grid
+        self.driver = driver
+        self.settings = settings
+        self.participants: dict[int, str] = {}  # node id -> participant id (answered hello)
+        self._hellos: dict[str, tuple[int, float]] = {}  # message id -> (node id, sent at)
+        self._hello_retry_at: dict[int, float] = {}  # node id -> when to say hello again
+        self._next_discovery = 0.0
+        self.rounds_run = 0
+
+    def run(self) -> None:
+        while not self.driver.finished():
+            self.discover()
+            payloads = self.driver.next_round(dict(self.participants))
+            if not payloads:  # None or empty: nothing to send yet
+                time.sleep(self.settings.poll_interval_s)
+                continue
+            self.run_round(payloads)
+
+    def discover(self) -> None:
+        """Say hello to new nodes, collect hello replies, forget nodes that left."""
+        now = time.monotonic()
+        if self._hellos:
+            self._collect_hellos(now)
+        if now < self._next_discovery:
+            return
+        self._next_discovery = now + self.settings.discovery_interval_s
+        online = set(self.grid.get_node_ids())
+        for node_id in [n for n in self.participants if n not in online]:
+            log(INFO, "[hacfed] node %s (%s) left", node_id, self.participants.pop(node_id))
+        waiting = {node_id for node_id, _ in self._hellos.values()}
+        new = [n for n in online - set(self.participants) - waiting if self._hello_retry_at.get(n, 0.0) <= now]
+        if new:
+            ttl = self.settings.hello_timeout_s
+            messages = [_message(n, HELLO_TYPE, None, "hello", ttl) for n in new]
+            for node_id, msg_id in zip(new, self.grid.push_messages(messages), strict=True):
+                if msg_id:
+                    self._hellos[msg_id] = (node_id, now)
+
+    def _collect_hellos(self, now: float) -> None:
+        for reply in self.grid.pull_messages(list(self._hellos)):
+            entry = self._hellos.pop(reply.metadata.reply_to_message_id, None)
+            if entry is None:
+                continue  # a reply the SuperLink sent twice; the first one counted
+            node_id = entry[0]
+            hello = parse_reply(reply)
+            participant_id = hello.participant_id
+            if hello.error is not None or participant_id is None:
+                log(WARNING, "[hacfed] hello to node %s failed: %s", node_id, hello.error)
+                self._hello_retry_at[node_id] = now + self.settings.hello_timeout_s
+                continue
+            for other, pid in list(self.participants.items()):
+                if pid == participant_id and other != node_id:
+                    log(WARNING, "[hacfed] %s moved from node %s to node %s", pid, other, node_id)
+                    del self.participants[other]
+            self.participants[node_id] = participant_id
+            log(INFO, "[hacfed] node %s is participant %s", node_id, participant_id)
+        for msg_id, (node_id, sent_at) in list(self._hellos.items()):
+            if now - sent_at > self.settings.hello_timeout_s:
+                del self._hellos[msg_id]  # expired; a new hello goes out at the next discovery
+
+    def run_round(self, payloads: Mapping[int, bytes]) -> None:
+        """Send one payload per node, pull replies until all are in, the driver closes the
+        round, or the deadline passes; unanswered nodes get an error."""
+        unknown = set(payloads) - set(self.participants)
+        if unknown:
+            raise ValueError(f"driver returned payloads for unknown node ids {sorted(unknown)}")
+        self.rounds_run += 1
+        group_id = str(self.rounds_run)
+        timeout = self.settings.round_timeout_s
+        node_ids = list(payloads)
+        messages = [_message(n, EXCHANGE_TYPE, payloads[n], group_id, timeout) for n in node_ids]
+        outstanding: dict[str, int] = {}
+        for node_id, msg_id in zip(node_ids, self.grid.push_messages(messages), strict=True):
+            if msg_id:
+                outstanding[msg_id] = node_id
+            else:
+                self.driver.on_error(node_id, "HACFED-E-PUSH-FAILED: the SuperLink refused the message")
+        deadline = time.monotonic() + timeout
+        while outstanding and not self.driver.round_done() and time.monotonic() < deadline:
+            time.sleep(self.settings.poll_interval_s)
+            for reply in self.grid.pull_messages(list(outstanding)):
+                node_id = outstanding.pop(reply.metadata.reply_to_message_id, None)
+                if node_id is None:
+                    log(WARNING, "[hacfed] ignoring a reply to unknown message %s",
+                        reply.metadata.reply_to_message_id)
+                    continue
+                relayed = parse_reply(reply)
+                log(INFO, "[hacfed] round %s: node %s (%s) %s; relay torch loaded: %s", group_id, node_id,
+                    relayed.participant_id, f"replied {len(relayed.payload)} bytes"
+                    if relayed.payload is not None else f"failed: {relayed.error}", relayed.torch_loaded)
+                if relayed.payload is not None:
+                    self.driver.on_reply(node_id, relayed.payload)
+                else:
+                    self.driver.on_error(node_id, str(relayed.error))
+            self.discover()
+        reason = (f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s" if time.monotonic() >= deadline
+                  else "HACFED-E-ROUND-CLOSED: the round closed before this node replied")
+        for node_id in outstanding.values():
+            self.driver.on_error(node_id, reason)
+        self.driver.close_round()
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    settings = LoopSettings.from_run_config(context.run_config)
+    driver = load_driver(settings.driver, context.run_config)
+    log(INFO, "[hacfed] ServerApp: driver %s, poll %.2fs, round deadline %.0fs",
+        settings.driver, settings.poll_interval_s, settings.round_timeout_s)
+    loop = RoundLoop(grid, driver, settings)
+    loop.run()
+    log(INFO, "[hacfed] ServerApp finished after %d rounds", loop.rounds_run)
