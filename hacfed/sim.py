@@ -44,7 +44,7 @@ MODE_TABLE: dict[str, tuple[dict, int]] = {
 }
 SIM_MODES = tuple(MODE_TABLE)
 TASKS = {
-    "add2": ({"kind": "arithmetic", "digits": 2, "operators": "+"}, 6),
+    "add2": ({"kind": "arithmetic", "digits": 2, "operators": "+", "num_validation": 200}, 6),
     "chain": ({"kind": "chain", "terms": 3}, 40),
 }
 
@@ -251,7 +251,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, prompts_per_round=args.prompts_per_round,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens or TASKS[args.task][1], eval_every=args.eval_every,
         eval_problems=args.eval_problems, learning_rate=args.lr, finetune=args.finetune,
-        task=TASKS[args.task][0] if args.task != "add2" else {"kind": "arithmetic", "digits": args.digits, "operators": "+"},
+        task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo),
     )

@@ -174,7 +174,8 @@ def warm_up(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train = [encode_example(tokenizer, p) for p in task.train_problems()]
     # Stop on the validation split when the task has one, so no choice ever looks at the test split.
-    held_out = task.validation_problems() if hasattr(task, "validation_problems") else task.eval_problems()
+    validation = task.validation_problems() if hasattr(task, "validation_problems") else ()
+    held_out = validation or task.eval_problems()
     device = next(model.parameters()).device
     held_out_batch = _to(collate([encode_example(tokenizer, p) for p in held_out], pad_id), device)
     generator = torch.Generator().manual_seed(seed)

@@ -31,18 +31,22 @@ class ArithmeticTask(SplitLookup):
     seed: int = 0
     num_train: int = 4000
     num_eval: int = 200
+    num_validation: int = 0  # for choosing settings; drawn after train, so old splits never move
 
     def __post_init__(self) -> None:
         if isinstance(self.digits, bool) or not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
             raise ValueError(f"ArithmeticTask.digits must be an int in [1, 9], got {self.digits!r}")
         if not self.operators or any(op not in _OPS for op in self.operators) or len(set(self.operators)) != len(self.operators):
             raise ValueError(f"ArithmeticTask.operators must be a non-empty set of '+-', got {self.operators!r}")
-        if self.num_train < 1 or self.num_eval < 1:
-            raise ValueError(f"ArithmeticTask needs num_train/num_eval >= 1, got {self.num_train}/{self.num_eval}")
-        space = (10 ** self.digits) ** 2 * len(self.operators)
-        if self.num_train + self.num_eval > space // 2:
+        if self.num_train < 1 or self.num_eval < 1 or self.num_validation < 0:
             raise ValueError(
-                f"ArithmeticTask: {self.num_train}+{self.num_eval} problems requested but only {space} "
+                f"ArithmeticTask needs num_train/num_eval >= 1 and num_validation >= 0, got "
+                f"{self.num_train}/{self.num_eval}/{self.num_validation}"
+            )
+        space = (10 ** self.digits) ** 2 * len(self.operators)
+        if self.num_train + self.num_eval + self.num_validation > space // 2:
+            raise ValueError(
+                f"ArithmeticTask: {self.num_train}+{self.num_eval}+{self.num_validation} problems requested but only {space} "
                 f"distinct {self.digits}-digit problems exist; lower num_train/num_eval or raise digits"
             )
 
@@ -52,12 +56,12 @@ class ArithmeticTask(SplitLookup):
         return f"arith-{ops}{self.digits}"
 
     @cached_property
-    def _splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+    def _all(self) -> tuple[Problem, ...]:
         rng = random.Random(f"hacfed-arith:{self.digits}:{self.operators}:{self.seed}")
         seen: set[str] = set()
         problems: list[Problem] = []
         hi = 10**self.digits - 1
-        while len(problems) < self.num_train + self.num_eval:
+        while len(problems) < self.num_train + self.num_eval + self.num_validation:
             a, b = rng.randint(0, hi), rng.randint(0, hi)
             op = self.operators[rng.randrange(len(self.operators))]
             if op == "-" and b > a:
@@ -67,8 +71,20 @@ class ArithmeticTask(SplitLookup):
                 continue
             seen.add(expr)
             problems.append(_make_problem(self.digits, op, a, b))
+        return tuple(problems)
+
+    @property
+    def _splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
         # Held-out first so growing num_train never moves a problem between splits.
-        return tuple(problems[self.num_eval :]), tuple(problems[: self.num_eval])
+        end = self.num_eval + self.num_train
+        return self._all[self.num_eval : end], self._all[: self.num_eval]
+
+    def validation_problems(self) -> tuple[Problem, ...]:
+        return self._all[self.num_eval + self.num_train :]
+
+    @cached_property
+    def _by_id(self) -> dict[str, Problem]:
+        return {p.prompt_id: p for p in self._all}
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         return verify_exact_integer(problem.answer, response)

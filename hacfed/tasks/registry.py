@@ -38,7 +38,8 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
     options = {k: v for k, v in spec.items() if k != "kind"}
     if kind == "arithmetic":
         _check_keys("arithmetic task", options, _field_names(ArithmeticTask))
-        _check_types("arithmetic task", options, {"digits": int, "seed": int, "num_train": int, "num_eval": int, "operators": str})
+        _check_types("arithmetic task", options, {"digits": int, "seed": int, "num_train": int, "num_eval": int,
+                                                     "num_validation": int, "operators": str})
         return ArithmeticTask(**options)  # type: ignore[arg-type]
     if kind == "chain":
         _check_keys("chain task", options, _field_names(ChainTask))

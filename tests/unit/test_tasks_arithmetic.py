@@ -131,3 +131,18 @@ def test_unknown_prompt_id_is_a_key_error_naming_it() -> None:
 def test_bad_options_are_value_errors(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="ArithmeticTask"):
         ArithmeticTask(**kwargs)  # type: ignore[arg-type]
+
+
+def test_validation_split_is_disjoint_and_never_moves_the_other_splits() -> None:
+    with_val = ArithmeticTask(digits=2, num_validation=200)  # the zoo and the sim use 200
+    without = ArithmeticTask(digits=2, num_validation=0)
+    # Validation problems are drawn after train: the other two splits are the same either way.
+    assert with_val.train_problems() == without.train_problems()
+    assert with_val.eval_problems() == without.eval_problems()
+    ids = lambda split: {p.prompt_id for p in split}  # noqa: E731
+    val = ids(with_val.validation_problems())
+    assert len(val) == 200 and not val & ids(with_val.train_problems()) and not val & ids(with_val.eval_problems())
+    assert without.validation_problems() == ()
+    # Every split's problems can be looked up by id (the coordinator verifies any of them).
+    p = with_val.validation_problems()[0]
+    assert with_val.problem(p.prompt_id) == p
