@@ -6,9 +6,10 @@ The same coordinator logic as a real federation (seeded prompt plans shared by a
 re-verification, capability tracker, SQLite journal, redistribution of the pool) driven with direct
 calls instead of a network (`hacfed.server.coordinator.transport.run_rounds`).
 
-Modes: hacpo | naive | gspo (each agent alone, G responses) | gspo2 (each agent alone with 2G
-responses per prompt: the paper's GSPO×2 baseline). Every mode uses the same minibatch size, so
-gspo2 makes twice the updates of gspo, as in the paper.
+Modes are listed by `hacfed sim --help` (hacfed.modes): the recommended `xhacpo`, paper-exact
+`hacpo`, the baselines `naive`, `sapo`, `gspo`, `gspo2` (each agent alone with 2G responses per
+prompt: the paper's GSPO×2) and `grpo`, and the ablations. Every mode uses the same minibatch size
+(prompts × G / 2), so gspo2 makes twice the updates of gspo, as in the paper.
 """
 
 from __future__ import annotations
@@ -22,27 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-# name -> (HacpoConfig settings, rollouts-per-prompt multiplier)
-MODE_TABLE: dict[str, tuple[dict, int]] = {
-    "hacpo": ({"mode": "hacpo"}, 1),
-    "xhacpo": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic",
-                "cross_negatives": "skip"}, 1),
-    "xhacpo-negatives": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic"}, 1),
-    "xhacpo-hardclip": ({"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_negatives": "skip"}, 1),
-    "xhacpo-token": ({"mode": "xhacpo", "cross_clip_style": "pessimistic", "cross_negatives": "skip"}, 1),
-    "naive": ({"mode": "naive"}, 1),
-    "sapo": ({"mode": "sapo"}, 1),
-    "gspo": ({"mode": "gspo"}, 1),
-    "gspo2": ({"mode": "gspo"}, 2),
-    "grpo": ({"mode": "grpo"}, 1),
-    "hacpo-noadv": ({"mode": "hacpo", "capability_baseline": False}, 1),
-    "hacpo-noomega": ({"mode": "hacpo", "capability_coefficient": False}, 1),
-    "hacpo-alpha0": ({"mode": "hacpo", "alpha": 0.0}, 1),
-    "hacpo-alpha2": ({"mode": "hacpo", "alpha": 2.0}, 1),
-    "hacpo-nostep": ({"mode": "hacpo", "stepwise_clip": False}, 1),
-    "hacpo-noclip": ({"mode": "hacpo", "cross_clip": False}, 1),
-}
-SIM_MODES = tuple(MODE_TABLE)
+from hacfed.cli_help import HelpFormatter
+from hacfed.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
+
+SIM_MODES = MODE_NAMES
+DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
 TASKS = {
     "add2": ({"kind": "arithmetic", "digits": 2, "operators": "+", "num_validation": 200}, 6),
     "chain": ({"kind": "chain", "terms": 3}, 40),
@@ -52,7 +37,7 @@ TASKS = {
 @dataclass(frozen=True)
 class SimConfig:
     agents: tuple[str, ...] = ("tiny-llama", "tiny-gpt2")
-    mode: str = "hacpo"
+    mode: str = "xhacpo"
     rounds: int = 30
     seed: int = 0
     prompts_per_round: int = 16
@@ -60,9 +45,9 @@ class SimConfig:
     max_new_tokens: int = 6
     eval_every: int = 5
     eval_problems: int = 200
-    learning_rate: float = 1e-4
+    learning_rate: float = 5e-5
     finetune: str = "full"
-    task: dict = field(default_factory=lambda: {"kind": "arithmetic", "digits": 2, "operators": "+"})
+    task: dict = field(default_factory=lambda: dict(TASKS["add2"][0]))
     hacpo_overrides: dict = field(default_factory=dict)  # e.g. {"cross_clip": False} (ablations)
     state_dir: str | None = None
     eval_split: str = "test"
@@ -115,7 +100,6 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     from tqdm import tqdm
 
     from hacfed.clients.participant import Participant, ParticipantConfig
-    from hacfed.hacpo_config import HacpoConfig
     from hacfed.messages import SamplingParams
     from hacfed.models.loading import load_model
     from hacfed.server.coordinator.config import CoordinatorConfig
@@ -126,8 +110,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
 
     task = load_task(cfg.task)
     ids = participant_ids(cfg.agents)
-    settings, multiplier = MODE_TABLE[cfg.mode]
-    group = cfg.group_size * multiplier
+    group = cfg.group_size * get_mode(cfg.mode).rollout_multiplier
     minibatch = max(1, cfg.prompts_per_round * cfg.group_size // 2)  # the paper's 2 updates per source
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.mkdtemp(prefix="hacfed-sim-"))
     ccfg = CoordinatorConfig(
@@ -135,7 +118,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
         sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens),
-        hacpo=HacpoConfig.from_dict({**HacpoConfig().to_dict(), **settings, **cfg.hacpo_overrides}),
+        hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed,
     )
     endpoints = []
@@ -212,29 +195,37 @@ def summary_table(rows: Sequence[dict]) -> str:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sim", help="run a whole federation in one process (fast experiments)",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("--agents", default="tiny-llama,tiny-gpt2", help="comma-separated model specs (presets, HF dirs)")
-    p.add_argument("--mode", default="hacpo", choices=SIM_MODES)
-    p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompts-per-round", type=int, default=16)
+    p = sub.add_parser(
+        "sim", help="run a whole federation in one process (fast experiments)",
+        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2],
+        epilog=modes_help() + "\n\ntasks:\n  add2   2-digit addition, 2-4 token answers (the quick smoke setting)\n"
+               "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--agents", default="tiny-llama,tiny-gpt2",
+                   help="comma-separated model specs: zoo presets (`hacfed models list`), HF directories")
+    p.add_argument("--mode", default=RECOMMENDED, choices=SIM_MODES, metavar="MODE", help="training mode (see below)")
+    p.add_argument("--task", choices=tuple(TASKS), default="add2", help="the verifiable task (see below)")
+    p.add_argument("--rounds", type=int, default=30, help="federation rounds (one training step each)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt plans and the sampling")
+    p.add_argument("--prompts-per-round", type=int, default=16, help="prompts in each round's plan")
     p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--task", choices=tuple(TASKS), default="add2")
-    p.add_argument("--eval-split", choices=("test", "validation"), default="test")
-    p.add_argument("--eval-sampled", action="store_true")
-    p.add_argument("--eval-every", type=int, default=5, help="greedy held-out evaluation every K rounds (0: off)")
-    p.add_argument("--eval-problems", type=int, default=200)
-    p.add_argument("--lr", type=float, default=1e-4, help="learning rate of every agent")
-    p.add_argument("--finetune", choices=("full", "lora"), default="full")
-    p.add_argument("--digits", type=int, default=2, help="arithmetic task difficulty (digits per operand)")
-    p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temp dir)")
-    p.add_argument("--metrics-out", default=None, help="write JSON Lines metrics here")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="response budget (default: the task's, " + ", ".join(f"{k} {v[1]}" for k, v in TASKS.items()) + ")")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate of every agent")
+    p.add_argument("--finetune", choices=("full", "lora"), default="full", help="full fine-tuning or a LoRA adapter")
+    p.add_argument("--digits", type=int, default=2, help="add2 only: digits per operand")
+    p.add_argument("--eval-every", type=int, default=5, help="greedy held-out evaluation every K rounds (0: start and end only)")
+    p.add_argument("--eval-problems", type=int, default=200, help="held-out problems per evaluation")
+    p.add_argument("--eval-split", choices=("test", "validation"), default="test",
+                   help="evaluate on the test split (reports) or the validation split (choosing settings)")
+    p.add_argument("--eval-sampled", action="store_true", help="also report sampled pass@1 (one T=1 sample per problem)")
     p.add_argument("--hacpo", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a HacpoConfig setting, e.g. --hacpo cross_clip=false --hacpo alpha=2 (repeatable)")
+                   help="override one HacpoConfig setting, e.g. --hacpo alpha=2 (repeatable)")
+    p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temporary directory)")
+    p.add_argument("--metrics-out", default=None, help="write the JSON Lines metrics (README) here")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
 def run_from_args(args: Any) -> int:
@@ -265,7 +256,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
 
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    rows = run_sim(cfg, metrics_out, progress=not args.quiet)
+    rows = run_sim(cfg, metrics_out, progress=not args.quiet and sys.stderr.isatty())
     print(summary_table(rows))
     print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s" + (f"; metrics in {metrics_out}" if metrics_out else ""))
     return 0

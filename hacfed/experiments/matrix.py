@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hacfed.sim import MODE_TABLE, SIM_MODES, TASKS, participant_ids
+from hacfed.modes import get_mode
+from hacfed.sim import SIM_MODES, TASKS, participant_ids
 from hacfed.tomlfile import read_toml
 
 # Keys of [defaults], each also allowed in a setting's table.
@@ -50,7 +51,7 @@ class RunSettings:
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
-        return self.prompts_per_round * self.group_size * MODE_TABLE[mode][1]
+        return self.prompts_per_round * self.group_size * get_mode(mode).rollout_multiplier
 
 
 @dataclass(frozen=True)
