@@ -113,10 +113,12 @@ class RestoredState:
     last_round: int | None
     capabilities: dict[str, float]
     own: dict[str, Trajectory]  # own trajectories of the last rollout, with local token ids
+    last_pool_round: int | None = None  # the pool of the last update answered (None: none yet)
 
 
 def save_participant(
     directory: Path, *, participant_id: str, last_round: int | None, policy_version: int,
+    last_pool_round: int | None = None,
     capabilities: Mapping[str, float], config: Mapping[str, Any], model: Any, optimizer: Any,
     own: Mapping[str, Trajectory],
 ) -> Path:
@@ -132,6 +134,7 @@ def save_participant(
         state = {
             "participant_id": participant_id,
             "round": round_id,
+            "pool_round": last_pool_round,
             "policy_version": policy_version,
             "capabilities": capabilities,
             "config": config,
@@ -162,6 +165,7 @@ def restore_participant(directory: Path, participant_id: str, model: Any, optimi
         last_round=None if state["round"] < 0 else int(state["round"]),
         capabilities={k: float(v) for k, v in state["capabilities"].items()},
         own={r["trajectory_id"]: _trajectory_from_record(r) for r in state["own_trajectories"]},
+        last_pool_round=state.get("pool_round"),
     )
 
 

@@ -19,7 +19,7 @@ import secrets
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -85,6 +85,7 @@ class Participant:
         self.model, self._reference, self.optimizer = prepare_training(model, cfg)
         self.policy_version = 0
         self.last_round: int | None = None  # the last plan rolled out
+        self.last_pool_round: int | None = None  # the pool of the last update answered (trained on)
         self.capabilities: dict[str, float] = {}
         self.timings = RoundTimings()
         self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
@@ -110,9 +111,14 @@ class Participant:
 
     # --- the round -----------------------------------------------------------------------------
 
-    def step(self, update: RoundUpdate) -> Submission:
-        """Train on the pool, evaluate if asked, roll out the next plan, checkpoint."""
-        self.timings = RoundTimings()
+    def step(self, update: RoundUpdate, before_checkpoint: Callable[[Submission], None] | None = None) -> Submission:
+        """Train on the pool, evaluate if asked, roll out the next plan, checkpoint.
+
+        before_checkpoint(submission) runs after the submission is complete and before the
+        checkpoint that records this step: the participant service stores the signed submission
+        in its outbox there, so that a checkpoint never exists without the reply it produced."""
+        # The checkpoint comes after the report (see before_checkpoint): report the previous one's time.
+        self.timings = RoundTimings(checkpoint_s=self.timings.checkpoint_s)
         metrics: dict[str, float] = {}
         self.capabilities = dict(update.capabilities)
         if update.pool:
@@ -140,23 +146,27 @@ class Participant:
             metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
             self.last_round = plan.round_id
             self._eval_max_new_tokens = plan.sampling.max_new_tokens
-        if self.cfg.checkpoint_dir:
-            t0 = time.perf_counter()
-            self.save(Path(self.cfg.checkpoint_dir))
-            self.timings.checkpoint_s = time.perf_counter() - t0
+        self.last_pool_round = update.pool_round
         metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})
         # The submission answers plan r (or, after the last round, closes the run as round R).
         round_id = plan.round_id if plan is not None else (update.pool_round or 0) + 1
         report = StepReport(self.participant_id, round_id, metrics, eval_accuracy)
-        return Submission(
+        submission = Submission(
             run_id=update.run_id,
             participant_id=self.participant_id,
             round_id=round_id,
             trajectories=tuple(t.without_local_ids() for t in trajectories),
             report=report,
-            nonce=secrets.token_hex(16),  # replay defence (security.md T4); resends reuse the object
+            nonce=secrets.token_hex(16),  # replay defence (security.md T4); resends reuse the stored bytes
             created_at_ms=int(time.time() * 1000),
         )
+        if before_checkpoint is not None:
+            before_checkpoint(submission)
+        if self.cfg.checkpoint_dir:
+            t0 = time.perf_counter()
+            self.save(Path(self.cfg.checkpoint_dir))
+            self.timings.checkpoint_s = time.perf_counter() - t0
+        return submission
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
         metrics = train_on_pool(
@@ -191,7 +201,7 @@ class Participant:
     def save(self, directory: Path) -> Path:
         return save_participant(
             directory, participant_id=self.participant_id, last_round=self.last_round,
-            policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
+            last_pool_round=self.last_pool_round, policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
             model=self.model, optimizer=self.optimizer, own=self._own,
         )
 
@@ -201,5 +211,6 @@ class Participant:
             return
         self.policy_version = restored.policy_version
         self.last_round = restored.last_round
+        self.last_pool_round = restored.last_pool_round
         self.capabilities = restored.capabilities
         self._own = restored.own

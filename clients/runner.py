@@ -7,6 +7,10 @@
 4. a Flower SuperNode pointed at the coordinator, supervised: restarted if it exits.
 With --exit-when-done it stops once the coordinator acknowledged its final report and the
 SuperNode has sent the answer to that acknowledgement.
+
+What the lab sees on its console: each round it answered, the coordinator's receipt or refusal
+(code and message) for every submission, and, while the coordinator is unreachable, each reconnect
+attempt of the SuperNode (`hacfed.clients.backoff`: 1 s x1.6, jitter, at most 30 s).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import os
 import re
 import threading
 import time
+from pathlib import Path
 
+from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.clients.config import ClientConfig
 from hacfed.clients.relay import serve_participant
 from hacfed.clients.service import Answered, ParticipantService
@@ -28,6 +34,7 @@ from hacfed.procs import ProcessError, ProcessSupervisor
 
 FALSIFY_ENV = "HACFED_TEST_FALSIFY_REWARDS"  # test-only: claim the opposite of every reward
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
+_STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
 
 
 def say(text: str) -> None:
@@ -55,12 +62,40 @@ def describe_answer(answered: Answered, participant_id: str) -> str:
     return f"{what}: " + "; ".join(parts or ["nothing to do"]) + f" [{answered.seconds:.1f}s]"
 
 
+class LogWatcher:
+    """Prints the SuperNode log's reconnect lines on the client's console as they appear."""
+
+    def __init__(self, path: Path, out=say) -> None:  # noqa: ANN001 - a print-like callable
+        self.path, self.out = path, out
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.hacfed_backoff = False  # hacfed's own lines seen: flwr's duplicates are not printed
+
+    def pump(self) -> None:
+        if not self.path.exists():
+            return
+        size = self.path.stat().st_size
+        if size < self.offset:  # a new log file
+            self.offset = 0
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            if RECONNECT_MARK in line:
+                self.hacfed_backoff = True
+                self.out(line[line.index(RECONNECT_MARK) + len(RECONNECT_MARK):].strip())
+            elif _STOCK_RETRY in line and not self.hacfed_backoff:  # a stock flower-supernode
+                self.out("the coordinator is unreachable; " + line[line.index(_STOCK_RETRY):].strip())
+
+
 class Client:
     def __init__(self, cfg: ClientConfig) -> None:
         self.cfg = cfg
         self.final_offset: int | None = None  # SuperNode log size when the final answer was handed over
         self.final_answered = threading.Event()
         self.node: SuperNode | None = None
+        self.log = LogWatcher(cfg.state_dir / "supernode" / "supernode.log")
 
     def on_answer(self, answered: Answered) -> None:
         say(describe_answer(answered, self.cfg.participant_id))
@@ -104,9 +139,28 @@ class Client:
             time.sleep(0.2)
         return False
 
+    def watch_log(self) -> threading.Event:
+        """Print the SuperNode's reconnect lines from now on (also while it is still connecting)."""
+        stop = threading.Event()
+
+        def pump() -> None:
+            while not stop.wait(0.2):
+                self.log.pump()
+
+        threading.Thread(target=pump, name="supernode-log", daemon=True).start()
+        return stop
+
     def supervise(self, sup: ProcessSupervisor, port: int) -> int:
+        stop_watching = self.watch_log()
+        try:
+            return self._supervise(sup, port)
+        finally:
+            stop_watching.set()
+
+    def _supervise(self, sup: ProcessSupervisor, port: int) -> int:
         node = self.start_node(sup, port)
-        say(f"joined {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting for rounds")
+        say(f"connected to {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting "
+            f"for the coordinator (its receipts and refusals are printed here)")
         while True:
             if self.cfg.exit_when_done and self.final_answered.is_set():
                 if not self.reply_left():
@@ -153,7 +207,7 @@ def run_client(cfg: ClientConfig) -> int:
             f"(policy version {participant.policy_version})")
     client = Client(cfg)
     service = ParticipantService(participant, task, private_key, coordinator_key, state / "service", cheat=cheat,
-                                 on_answer=client.on_answer, on_finished=client.on_finished)
+                                 on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
     server, port = serve_participant(service.handle)
     say(f"participant service on 127.0.0.1:{port}")
     try:

@@ -2,7 +2,8 @@
 
 Runs in hacfed-client, which supervises the SuperNode as its child; with `idle_poll_s` set the
 child is this module itself (`python -m hacfed.clients.supernode fast-poll-supernode ...`), which
-runs the stock SuperNode with a capped idle sleep. Before the SuperNode starts, hacfed-client
+runs the stock SuperNode with a capped idle sleep and hacfed's reconnect backoff
+(`hacfed.clients.backoff`: 1 s x1.6, jitter, max 30 s, every attempt logged). Before the SuperNode starts, hacfed-client
 serves `hacfed.clients.relay.serve_participant(handler)` on 127.0.0.1. The coordinator's side
 (SuperLink, run submission) is `hacfed.server.superlink`.
 
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hacfed.clients.backoff import install as install_backoff
 from hacfed.flower_protocol import ConfigValue, to_toml
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor, flower_env, wait_for_log_line
 
@@ -100,7 +102,8 @@ def start_supernode(
 
 
 def run_fast_poll_supernode(idle_poll_s: float, argv: list[str]) -> None:
-    """Run `flower-supernode argv...` with every sleep of its main loop capped at `idle_poll_s`.
+    """Run `flower-supernode argv...` with every sleep of its main loop capped at `idle_poll_s`, and
+    hacfed's reconnect backoff.
 
     Why: flwr 1.32 sleeps a fixed 3 s after an empty pull, and since a SuperNode pulls right
     after pushing its reply, the next round's message almost always waits out that full
@@ -113,6 +116,8 @@ def run_fast_poll_supernode(idle_poll_s: float, argv: list[str]) -> None:
 
     if "time.sleep(3)" not in inspect.getsource(loop_module.start_client_internal):
         raise RuntimeError("this flwr's SuperNode loop has no time.sleep(3): drop idle_poll_s")
+    if not hasattr(loop_module, "_make_fleet_connection_retry_invoker"):
+        raise RuntimeError("this flwr's SuperNode has no _make_fleet_connection_retry_invoker: update hacfed's backoff")
 
     class _CappedSleepTime:
         def __getattr__(self, name: str) -> object:
@@ -123,6 +128,9 @@ def run_fast_poll_supernode(idle_poll_s: float, argv: list[str]) -> None:
             time.sleep(min(seconds, idle_poll_s))
 
     loop_module.time = _CappedSleepTime()  # type: ignore[assignment]
+    # Reconnect with hacfed's backoff (1 s x1.6, jitter, max 30 s) and log every attempt (R5).
+    make_invoker = loop_module._make_fleet_connection_retry_invoker
+    loop_module._make_fleet_connection_retry_invoker = lambda *a, **kw: install_backoff(make_invoker(*a, **kw))
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 

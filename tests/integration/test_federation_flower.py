@@ -173,6 +173,11 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
     # -- the crashed lab came back: its leftover SuperNode stopped, its trajectories in later rounds
     assert re.search(r"stopped supernode \(pid \d+\) left running by a previous hacfed-client", lab_b.text())
 
+    # -- every lab saw the coordinator's signed answers (issue 9, item 8: labs never got any)
+    for lab in (lab_a, lab_b):
+        assert re.search(r"round \d: receipt seq \d+ \(content [0-9a-f]{12}\): accepted 4", lab.text()), lab.text()
+    assert re.search(r"round \d: receipt seq \d+ .*accepted 0; rejected 4: .*HACFED-E-REWARD-MISMATCH", cheater.text())
+
     # -- the journal: every round once, honest trajectories of both sources, none of the cheater
     with sqlite3.connect(f"file:{server_dir / 'journal.sqlite'}?mode=ro", uri=True) as db:
         rounds = db.execute("SELECT round_id, state FROM rounds ORDER BY round_id").fetchall()
