@@ -12,16 +12,17 @@ Without any task settings the task is 2-digit addition (`kind = "arithmetic"`, `
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hacfed.certs import check_ca_cert
 from hacfed.config_values import parse_set, split_host_port
+from hacfed.flower_protocol import is_loopback_host
+from hacfed.identity import PARTICIPANT_ID_RULE, is_participant_id
 from hacfed.tomlfile import read_toml
 
 DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
-_PARTICIPANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a key file name may be
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,11 @@ class ClientConfig:
     config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.participant_id, str) or not _PARTICIPANT_ID.fullmatch(self.participant_id):
-            _bad("participant_id", self.participant_id, "1-128 characters of [A-Za-z0-9._-], starting alphanumeric")
+        if not is_participant_id(self.participant_id):
+            _bad("participant_id", self.participant_id, PARTICIPANT_ID_RULE)
         if not isinstance(self.model, str) or not self.model.strip():
             _bad("model", self.model, "a preset name, a local model directory or a cached hub id")
-        split_host_port(self.server, "ClientConfig.server")
+        server_host, _ = split_host_port(self.server, "ClientConfig.server")
         for name in ("state_dir", "coordinator_key", "tls_ca", "config_dir"):
             value = getattr(self, name)
             if value is not None:
@@ -70,8 +71,13 @@ class ClientConfig:
             _bad("coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)")
         if not isinstance(self.insecure, bool) or self.insecure == (self.tls_ca is not None):
             _bad("insecure", self.insecure, "true without tls_ca (plaintext, --insecure) or false with --tls-ca FILE")
-        if self.tls_ca is not None and not self.tls_ca.is_file():
-            _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
+        if self.insecure and not is_loopback_host(server_host):
+            _bad("insecure", self.insecure, f"false for the non-loopback server {self.server!r}: plaintext (--insecure) "
+                 f"is a development mode for 127.0.0.1 only; pass --tls-ca with the federation's ca.pem")
+        if self.tls_ca is not None:
+            if not self.tls_ca.is_file():
+                _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
+            check_ca_cert(self.tls_ca)  # expired, or not a CA: one clear line now, not a failed handshake later
         _choice(self, "finetune", ("full", "lora"))
         _choice(self, "rollout_backend", ("hf", "vllm"))
         if not isinstance(self.device, str) or not self.device:

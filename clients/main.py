@@ -1,13 +1,15 @@
 """`hacfed-client --model MODEL --server HOST:PORT`: a lab joins a federation.
 
-    hacfed-client --model tiny-llama --server 127.0.0.1:9092 --participant-id lab-a \\
-        --state-dir state/lab-a --coordinator-key state/coordinator/coordinator.pub --insecure
+    hacfed-client keys --state-dir state/lab-a --participant-id lab-a   # once: keys + enrolment line
+    hacfed-client --model tiny-llama --server coordinator.example:9092 --participant-id lab-a \\
+        --state-dir state/lab-a --coordinator-key coordinator.pub --tls-ca ca.pem
 
 Loads the model (a preset such as tiny-llama / tiny-gpt2 / tiny-qwen2 / smollm2, a local Hugging Face
 directory or a cached hub id) and keeps it resident, serves it to its Flower SuperNode's relay on
-loopback, and trains with HACPO on every round's verified pool. On first start it creates
-STATE/participant.key and prints the public key the coordinator's operator must register. Restarted
-with the same command, it resumes from its checkpoint.
+loopback, and trains with HACPO on every round's verified pool. On first start it creates the lab's
+keys (STATE/participant.key, STATE/supernode.key) and STATE/enrolment.txt, the line the
+coordinator's operator registers (`hacfed-server register`). Restarted with the same command, it
+resumes from its checkpoint. `--insecure` (plaintext) is for a coordinator on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hacfed-client", description=__doc__.split("\n\n")[0],
-        epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml.",
+        epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml. "
+               "`hacfed-client keys --help`: the lab's keys and its enrolment for the coordinator.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML with a [participant] table (these options, with "
                         "underscores) and a [task] table; flags override it")
@@ -30,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--participant-id", metavar="ID", help="this lab's id, as registered with the coordinator")
     parser.add_argument("--state-dir", metavar="DIR", help="keys, checkpoints, reply cache and logs of this lab")
     parser.add_argument("--coordinator-key", metavar="FILE", help="the coordinator's public key (its coordinator.pub)")
-    parser.add_argument("--insecure", action="store_true", default=None, help="plaintext connection (loopback tests)")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plaintext, no SuperNode authentication: development only, for a coordinator on 127.0.0.1")
     parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signed the coordinator's TLS certificate")
     parser.add_argument("--task", action="append", default=[], metavar="KEY=VALUE", dest="task_sets",
                         help="task setting; must match the coordinator's [task] (default kind=arithmetic digits=2 "
@@ -49,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keys"]:  # `hacfed-client keys ...`: create / show this lab's keys and enrolment
+        from hacfed.clients.enrol import main as keys_main
+
+        return keys_main(argv[1:])
     args = build_parser().parse_args(argv)
     from hacfed.clients.config import load_client_config
 

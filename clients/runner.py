@@ -1,10 +1,13 @@
 """What hacfed-client does once its configuration is valid.
 
-1. keys: `<state-dir>/participant.key` (+ `.pub`), created on first start;
+1. keys: `<state-dir>/participant.key` and `supernode.key` (+ `.pub`) and the enrolment line for the
+   coordinator's operator, `<state-dir>/enrolment.txt` (`hacfed.clients.enrol`), created on first start;
 2. the model, resident for the whole run (torch is imported here, after the config was checked),
    resuming from `<state-dir>/checkpoints` after a restart;
 3. the participant service on loopback (`hacfed.clients.service`, behind the relay's gRPC);
-4. a Flower SuperNode pointed at the coordinator, supervised: restarted if it exits.
+4. a Flower SuperNode pointed at the coordinator (with TLS: authenticated with the lab's SuperNode
+   key), supervised: restarted if it exits, and restarted to find out why if the coordinator cut it
+   off (revoked); a refusal to connect is named in one line.
 With --exit-when-done it stops once the coordinator acknowledged its final report and the
 SuperNode has sent the answer to that acknowledgement.
 
@@ -27,8 +30,9 @@ from hacfed.clients.config import ClientConfig
 from hacfed.clients.relay import serve_participant
 from hacfed.clients.service import Answered, ParticipantService
 from hacfed.clients.supernode import SuperNode, start_supernode
+from hacfed.clients.enrol import ensure_lab_keys
+from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
-from hacfed.keys import ensure_key_pair, fingerprint
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.procs import ProcessError, ProcessSupervisor
 
@@ -69,6 +73,7 @@ class LogWatcher:
         self.path, self.out = path, out
         self.offset = path.stat().st_size if path.exists() else 0
         self.hacfed_backoff = False  # hacfed's own lines seen: flwr's duplicates are not printed
+        self.cut_off = False  # the SuperLink answered "Invalid node ID": this lab's key was unregistered
 
     def pump(self) -> None:
         if not self.path.exists():
@@ -82,11 +87,28 @@ class LogWatcher:
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
         for line in complete.decode("utf-8", errors="replace").splitlines():
+            if "Invalid node ID" in line:  # Flower's SuperNode then only retries forever
+                self.cut_off = True
             if RECONNECT_MARK in line:
                 self.hacfed_backoff = True
                 self.out(line[line.index(RECONNECT_MARK) + len(RECONNECT_MARK):].strip())
             elif _STOCK_RETRY in line and not self.hacfed_backoff:  # a stock flower-supernode
                 self.out("the coordinator is unreachable; " + line[line.index(_STOCK_RETRY):].strip())
+
+
+def connect_failure(log_tail: str, state_dir: Path) -> tuple[str, float]:
+    """Why the SuperNode could not join, in one line, and how long to wait before trying again."""
+    if "No SuperNode found with the given public key" in log_tail:
+        return (f"the coordinator refused this lab's SuperNode key: it is not registered (or was revoked). Send "
+                f"the enrolment line in {state_dir / ENROLMENT_FILE} to the coordinator's operator", 30.0)
+    if "could not be activated" in log_tail:
+        return ("the coordinator still counts this lab's previous SuperNode as online (it stopped without "
+                "signing off; Flower forgets it within about a minute)", 10.0)
+    if "handshake" in log_tail.lower() or "SSL" in log_tail:
+        return ("the TLS handshake with the coordinator failed: check --tls-ca (the federation's ca.pem) and that "
+                "--server is a name or address its certificate names", 30.0)
+    lines = [line for line in log_tail.splitlines() if line.strip()]
+    return ("the SuperNode exited while connecting: " + (lines[-1][-300:] if lines else "no output"), 5.0)
 
 
 class Client:
@@ -109,21 +131,27 @@ class Client:
         say("the coordinator closed the run for this lab: the federation is done")
 
     def start_node(self, sup: ProcessSupervisor, port: int) -> SuperNode:
-        """Start the SuperNode; while the coordinator is unreachable, keep trying (and say so)."""
+        """Start the SuperNode; while the coordinator is unreachable or refuses this lab, keep trying
+        (and say why, once per reason)."""
         cfg = self.cfg
         node_config = {"participant-id": cfg.participant_id, "participant-address": f"127.0.0.1:{port}"}
+        auth_key = None if cfg.insecure else cfg.state_dir / SUPERNODE_KEY
+        told = None
         while True:
             try:
                 self.node = start_supernode(sup, cfg.state_dir / "supernode", superlink_address=cfg.server,
                                             node_config=node_config, insecure=cfg.insecure, root_cert=cfg.tls_ca,
-                                            idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
+                                            auth_key=auth_key, idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
                 record_children(cfg.state_dir, [("supernode", self.node.process.pid)])
                 return self.node
             except TimeoutError:
                 say(f"the coordinator at {cfg.server} is not reachable yet; still trying")
             except ProcessError as exc:
-                say(f"the SuperNode exited while connecting; retrying in 5s:\n{exc}")
-                time.sleep(5.0)
+                reason, wait_s = connect_failure(str(exc), cfg.state_dir)
+                if reason != told:
+                    say(f"{reason}; retrying every {wait_s:.0f}s")
+                    told = reason
+                time.sleep(wait_s)
 
     def reply_left(self, timeout_s: float = 120.0) -> bool:
         """True once the SuperNode logged sending (or failing to send) the answer to the final
@@ -172,6 +200,12 @@ class Client:
                 sup.stop(self.node.process)
                 time.sleep(2.0)
                 self.start_node(sup, port)
+            elif self.node is not None and self.log.cut_off:
+                self.log.cut_off = False
+                say("the coordinator no longer accepts this lab's SuperNode (its registration was revoked or "
+                    "removed); reconnecting to find out")
+                sup.stop(self.node.process)
+                self.start_node(sup, port)
             time.sleep(0.2)
 
 
@@ -185,11 +219,10 @@ def run_client(cfg: ClientConfig) -> int:
         raise ValueError(f"another hacfed-client is running with state dir {state}") from None
     for leftover in kill_leftovers(state):
         say(f"stopped {leftover} left running by a previous hacfed-client")
-    keys = ensure_key_pair(state, "participant")
-    private_key = keys.load()
-    say(f"{'created' if keys.created else 'using'} participant key {keys.public} (key "
-        f"{fingerprint(private_key.public_key())}); the coordinator's operator must copy it to their keys dir as "
-        f"{cfg.participant_id}.pub")
+    enrolment = ensure_lab_keys(state, cfg.participant_id)
+    private_key = enrolment.private_key
+    say(f"{'created' if enrolment.created else 'using'} this lab's keys in {state}: {enrolment.describe()}")
+    say(f"enrolment for the coordinator's operator (hacfed-server register): {state / ENROLMENT_FILE}")
     coordinator_key = load_public_key(cfg.coordinator_key)
     from hacfed.tasks.registry import load_task
 

@@ -28,8 +28,10 @@ is written before the participant's checkpoint of the same step (`Participant.st
 `before_checkpoint`), so a lab killed after its checkpoint resends the same submission instead of
 losing the round, and one killed before it redoes the step (`Outbox.discard_uncovered`).
 
-Besides deliveries the coordinator may send a key request (trust on first use: answered with a
-self-signed key offer). The final acknowledgement (its payload is the run id) arrives once the
+Besides deliveries the coordinator may send a hello (a challenge: answered with this participant's
+id and the challenge signed with its key, `hacfed.hello`, at once, even while a step runs; a hello
+inside a delivery carries a notice, e.g. that this lab's id is not registered) and a key request
+(trust on first use: answered with a self-signed key offer). The final acknowledgement (its payload is the run id) arrives once the
 coordinator has recorded the final report: only then may a participant leave, since Flower turns a
 reply that is not yet pulled into a "node unavailable" error when its node goes away.
 
@@ -55,6 +57,7 @@ from hacfed.clients.outbox import Outbox, UpdateKey
 from hacfed.clients.relay import ParticipantRejection
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
 from hacfed.exchange import open_answer, open_delivery, request_type, seal_lab_reply
+from hacfed.hello import HELLO_REQUEST_TYPE, prove_identity
 from hacfed.keys import FINAL_ACK_TYPE, KEY_OFFER_TYPE, KEY_REQUEST_TYPE, raw_public_bytes
 from hacfed.messages import RoundUpdate, Submission
 from hacfed.tasks.base import Task
@@ -68,8 +71,8 @@ RUN_FILE = "run.json"
 TASK_MISMATCH = "HACFED-E-TASK-MISMATCH"
 WRONG_RUN = "HACFED-E-WRONG-RUN"
 STALE_UPDATE = "HACFED-E-STALE-ROUND"
-_OUTER_TYPES = (str(PayloadType.DELIVERY), KEY_REQUEST_TYPE)
-_REQUEST_TYPES = (str(PayloadType.ROUND_UPDATE), FINAL_ACK_TYPE)
+_OUTER_TYPES = (str(PayloadType.DELIVERY), HELLO_REQUEST_TYPE, KEY_REQUEST_TYPE)
+_REQUEST_TYPES = (str(PayloadType.ROUND_UPDATE), FINAL_ACK_TYPE, HELLO_REQUEST_TYPE)
 _REPLY_HEADROOM = 64 * 1024  # what the LabReply frame and its signature add around the submissions
 
 
@@ -147,8 +150,10 @@ class ParticipantService:
                          f"checkpoint, so the step runs again when the coordinator resends the update")
 
     def handle(self, request: bytes) -> bytes:
+        outer = self._checked(lambda: request_type(request, _OUTER_TYPES), "request")
+        if outer == HELLO_REQUEST_TYPE:  # needs only the key: answered at once, even while a step runs
+            return self._hello(request)
         with self._lock:
-            outer = self._checked(lambda: request_type(request, _OUTER_TYPES), "request")
             if outer == KEY_REQUEST_TYPE:
                 self._checked(lambda: open_envelope(request, self._trusted, DOMAIN_UPDATE, KEY_REQUEST_TYPE), "request")
                 return make_key_offer(self._key)
@@ -160,11 +165,19 @@ class ParticipantService:
                 kind = self._checked(lambda: request_type(delivery.request, _REQUEST_TYPES), "request")
                 payload, _ = self._checked(
                     lambda: open_envelope(delivery.request, self._trusted, DOMAIN_UPDATE, kind), "update envelope")
+                if kind == HELLO_REQUEST_TYPE:  # a hello that came with notices (answered above)
+                    return self._hello(delivery.request)
                 if kind == FINAL_ACK_TYPE:
                     self._finish(payload.decode("utf-8", errors="replace"), delivery.request)
                 else:
                     key, submission = self._answer_update(payload, delivery.request)
             return self._reply(key, submission)
+
+    def _hello(self, request: bytes) -> bytes:
+        """This participant's signed answer to the coordinator's hello challenge (`hacfed.hello`)."""
+        challenge, _ = self._checked(
+            lambda: open_envelope(request, self._trusted, DOMAIN_UPDATE, HELLO_REQUEST_TYPE), "hello")
+        return self._checked(lambda: prove_identity(challenge, self.participant.participant_id, self._key), "hello")
 
     # -- the update ------------------------------------------------------------------------------
 

@@ -19,8 +19,13 @@ submissions (`hacfed.server.answers`: a signed receipt after the journal commit,
 with its code) plus this exchange's request. A lab replies with a `LabReply`: its submission and the
 unacknowledged ones of its outbox, each judged here (caps first, `Coordinator.admit`, then the
 signature, then `Coordinator.submit`) and answered. A lab whose answers wait while it has nothing
-else to do gets them in an answers-only delivery. A connected node without a registered key is told
-so (HACFED-E-UNKNOWN-PARTICIPANT) every NOTICE_INTERVAL_S.
+else to do gets them in an answers-only delivery.
+
+A Flower node takes part only once its hello proved which registered lab it is (`hello` /
+`identify`, `hacfed.server.membership`); a node whose hello claims an id that is not registered is
+left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
+(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before every
+round and every reply, so a lab revoked meanwhile is sent nothing more and its reply is refused.
 
 Never imports torch (design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
@@ -38,14 +43,17 @@ from pathlib import Path
 from hacfed.crashpoints import crash_point
 from hacfed.envelope import DOMAIN_UPDATE, load_private_key, seal
 from hacfed.exchange import seal_delivery
+from hacfed.hello import HELLO_REQUEST_TYPE, hello_challenge
+from hacfed.identity import is_participant_id
 from hacfed.keys import FINAL_ACK_TYPE
 from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
-from hacfed.server.coordinator.errors import AuditError
+from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
-from hacfed.server.membership import Membership
-from hacfed.server.replies import ACK, ANSWERS, FINAL, LabReplies, _Sent, _what
+from hacfed.server.membership import NOT_REGISTERED, Membership
+from hacfed.server.node_auth import BINDINGS_FILE
+from hacfed.server.replies import ACK, ANSWERS, FINAL, NOTICE_INTERVAL_S, LabReplies, _Sent, _what
 from hacfed.server.reporting import (
     append_rows, final_row, participant_line, round_line, round_rows, rounds_written, split_round,
 )
@@ -83,7 +91,10 @@ class FederationDriver(LabReplies):
         self._answers_retry_at: dict[str, float] = {}  # after a failed answers-only delivery
         self._noticed: dict[str, float] = {}  # unregistered participant -> when it was last told
         self.membership = Membership(Path(settings.keys_dir), self.console,
-                                     trust_on_first_use=settings.trust_on_first_use, monotonic=monotonic)
+                                     trust_on_first_use=settings.trust_on_first_use,
+                                     bindings_path=self.state_dir / BINDINGS_FILE if settings.supernode_auth else None)
+        self._challenges: dict[int, bytes] = {}  # node id -> the challenge of its last hello
+        self._unregistered: dict[int, str] = {}  # node id -> the unregistered id its hello claimed
         self.metrics_out = Path(settings.metrics_out)
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
         self._sent: dict[int, _Sent] = {}
@@ -126,17 +137,21 @@ class FederationDriver(LabReplies):
             self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
             raise SupervisorGone(f"hacfed-server (pid {self.settings.supervisor[0]}) is gone")
         started = self._monotonic()
-        self._nodes = dict(participants)
-        admitted = self.membership.admit(set(participants.values()))
+        admitted = self.membership.admit(participants)  # re-reads the registry if it changed
         for pid in sorted(admitted - self._connected):
             self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
             self.coordinator.register(pid)  # idempotent; a quarantined participant stays so
             self._registered.add(pid)
         for pid in sorted(self._connected - admitted):
-            self.console(f"left: {pid} (its Flower node is gone)")
+            self.console(f"left: {pid} (its Flower node is gone)" if self.membership.known(pid) else
+                         f"revoked: {pid} is no longer registered: it is sent nothing more and its submissions "
+                         f"are refused")
         self._connected = set(admitted)
-        unknown = set(participants.values()) - admitted
-        payloads = self._key_requests(unknown) or self._unknown_notices(unknown)
+        # Only admitted participants get rounds; with trust on first use an unknown (valid) id also gets
+        # a key request. A revoked lab's node stays mapped by the loop, but is sent nothing.
+        self._nodes = {node: pid for node, pid in participants.items() if pid in admitted or (
+            self.membership.trust_on_first_use and is_participant_id(pid) and not self.membership.known(pid))}
+        payloads = self._key_requests({pid for pid in self._nodes.values() if not self.membership.known(pid)})
         if self._done:
             return payloads or None
         if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
@@ -151,6 +166,31 @@ class FederationDriver(LabReplies):
         self._coordinator_s += self._monotonic() - started
         return payloads or None
 
+    def hello(self, node_id: int) -> bytes:
+        """The payload of a hello to `node_id`: a fresh challenge, signed by the coordinator. A node
+        refused before because its id is not registered gets the challenge inside a delivery that also
+        tells it so (HACFED-E-UNKNOWN-PARTICIPANT), at most every NOTICE_INTERVAL_S."""
+        challenge = hello_challenge(self.cfg.run_id, node_id)
+        self._challenges[node_id] = challenge
+        request = seal(challenge, HELLO_REQUEST_TYPE, self._key, DOMAIN_UPDATE)
+        pid, now = self._unregistered.get(node_id), self._monotonic()
+        if pid is None or now < self._noticed.get(pid, -NOTICE_INTERVAL_S) + NOTICE_INTERVAL_S:
+            return request
+        notice = self._unknown_notice(pid)
+        if notice is None:
+            return request
+        self._noticed[pid] = now
+        return seal_delivery([notice], request, self._key)
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        """True when node `node_id` may be participant `participant_id` (`Membership.identify`)."""
+        reason = self.membership.identify(node_id, participant_id, proof, self._challenges.pop(node_id, None))
+        if reason == NOT_REGISTERED:
+            self._unregistered[node_id] = participant_id  # told so with its next hello
+        else:
+            self._unregistered.pop(node_id, None)
+        return reason is None
+
     def on_reply(self, node_id: int, payload: bytes) -> None:
         with self._fail_closed_guard():
             self._on_reply(node_id, payload)
@@ -162,8 +202,11 @@ class FederationDriver(LabReplies):
             log.warning("ignoring a reply from node %s that was sent nothing", node_id)
             return
         pid = sent.participant_id
+        self.membership.refresh()  # a lab revoked since it was sent this exchange is refused here
         if sent.round_id is None:
             self._accept_key_offer(pid, payload)
+        elif not self.membership.known(pid):
+            self._refuse(sent, "HACFED-E-UNAUTHENTICATED", f"{pid} is no longer registered (revoked)")
         elif self.membership.known(pid):
             if sent.answers:  # the lab replied to the delivery: it holds these receipts and refusals
                 self.answers.delivered(pid, sent.answers)
@@ -188,7 +231,7 @@ class FederationDriver(LabReplies):
         self._retry_at[pid] = self._monotonic() + self.settings.retry_interval_s
         if self._last_error.get(pid) != error:  # a participant that stays down is named once
             self._last_error[pid] = error
-            self.console(f"{_what(sent)} {pid}: exchange failed: {error}")
+            self.console(f"{_what(sent)} {pid}: exchange failed: {safe_text(error, 300)}")
 
     def round_done(self) -> bool:
         if not self.settings.supervisor_alive():
@@ -376,7 +419,9 @@ class FederationDriver(LabReplies):
 
     def console(self, line: str) -> None:
         """One console line: to the sink given (tests) or appended to <state-dir>/console.log, which
-        hacfed-server prints; also logged."""
+        hacfed-server prints; also logged. Always exactly one line: any control character left in it
+        (a peer's text that escaped `printable` / `safe_text`) is shown escaped, never obeyed."""
+        line = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
         log.info("%s", line)
         if self._console_sink is not None:
             self._console_sink(line)

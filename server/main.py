@@ -1,8 +1,10 @@
 """`hacfed-server`: the coordinator of a federation, over Flower.
 
-    hacfed-server --config deploy/coordinator.toml --insecure --listen 127.0.0.1:9092
     hacfed-server --config deploy/coordinator.toml --set rounds=3 --set task.digits=3 \\
-        --listen 0.0.0.0:9092 --tls-cert server.pem --tls-key server.key --tls-ca ca.pem
+        --listen 0.0.0.0:9092 --tls-cert certs/server.pem --tls-key certs/server.key --tls-ca certs/ca.pem
+    hacfed-server --config deploy/coordinator.toml --insecure --listen 127.0.0.1:9092   # development only
+    hacfed-server certs init | register | revoke | labs ...   # onboarding (hacfed.server.onboarding)
+    hacfed-server audit verify | purge ...                    # administration (hacfed.server.admin)
 
 Starts a Flower SuperLink (gRPC Fleet API) and the hacfed app run, whose ServerApp drives the rounds
 through the coordinator's journal in the state dir; prints who joined, each round's per-participant
@@ -20,11 +22,14 @@ import argparse
 import signal
 import sys
 
+ONBOARDING_COMMANDS = ("certs", "register", "revoke", "labs")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hacfed-server", description=__doc__.split("\n\n")[0],
-        epilog="Settings precedence: config file < --set < the dedicated flags. See deploy/coordinator.toml.",
+        epilog="Settings precedence: config file < --set < the dedicated flags. See deploy/coordinator.toml. "
+               "Operator commands: hacfed-server certs|register|revoke|labs|audit|purge --help.",
     )
     parser.add_argument("--config", required=True, metavar="FILE",
                         help="TOML with the coordinator's settings: run_id, rounds, prompts_per_round, group_size "
@@ -39,12 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Fleet API address for participants (default 127.0.0.1:9092; port 0: the OS picks "
                              "one, printed in the ready line)")
     parser.add_argument("--insecure", action="store_true", default=None,
-                        help="plaintext transport; only allowed on a loopback --listen address")
+                        help="plaintext, no SuperNode authentication: development only, on a loopback --listen address")
     parser.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM) for the Fleet API")
     parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) that signed --tls-cert")
     parser.add_argument("--keys-dir", metavar="DIR",
-                        help="registered participant keys, one <participant-id>.pub each (default STATE/keys)")
+                        help="the registry of labs (default STATE/keys; edited by hacfed-server register/revoke)")
     parser.add_argument("--metrics-out", metavar="FILE", help="JSONL metrics rows (default STATE/metrics.jsonl)")
     parser.add_argument("--trust-on-first-use", action="store_true", default=None,
                         help="DEVELOPMENT ONLY, needs --insecure: register the key of any unknown participant")
@@ -57,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from hacfed.server.admin import main as admin_main
 
         return admin_main(argv)
+    if argv and argv[0] in ONBOARDING_COMMANDS:  # certs / register / revoke / labs (hacfed.server.onboarding)
+        from hacfed.server.onboarding import main as onboarding_main
+
+        return onboarding_main(argv)
     args = build_parser().parse_args(argv)
     from hacfed.server.config import load_server_config  # torch-free, like everything this process imports
 

@@ -12,7 +12,8 @@ request. Each signed submission in it goes through, in this order:
      whose node sent the reply (T5);
   3. the coordinator (`Coordinator.submit`, or `record_final_report` after the last round).
 and gets exactly one answer (`hacfed.server.answers`): a signed receipt or a signed refusal.
-Also here: trust on first use (key requests and offers) and the notice to a node without a key.
+Also here: trust on first use (key requests and offers) and the notice to a node whose id is not
+registered (carried by its next hello).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, open_envelope, seal
-from hacfed.exchange import open_lab_reply, seal_delivery
+from hacfed.exchange import open_lab_reply
+from hacfed.identity import printable
 from hacfed.keys import KEY_REQUEST_TYPE
 from hacfed.messages import Submission
 from hacfed.server.answers import AnswerQueue
@@ -31,7 +33,7 @@ from hacfed.wire import PayloadType, WireError, decode_submission
 FINAL = -1  # the round number of the final (plan-less) exchange in `_Sent`
 ACK = -2  # ... and of the final acknowledgement
 ANSWERS = -3  # ... and of a delivery that carries answers only
-NOTICE_INTERVAL_S = 30.0  # how often a connected node without a registered key is told so
+NOTICE_INTERVAL_S = 30.0  # at most how often a node whose id is not registered is told so
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class LabReplies:
         """A LabReply: its resends (oldest first), then the submission answering the request."""
         pid = sent.participant_id
         try:
-            reply, kid = open_lab_reply(payload, self.membership.registry.keys)
+            reply, kid = open_lab_reply(payload, self.membership.keys())
             signer = self.membership.owner(kid)
         except WireError as exc:  # unknown key, bad signature, malformed payload
             self._refuse(sent, str(exc.code), f"reply refused: {exc.message}")
@@ -74,7 +76,7 @@ class LabReplies:
                          retry_after_s=problem.retry_after_s)
             return
         try:
-            body, kid = open_envelope(item, self.membership.registry.keys, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
+            body, kid = open_envelope(item, self.membership.keys(), DOMAIN_SUBMIT, PayloadType.SUBMISSION)
             signer = self.membership.owner(kid)
             submission = decode_submission(body)
         except WireError as exc:
@@ -136,25 +138,18 @@ class LabReplies:
         what = _what(sent) if primary else f"round {round_id} (resent from the outbox)"
         self.console(f"{what} {pid}: REFUSED {code}: {safe_text(detail, 300)}")
 
-    def _unknown_notices(self, unknown: set[str]) -> dict[int, bytes]:
-        """Tell a connected node that its participant has no registered key (it gets nothing else)."""
-        if self.membership.trust_on_first_use or not unknown:
-            return {}
-        now, out = self._monotonic(), {}
-        busy = {s.participant_id for s in self._sent.values()}
-        for node, pid in self._nodes.items():
-            if pid in unknown and pid not in busy and now >= self._noticed.get(pid, -NOTICE_INTERVAL_S) + NOTICE_INTERVAL_S:
-                self._noticed[pid] = now
-                detail = (f"{pid} has no registered key: the coordinator's operator must register this lab's "
-                          f"participant.pub as {pid}.pub")
-                queue = AnswerQueue(self._key, self.cfg.run_id)  # not kept: the notice is simply repeated
-                try:
-                    notice = queue.refusal(pid, ErrorCode.UNKNOWN_PARTICIPANT.value, detail)
-                except (WireError, ValueError):  # an id that cannot even be encoded: nothing to tell
-                    continue
-                self._sent[node] = _Sent(pid, ANSWERS, now)
-                out[node] = seal_delivery([notice], b"", self._key)
-        return out
+    def _unknown_notice(self, pid: str) -> bytes | None:
+        """The signed notice telling a node that its participant id is not registered (sent with its
+        next hello, `FederationDriver.hello`), or None for an id that cannot even be encoded."""
+        if self.membership.trust_on_first_use:
+            return None
+        detail = (f"{pid} is not registered with this coordinator: the operator registers a lab with "
+                  f"hacfed-server register <its enrolment.txt> (hacfed-client keys prints it)")
+        queue = AnswerQueue(self._key, self.cfg.run_id)  # not kept: the notice is simply repeated
+        try:
+            return queue.refusal(pid, ErrorCode.UNKNOWN_PARTICIPANT.value, detail)
+        except (WireError, ValueError):
+            return None
 
     # -- trust on first use ------------------------------------------------------------------------
 
@@ -176,7 +171,7 @@ class LabReplies:
             self.membership.accept_offer(participant_id, payload)
         except (WireError, ValueError) as exc:
             self._retry_at[participant_id] = float("inf")
-            self.console(f"REFUSED key offer of {participant_id}: {exc}")
+            self.console(f"REFUSED key offer of {printable(participant_id)}: {safe_text(str(exc), 300)}")
 
 
 def _what(sent: _Sent) -> str:

@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     UNAUTHENTICATED = "HACFED-E-UNAUTHENTICATED"
     SIGNATURE = "HACFED-E-SIGNATURE"
     PAYLOAD_TYPE = "HACFED-E-PAYLOAD-TYPE"
+    IDENTITY_MISMATCH = "HACFED-E-IDENTITY-MISMATCH"  # signed by one participant, claimed by another
 
 
 # gRPC status names for each code (security.md §4 conventions: never UNKNOWN or INTERNAL).
@@ -39,6 +40,7 @@ GRPC_STATUS: Mapping[ErrorCode, str] = {
     ErrorCode.UNAUTHENTICATED: "UNAUTHENTICATED",
     ErrorCode.SIGNATURE: "UNAUTHENTICATED",
     ErrorCode.PAYLOAD_TYPE: "INVALID_ARGUMENT",
+    ErrorCode.IDENTITY_MISMATCH: "PERMISSION_DENIED",
 }
 
 

@@ -41,7 +41,12 @@ def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"participant_id": "../etc"}, "ClientConfig.participant_id must be 1-128 characters"),
+        ({"participant_id": "../etc"}, "ClientConfig.participant_id must be 1-63 characters of a-z"),
+        ({"participant_id": "Lab-A"}, "ClientConfig.participant_id must be 1-63 characters of a-z"),
+        ({"participant_id": "lab a"}, "ClientConfig.participant_id must be 1-63 characters of a-z"),
+        ({"server": "10.1.2.3:9092"}, "ClientConfig.insecure must be false for the non-loopback server"),
+        ({"server": "coordinator.example:9092"}, "ClientConfig.insecure must be false for the non-loopback server"),
+        ({"insecure": False, "tls_ca": __file__}, "is not a PEM certificate"),
         ({"server": "nowhere"}, "ClientConfig.server must be HOST:PORT"),
         ({"coordinator_key": "missing.pub"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
         ({"insecure": None}, "ClientConfig.insecure must be true without tls_ca"),
@@ -59,6 +64,23 @@ def test_errors_name_the_field(flags: dict, changes: dict, message: str) -> None
         values.pop("model")
     with pytest.raises(ValueError, match=message):
         load_client_config(None, values)
+
+
+def test_insecure_client_is_refused_for_a_non_loopback_server(flags: dict) -> None:
+    """issue 9, reproduction 7: the client used to accept --insecure for any server."""
+    with pytest.raises(ValueError, match="plaintext .* is a development mode for 127.0.0.1 only"):
+        load_client_config(None, {**flags, "server": "192.0.2.10:9092"})
+    assert load_client_config(None, {**flags, "server": "localhost:9092"}).insecure
+
+
+def test_tls_client_needs_a_valid_federation_ca(flags: dict, tmp_path: Path) -> None:
+    from hacfed.certs import init_federation_certs
+
+    certs = init_federation_certs(tmp_path / "certs", [])
+    tls = {**flags, "insecure": None, "server": "coordinator.example:9092"}
+    assert load_client_config(None, {**tls, "tls_ca": str(certs.ca_cert)}).tls_ca == certs.ca_cert
+    with pytest.raises(ValueError, match="is not a CA certificate"):
+        load_client_config(None, {**tls, "tls_ca": str(certs.server_cert)})
 
 
 def test_unknown_keys_and_tables_are_refused(flags: dict, tmp_path: Path) -> None:

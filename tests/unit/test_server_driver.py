@@ -73,6 +73,7 @@ class Federation:
         self.notices: dict[str, list[str]] = {}  # what each lab's service printed about answers
         self.driver = self.new_driver()
         self.nodes: dict[int, tuple[str, ParticipantService]] = {}
+        self.mapped: dict[int, str] = {}  # nodes whose hello the driver accepted
 
     def new_driver(self) -> FederationDriver:
         return FederationDriver(self.settings, clock=self.clock, monotonic=self.clock, console=self.lines.append)
@@ -89,9 +90,21 @@ class Federation:
         self.nodes[node] = (pid, service)
         return service
 
+    def identified(self) -> dict[int, str]:
+        """The ServerApp's hellos: each node not yet mapped answers the driver's challenge."""
+        for node, (pid, service) in self.nodes.items():
+            if node not in self.mapped:
+                try:
+                    proof = service.handle(self.driver.hello(node))
+                except ParticipantRejection:
+                    continue
+                if self.driver.identify(node, pid, proof):
+                    self.mapped[node] = pid
+        return dict(self.mapped)
+
     def exchange(self, corrupt: Callable[[bytes], bytes] = lambda b: b) -> dict[int, str]:
         """One ServerApp exchange; returns node -> "reply" | error text."""
-        payloads = self.driver.next_round({n: pid for n, (pid, _) in self.nodes.items()}) or {}
+        payloads = self.driver.next_round(self.identified()) or {}
         outcome = {}
         for node, payload in payloads.items():
             try:
@@ -176,16 +189,31 @@ def test_unknown_key_is_refused_and_never_sent_anything(tmp_path: Path) -> None:
     fed.run()
     assert stranger.participant.updates == []
     assert fed.driver.journal.participant("stranger") is None
-    assert any("REFUSED participant stranger: unknown key" in line and "stranger.pub" in line for line in fed.lines)
+    assert any("REFUSED node 2 as participant stranger: not registered (HACFED-E-UNAUTHENTICATED)" in line
+               for line in fed.lines)
 
 
-def test_key_of_another_participant_is_an_identity_mismatch(tmp_path: Path) -> None:
+def test_hello_signed_with_another_participants_key_is_refused(tmp_path: Path) -> None:
     fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
-    fed.add(3, "mallory", signer="lab-b")  # its node says mallory, it signs with lab-b's registered key
+    mallory = fed.add(3, "mallory", signer="lab-b", register=False)  # says mallory, holds lab-b's key
     save_public_key(ensure_key_pair(tmp_path / "mallory-own", "participant").load().public_key(),
                     fed.keys_dir / "mallory.pub")  # mallory is registered, with a key of its own
+    fed.exchange()
+    assert 3 not in fed.mapped and mallory.participant.updates == []
+    assert any(line.startswith("REFUSED node 3 as participant mallory: its hello is not signed with the registered "
+                               "key of mallory") for line in fed.lines)
+
+
+def test_submission_signed_with_another_participants_key_is_an_identity_mismatch(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    mallory = fed.add(3, "mallory")
+    fed.identified()
+    assert fed.mapped[3] == "mallory"  # its hello was its own: it is mallory...
+    mallory._key = ensure_key_pair(tmp_path / "lab-b", "participant").load()  # ...then it signs as lab-b
     fed.exchange()
     refused = [line for line in fed.lines if "mallory: REFUSED HACFED-E-IDENTITY-MISMATCH" in line]
     assert refused and "signed with the key of lab-b" in refused[0]
@@ -248,6 +276,7 @@ def test_failed_participant_is_retried_after_the_interval_and_rejoins(tmp_path: 
     fed = Federation(tmp_path, clock)
     fed.add(1, "lab-a")
     down = fed.add(2, "lab-b")
+    fed.identified()  # both joined; then lab-b's participant goes down
     handle = down.handle
     down.handle = lambda payload: (_ for _ in ()).throw(  # type: ignore[method-assign]
         ParticipantRejection(__import__("grpc").StatusCode.UNAVAILABLE, "HACFED-E-PARTICIPANT-UNREACHABLE", "down"))
@@ -267,11 +296,11 @@ def test_restarted_driver_resumes_and_writes_each_round_once(tmp_path: Path) -> 
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
     fed.exchange()  # round 0, closed by quorum
-    payloads = fed.driver.next_round({n: pid for n, (pid, _) in fed.nodes.items()})
+    payloads = fed.driver.next_round(fed.identified())
     fed.nodes[1][1].handle(payloads[1])  # lab-a answers round 1, then the ServerApp dies before the reply
     assert fed.driver.coordinator.current_round == 1
     fed.driver.journal.close()
-    fed.driver = fed.new_driver()  # the ServerApp died and was resubmitted
+    fed.driver, fed.mapped = fed.new_driver(), {}  # the ServerApp died and was resubmitted: new hellos
     assert any("round 1 continues" in line for line in fed.lines)
     fed.run()
     rounds = sorted((r["round"], r["agent"]) for r in fed.rows() if not r.get("final"))
