@@ -170,3 +170,17 @@ def test_printable_shows_valid_ids_as_they_are_and_escapes_the_rest() -> None:
     assert printable("x" * 100).endswith("...") and len(printable("x" * 100)) < 80
     assert printable(None) == "'None'"
 
+
+
+def test_a_node_whose_id_is_not_registered_is_told_so_with_its_next_hello(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), expected_participants=1)
+    stranger = fed.add(2, "lab-x", register=False)
+    notices: list[str] = []
+    stranger._on_notice = notices.append
+    fed.identified()  # refused: lab-x is not registered
+    assert notices == [] and 2 not in fed.mapped
+    fed.identified()  # the loop asks again later: this hello carries the notice
+    assert 2 not in fed.mapped and len(notices) == 1
+    assert "REFUSED HACFED-E-UNKNOWN-PARTICIPANT" in notices[0] and "hacfed-server register" in notices[0]
+    fed.identified()  # at most every NOTICE_INTERVAL_S
+    assert len(notices) == 1

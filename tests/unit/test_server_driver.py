@@ -189,7 +189,7 @@ def test_unknown_key_is_refused_and_never_sent_anything(tmp_path: Path) -> None:
     fed.run()
     assert stranger.participant.updates == []
     assert fed.driver.journal.participant("stranger") is None
-    assert any("REFUSED node 2 as participant stranger: not registered (HACFED-E-UNAUTHENTICATED)" in line
+    assert any("REFUSED node 2 as participant stranger: not registered (HACFED-E-UNKNOWN-PARTICIPANT)" in line
                for line in fed.lines)
 
 
