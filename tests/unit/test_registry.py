@@ -7,6 +7,7 @@ id reach a path, and reading it never crashes on a bad file (issue 9, reproducti
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
@@ -153,3 +154,25 @@ def test_an_unreadable_key_is_reported_not_fatal(tmp_path: Path) -> None:
     (tmp_path / "lab-a.pub").write_text("garbage")
     registry = load_registry(tmp_path)
     assert registry.entries == {} and "not a PEM public key" in registry.problems[0]
+
+
+def test_registrations_and_revocations_are_in_the_audit_log(tmp_path: Path) -> None:
+    from hacfed.server.audit import verify_audit_log
+
+    state = tmp_path / "server"
+    _enrol(tmp_path, "lab-b")
+    assert server_main(["register", "--state-dir", str(state), str(tmp_path / "lab-b" / ENROLMENT_FILE)]) == 0
+    assert server_main(["register", "--state-dir", str(state), str(tmp_path / "lab-b" / ENROLMENT_FILE)]) == 0
+    assert server_main(["revoke", "--state-dir", str(state), "lab-b"]) == 0
+    lines = [json.loads(line) for line in (state / "audit.log").read_text().splitlines()]
+    assert [(r["kind"], r["participant"]) for r in lines] == [("register", "lab-b"), ("revoke", "lab-b")]
+    assert verify_audit_log(state / "audit.log").ok
+
+
+def test_a_revocation_the_audit_log_cannot_record_is_undone(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    state = tmp_path / "server"
+    register(state / "keys", parse_enrolment(_enrol(tmp_path, "lab-b")))
+    (state / "audit.log").mkdir()  # not writable as a log
+    assert server_main(["revoke", "--state-dir", str(state), "lab-b"]) == 2
+    assert "could not record the revoke of lab-b, so it was undone" in capsys.readouterr().err
+    assert "lab-b" in load_registry(state / "keys").entries
