@@ -33,7 +33,8 @@ class ClientConfig:
     coordinator_key: the coordinator's public key file. insecure / tls_ca: plaintext or TLS.
     finetune, device, rollout_backend, learning_rate, lora_rank, eval_problems, minibatch_size,
     seed: local training choices (hacfed.clients.participant.ParticipantConfig; None keeps its default).
-    exit_when_done: exit 0 after answering the final update. idle_poll_s: SuperNode poll interval."""
+    exit_when_done: exit 0 after answering the final update. idle_poll_s: SuperNode poll interval.
+    keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back."""
 
     participant_id: str
     model: str
@@ -52,6 +53,7 @@ class ClientConfig:
     seed: int = 0
     exit_when_done: bool = False
     idle_poll_s: float = 0.5
+    keep_checkpoints: int = 3
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
     config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
 
@@ -95,6 +97,8 @@ class ClientConfig:
             _bad("exit_when_done", self.exit_when_done, "true or false")
         if isinstance(self.idle_poll_s, bool) or not isinstance(self.idle_poll_s, (int, float)) or not self.idle_poll_s > 0:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
+        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+            _bad("keep_checkpoints", self.keep_checkpoints, "an integer >= 2")
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))
@@ -102,7 +106,8 @@ class ClientConfig:
     def participant_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""
         out: dict[str, Any] = {"finetune": self.finetune, "device": self.device, "rollout_backend": self.rollout_backend,
-                               "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints")}
+                               "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints"),
+                               "keep_checkpoints": self.keep_checkpoints}
         optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,
                     "eval_problems": self.eval_problems, "minibatch_size": self.minibatch_size}
         out.update({k: v for k, v in optional.items() if v is not None})
@@ -131,6 +136,9 @@ def load_client_config(
         unknown_tables = sorted(set(data) - {"participant", "task"})
         if unknown_tables:
             raise ValueError(f"{path}: unknown table(s) {unknown_tables}; expected [participant] and [task]")
+        for name in ("participant", "task"):
+            if name in data and not isinstance(data[name], dict):
+                raise ValueError(f"{path}: [{name}] must be a table, got {data[name]!r}")
         table = dict(data.get("participant", {}))
         task = dict(data["task"]) if "task" in data else None
         config_dir = path.resolve().parent

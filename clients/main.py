@@ -10,6 +10,10 @@ loopback, and trains with HACPO on every round's verified pool. On first start i
 keys (STATE/participant.key, STATE/supernode.key) and STATE/enrolment.txt, the line the
 coordinator's operator registers (`hacfed-server register`). Restarted with the same command, it
 resumes from its checkpoint. `--insecure` (plaintext) is for a coordinator on 127.0.0.1 only.
+
+After the coordinator's operator purged a participant (`hacfed-server purge`), the same command with
+`replay --exclude X --from-round R` in front (hacfed-client stopped) rolls the lab back and trains
+again without X's samples (hacfed.clients.replay).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import argparse
 import signal
 import sys
 
+from hacfed.config_values import OneLineArgumentParser, describe_os_error
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="hacfed-client", description=__doc__.split("\n\n")[0],
         epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml. "
                "`hacfed-client keys --help`: the lab's keys and its enrolment for the coordinator.",
@@ -52,20 +58,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+NAMES = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
+         "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
+         "exit_when_done")
+REPLAY_SERVER = "127.0.0.1:0"  # replay talks to nobody: --server may be left out
+
+
+def replay_main(argv: list[str]) -> int:
+    """`hacfed-client replay [the lab's usual flags] --exclude X --from-round R` (hacfed.clients.replay)."""
+    parser = build_parser()
+    parser.prog = "hacfed-client replay"
+    parser.description = ("After `hacfed-server purge --participant X --from-round R`: roll this lab back to its "
+                          "last checkpoint without X's samples and train again on the pools since, without them.")
+    parser.add_argument("--exclude", required=True, metavar="ID", help="the purged participant")
+    parser.add_argument("--from-round", required=True, type=int, metavar="R", help="the purge's first round")
+    args = parser.parse_args(argv)
+    from hacfed.clients.config import load_client_config
+
+    flags = {name: getattr(args, name) for name in NAMES}
+    flags["server"] = flags["server"] or REPLAY_SERVER
+    try:
+        cfg = load_client_config(args.config, flags, args.task_sets)
+        from hacfed.clients.replay import run_replay
+
+        return run_replay(cfg, args.exclude, args.from_round, lambda line: print(f"hacfed-client: {line}", flush=True))
+    except ValueError as exc:
+        print(f"hacfed-client: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keys"]:  # `hacfed-client keys ...`: create / show this lab's keys and enrolment
         from hacfed.clients.enrol import main as keys_main
 
         return keys_main(argv[1:])
+    if argv[:1] == ["replay"]:
+        return replay_main(argv[1:])
     args = build_parser().parse_args(argv)
     from hacfed.clients.config import load_client_config
 
-    names = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
-             "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
-             "exit_when_done")
     try:
-        cfg = load_client_config(args.config, {name: getattr(args, name) for name in names}, args.task_sets)
+        cfg = load_client_config(args.config, {name: getattr(args, name) for name in NAMES}, args.task_sets)
         from hacfed.clients.runner import run_client
 
         # Ctrl-C must stop the children even when a shell started this job with SIGINT ignored.
@@ -73,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_client(cfg)
     except ValueError as exc:
         print(f"hacfed-client: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a read-only or full state directory, a missing file, ...
+        print(f"hacfed-client: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before any child process was started
         print("hacfed-client: interrupted", file=sys.stderr)

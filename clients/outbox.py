@@ -80,8 +80,8 @@ class OutboxEntry:
     sends: int
 
 
-class OutboxError(RuntimeError):
-    """The outbox file cannot be used (corrupt, read-only, ...)."""
+class OutboxError(ValueError):
+    """The outbox file cannot be used (corrupt, read-only, ...): hacfed-client says so in one line."""
 
 
 def encode_key(key: UpdateKey) -> str:
@@ -107,7 +107,8 @@ class Outbox:
                 if statement.strip():
                     self._db.execute(statement)
         except (OSError, sqlite3.Error) as exc:
-            raise OutboxError(f"outbox {self.path} cannot be used: {exc}") from None
+            hint = " (corrupt: move it away; its unanswered submissions are lost)" if "not a database" in str(exc) else ""
+            raise OutboxError(f"outbox {self.path} cannot be used: {exc}{hint}") from None
         self._db.row_factory = sqlite3.Row
 
     def close(self) -> None:

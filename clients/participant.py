@@ -50,6 +50,7 @@ class ParticipantConfig:
     device: str = "cpu"
     seed: int = 0
     checkpoint_dir: str | None = None
+    keep_checkpoints: int = 3  # how many rounds back a purge can roll this lab back (hacfed-client replay)
     rollout_backend: Literal["hf", "vllm"] = "hf"
 
     def __post_init__(self) -> None:
@@ -65,6 +66,8 @@ class ParticipantConfig:
             raise ValueError(f"rollout_backend must be 'hf' or 'vllm', got {self.rollout_backend!r}")
         if self.eval_problems < 1:
             raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems!r}")
+        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+            raise ValueError(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
 
 
 @dataclass
@@ -198,15 +201,16 @@ class Participant:
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    def save(self, directory: Path) -> Path:
+    def save(self, directory: Path, suffix: str = "") -> Path:
         return save_participant(
-            directory, participant_id=self.participant_id, last_round=self.last_round,
+            directory, keep=self.cfg.keep_checkpoints, suffix=suffix,
+            participant_id=self.participant_id, last_round=self.last_round,
             last_pool_round=self.last_pool_round, policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
             model=self.model, optimizer=self.optimizer, own=self._own,
         )
 
-    def _maybe_resume(self, directory: Path) -> None:
-        restored = restore_participant(directory, self.participant_id, self.model, self.optimizer)
+    def _maybe_resume(self, directory: Path, path: Path | None = None) -> None:
+        restored = restore_participant(directory, self.participant_id, self.model, self.optimizer, path)
         if restored is None:
             return
         self.policy_version = restored.policy_version

@@ -28,7 +28,8 @@ from pathlib import Path
 from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.clients.config import ClientConfig
 from hacfed.clients.relay import serve_participant
-from hacfed.clients.service import Answered, ParticipantService
+from hacfed.clients.outbox import Outbox
+from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import SuperNode, start_supernode
 from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
@@ -219,6 +220,7 @@ def run_client(cfg: ClientConfig) -> int:
         raise ValueError(f"another hacfed-client is running with state dir {state}") from None
     for leftover in kill_leftovers(state):
         say(f"stopped {leftover} left running by a previous hacfed-client")
+    Outbox(state / "service" / OUTBOX_FILE).close()  # a corrupt or read-only outbox fails here, before the model loads
     enrolment = ensure_lab_keys(state, cfg.participant_id)
     private_key = enrolment.private_key
     say(f"{'created' if enrolment.created else 'using'} this lab's keys in {state}: {enrolment.describe()}")

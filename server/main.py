@@ -22,11 +22,13 @@ import argparse
 import signal
 import sys
 
+from hacfed.config_values import OneLineArgumentParser, describe_os_error
+
 ONBOARDING_COMMANDS = ("certs", "register", "revoke", "labs")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineArgumentParser(
         prog="hacfed-server", description=__doc__.split("\n\n")[0],
         epilog="Settings precedence: config file < --set < the dedicated flags. See deploy/coordinator.toml. "
                "Operator commands: hacfed-server certs|register|revoke|labs|audit|purge --help.",
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_server(cfg)
     except ValueError as exc:
         print(f"hacfed-server: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a read-only or full state directory, a missing file, ...
+        print(f"hacfed-server: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before any child process was started
         print("hacfed-server: interrupted", file=sys.stderr)
