@@ -139,7 +139,8 @@ def load_server_config(
         else:
             overrides[key] = value
     flags = dict(flags or {})
-    state_dir = flags.pop("state_dir", None) or overrides.pop("state_dir", None) or coordinator_table.get("state_dir")
+    set_state_dir = overrides.pop("state_dir", None)  # --state-dir wins over --set state_dir=...
+    state_dir = flags.pop("state_dir", None) or set_state_dir or coordinator_table.get("state_dir")
     if not state_dir:
         raise ValueError("state_dir: set it in the config file or pass --state-dir")
     coordinator_table["state_dir"] = str(Path(str(state_dir)).expanduser().resolve())

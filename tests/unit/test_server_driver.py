@@ -380,3 +380,17 @@ def test_receipt_is_signed_only_after_the_journal_commit(tmp_path: Path, monkeyp
     fed.exchange()
     assert calls == ["commit:start", "commit:done", "receipt"]
     assert journal.pragma("synchronous") == 2  # FULL
+
+
+def test_after_ack_fires_once_the_lab_has_its_receipt(tmp_path: Path, monkeypatch) -> None:
+    """The fault suite's after_ack point: the lab's reply to the delivery that carried its receipt."""
+    import hacfed.server.driver as driver_module
+
+    reached: list[str] = []
+    monkeypatch.setattr(driver_module, "crash_point", reached.append)
+    fed = Federation(tmp_path, FakeClock(), expected_participants=1, rounds=2)
+    lab = fed.add(1, "lab-a")
+    fed.exchange()  # round 0: the submission is recorded; its receipt is queued, not delivered
+    assert reached == [] and lab.outbox.counts()["pending"] == 1
+    fed.exchange()  # round 1's update carries the receipt; the reply proves the lab has it
+    assert reached == ["after_ack"] and lab.outbox.counts()["acked"] == 1
