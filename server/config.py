@@ -154,5 +154,8 @@ def load_server_config(
     given = {k: v for k, v in flags.items() if v is not None}
     if any(k in given for k in ("tls_cert", "tls_key", "tls_ca")) and "insecure" not in given:
         given["insecure"] = False  # TLS files on the command line replace the file's plaintext setting
+    if given.get("insecure") is True and not any(k in given for k in ("tls_cert", "tls_key", "tls_ca")):
+        for name in ("tls_cert", "tls_key", "tls_ca"):  # ... and --insecure replaces the file's TLS files
+            server_table.pop(name, None)
     server_table.update(given)
     return ServerConfig(coordinator, ServerSettings(**server_table), path.resolve().parent)

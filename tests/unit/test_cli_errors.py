@@ -130,7 +130,7 @@ def test_server_corrupt_journal_is_one_line(tmp_path):
     state.mkdir()
     (state / "journal.sqlite").write_bytes(b"\x00garbage, not SQLite" * 64)
     result = _run([str(BIN / "hacfed-server"), "--config", str(SERVER_TOML), "--state-dir", str(state),
-                   "--listen", "127.0.0.1:0"], tmp_path)
+                   "--listen", "127.0.0.1:0", "--insecure"], tmp_path)
     _one_line_error(result, "hacfed-server", "journal.sqlite cannot be used: file is not a database",
                     "corrupt or not a hacfed journal")
 
@@ -179,7 +179,7 @@ def test_read_only_state_dirs_are_one_line(tmp_path):
     server_state = tmp_path / "s"
     server_state.mkdir()
     result = _read_only(server_state, [str(BIN / "hacfed-server"), "--config", str(SERVER_TOML), "--state-dir",
-                                       str(server_state), "--listen", "127.0.0.1:0"], tmp_path)
+                                       str(server_state), "--listen", "127.0.0.1:0", "--insecure"], tmp_path)
     _one_line_error(result, "hacfed-server", "Read-only file system", "give a writable --state-dir")
     argv = _client_argv(tmp_path)
     (tmp_path / "lab-a").mkdir()

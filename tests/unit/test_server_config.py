@@ -123,3 +123,11 @@ def test_main_reports_config_errors_without_a_traceback(config_file: Path, capsy
     assert "Traceback" not in err
     assert main(["--config", str(config_file.parent / "nope.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_insecure_flag_replaces_the_files_tls_settings(tmp_path):
+    """deploy/coordinator.toml names TLS files; its documented `--insecure` development command must
+    load (it said: --insecure and the TLS files exclude each other)."""
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "coordinator.toml"
+    cfg = load_server_config(deploy, [], {"state_dir": str(tmp_path), "insecure": True})
+    assert cfg.server.insecure is True and cfg.server.tls_cert is None and cfg.listen[0] == "127.0.0.1"
