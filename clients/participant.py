@@ -66,7 +66,8 @@ class ParticipantConfig:
             raise ValueError(f"rollout_backend must be 'hf' or 'vllm', got {self.rollout_backend!r}")
         if self.eval_problems < 1:
             raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems!r}")
-        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+        keep = self.keep_checkpoints
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             raise ValueError(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
 
 
@@ -204,8 +205,8 @@ class Participant:
     def save(self, directory: Path, suffix: str = "") -> Path:
         return save_participant(
             directory, keep=self.cfg.keep_checkpoints, suffix=suffix,
-            participant_id=self.participant_id, last_round=self.last_round,
-            last_pool_round=self.last_pool_round, policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
+            participant_id=self.participant_id, last_round=self.last_round, last_pool_round=self.last_pool_round,
+            policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
             model=self.model, optimizer=self.optimizer, own=self._own,
         )
 
