@@ -18,8 +18,10 @@ from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_ca_cert
 from hacfed.config_values import parse_set, split_host_port
+from hacfed.envelope import load_public_key
 from hacfed.flower_protocol import is_loopback_host
 from hacfed.identity import PARTICIPANT_ID_RULE, is_participant_id
+from hacfed.model_spec import check_model_spec
 from hacfed.tomlfile import read_toml
 
 DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
@@ -33,8 +35,12 @@ class ClientConfig:
     coordinator_key: the coordinator's public key file. insecure / tls_ca: plaintext or TLS.
     finetune, device, rollout_backend, learning_rate, lora_rank, eval_problems, minibatch_size,
     seed: local training choices (hacfed.clients.participant.ParticipantConfig; None keeps its default).
-    exit_when_done: exit 0 after answering the final update. idle_poll_s: SuperNode poll interval.
-    keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back."""
+    stay: keep serving after the coordinator closed the run (default: exit 0 then).
+    idle_poll_s: SuperNode poll interval.
+    keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back.
+
+    Everything a user can get wrong is checked here, before hacfed-client creates any file: the
+    model spec (`hacfed.model_spec`), addresses, ids, and that the key and CA files exist and parse."""
 
     participant_id: str
     model: str
@@ -51,7 +57,7 @@ class ClientConfig:
     eval_problems: int | None = None
     minibatch_size: int | None = None
     seed: int = 0
-    exit_when_done: bool = False
+    stay: bool = False
     idle_poll_s: float = 0.5
     keep_checkpoints: int = 3
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
@@ -62,7 +68,9 @@ class ClientConfig:
             _bad("participant_id", self.participant_id, PARTICIPANT_ID_RULE)
         if not isinstance(self.model, str) or not self.model.strip():
             _bad("model", self.model, "a preset name, a local model directory or a cached hub id")
-        server_host, _ = split_host_port(self.server, "ClientConfig.server")
+        server_host, port = split_host_port(self.server, "ClientConfig.server")
+        if port == 0:
+            _bad("server", self.server, "the coordinator's HOST:PORT with a port in 1-65535")
         for name in ("state_dir", "coordinator_key", "tls_ca", "config_dir"):
             value = getattr(self, name)
             if value is not None:
@@ -71,6 +79,12 @@ class ClientConfig:
                 object.__setattr__(self, name, Path(value).expanduser().resolve())
         if not self.coordinator_key.is_file():
             _bad("coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)")
+        try:
+            load_public_key(self.coordinator_key)
+        except ValueError as exc:
+            _bad("coordinator_key", str(self.coordinator_key), f"the coordinator's public key file ({exc})")
+        if self.state_dir.exists() and not self.state_dir.is_dir():
+            _bad("state_dir", str(self.state_dir), "a directory (it is a file)")
         if not isinstance(self.insecure, bool) or self.insecure == (self.tls_ca is not None):
             _bad("insecure", self.insecure, "true without tls_ca (plaintext, --insecure) or false with --tls-ca FILE")
         if self.insecure and not is_loopback_host(server_host):
@@ -93,8 +107,8 @@ class ClientConfig:
                 _bad(name, value, "an integer >= 1")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             _bad("seed", self.seed, "an integer >= 0")
-        if not isinstance(self.exit_when_done, bool):
-            _bad("exit_when_done", self.exit_when_done, "true or false")
+        if not isinstance(self.stay, bool):
+            _bad("stay", self.stay, "true or false")
         if isinstance(self.idle_poll_s, bool) or not isinstance(self.idle_poll_s, (int, float)) or not self.idle_poll_s > 0:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
@@ -102,6 +116,10 @@ class ClientConfig:
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))
+        try:
+            check_model_spec(self.model)
+        except ValueError as exc:
+            raise ValueError(f"ClientConfig.model: {exc}") from None
 
     def participant_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -106,7 +107,8 @@ class Participant:
     def from_spec(cls, cfg: ParticipantConfig, task: Task) -> "Participant":
         from hacfed.models.loading import load_model
 
-        loaded = load_model(cfg.model, device=cfg.device)
+        # Progress bars (a first-use warm-up, weight loading) only on a terminal, never in logs.
+        loaded = load_model(cfg.model, device=cfg.device, progress=sys.stderr.isatty())
         return cls(cfg, loaded.model, loaded.tokenizer, task)
 
     @property

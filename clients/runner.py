@@ -1,15 +1,17 @@
-"""What hacfed-client does once its configuration is valid.
+"""What hacfed-client does once its configuration is valid (`ClientConfig` checked the model spec,
+addresses, ids and key files; the task is loaded here before anything is created).
 
 1. keys: `<state-dir>/participant.key` and `supernode.key` (+ `.pub`) and the enrolment line for the
    coordinator's operator, `<state-dir>/enrolment.txt` (`hacfed.clients.enrol`), created on first start;
+   the line is printed too, ready for `hacfed-server register`;
 2. the model, resident for the whole run (torch is imported here, after the config was checked),
    resuming from `<state-dir>/checkpoints` after a restart;
 3. the participant service on loopback (`hacfed.clients.service`, behind the relay's gRPC);
 4. a Flower SuperNode pointed at the coordinator (with TLS: authenticated with the lab's SuperNode
    key), supervised: restarted if it exits, and restarted to find out why if the coordinator cut it
    off (revoked); a refusal to connect is named in one line.
-With --exit-when-done it stops once the coordinator acknowledged its final report and the
-SuperNode has sent the answer to that acknowledgement.
+It exits 0 once the coordinator acknowledged its final report (or quarantined it) and the
+SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving.
 
 What the lab sees on its console: each round it answered, the coordinator's receipt or refusal
 (code and message) for every submission, and, while the coordinator is unreachable, each reconnect
@@ -27,11 +29,11 @@ from pathlib import Path
 
 from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.clients.config import ClientConfig
+from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.clients.relay import serve_participant
 from hacfed.clients.outbox import Outbox
 from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import SuperNode, start_supernode
-from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
@@ -119,17 +121,29 @@ class Client:
         self.final_answered = threading.Event()
         self.node: SuperNode | None = None
         self.log = LogWatcher(cfg.state_dir / "supernode" / "supernode.log")
+        self.run_id: str | None = None
+        self.final_accuracy: float | None = None  # held-out accuracy after training on the final pool
 
     def on_answer(self, answered: Answered) -> None:
         say(describe_answer(answered, self.cfg.participant_id))
+        self.run_id = answered.update.run_id
+        report = answered.submission.report if answered.submission is not None else None
+        if answered.final and report is not None and report.eval_accuracy is not None:
+            self.final_accuracy = report.eval_accuracy
 
     def on_finished(self) -> None:
         """The coordinator's final acknowledgement: the run is over for this lab (its final report
         is recorded, or it was quarantined)."""
+        if self.final_answered.is_set():
+            return  # a resent acknowledgement
         log = self.cfg.state_dir / "supernode" / "supernode.log"
         self.final_offset = log.stat().st_size if log.exists() else 0
         self.final_answered.set()
-        say("the coordinator closed the run for this lab: the federation is done")
+
+    def closing_line(self) -> str:
+        run = f"run {self.run_id}" if self.run_id else "the run"
+        accuracy = "" if self.final_accuracy is None else f"; final held-out accuracy {self.final_accuracy:.3f}"
+        return f"the federation is done: the coordinator closed {run} for {self.cfg.participant_id}{accuracy}"
 
     def start_node(self, sup: ProcessSupervisor, port: int) -> SuperNode:
         """Start the SuperNode; while the coordinator is unreachable or refuses this lab, keep trying
@@ -190,12 +204,17 @@ class Client:
         node = self.start_node(sup, port)
         say(f"connected to {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting "
             f"for the coordinator (its receipts and refusals are printed here)")
+        told = False
         while True:
-            if self.cfg.exit_when_done and self.final_answered.is_set():
-                if not self.reply_left():
-                    say("the SuperNode did not send the last answer within 120s; exiting anyway")
-                say("exiting (--exit-when-done)")
-                return 0
+            if self.final_answered.is_set() and not told:
+                told = True
+                if self.cfg.stay:
+                    say(f"{self.closing_line()}; --stay: still serving (Ctrl-C to stop)")
+                else:
+                    if not self.reply_left():
+                        say("the SuperNode did not send the last answer within 120s; exiting anyway")
+                    say(f"{self.closing_line()}; checkpoints in {self.cfg.state_dir}. Exiting.")
+                    return 0
             if self.node is not None and not self.node.process.alive():
                 say(f"the SuperNode exited (code {self.node.process.returncode()}); restarting it")
                 sup.stop(self.node.process)
@@ -211,6 +230,10 @@ class Client:
 
 
 def run_client(cfg: ClientConfig) -> int:
+    from hacfed.tasks.registry import load_task
+
+    task = load_task(cfg.task, base_dir=cfg.config_dir)  # a bad [task] fails before any file exists
+    coordinator_key = load_public_key(cfg.coordinator_key)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     lock = open(state / "client.lock", "w")  # noqa: SIM115 - held for the process's lifetime
@@ -224,11 +247,8 @@ def run_client(cfg: ClientConfig) -> int:
     enrolment = ensure_lab_keys(state, cfg.participant_id)
     private_key = enrolment.private_key
     say(f"{'created' if enrolment.created else 'using'} this lab's keys in {state}: {enrolment.describe()}")
-    say(f"enrolment for the coordinator's operator (hacfed-server register): {state / ENROLMENT_FILE}")
-    coordinator_key = load_public_key(cfg.coordinator_key)
-    from hacfed.tasks.registry import load_task
-
-    task = load_task(cfg.task, base_dir=cfg.config_dir)
+    say(f"enrolment for the coordinator's operator (hacfed-server register), also in {state / ENROLMENT_FILE}:")
+    print(enrolment.line, flush=True)
     cheat = os.environ.get(FALSIFY_ENV) == "1"
     if cheat:
         say(f"TEST MODE ({FALSIFY_ENV}=1): every claimed reward is FALSIFIED; the coordinator should reject them")

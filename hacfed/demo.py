@@ -94,7 +94,7 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
 
     print(f"[demo] preparing {len(agents)} agents (built and warmed up once, then cached in {store.models_root()})")
     for name in agents:
-        store.ensure_built(name, 0)
+        store.ensure_built(name, 0, progress=sys.stderr.isatty())  # warm-up bars only on a terminal
 
     server_state = root / "coordinator"
     coordinator_keys = ensure_key_pair(server_state, "coordinator")
@@ -121,7 +121,7 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
                 sup.start(
                     [str(bindir / "hacfed-client"), "--model", name, "--server", address, "--participant-id", pid,
                      "--state-dir", str(root / pid), "--coordinator-key", str(coordinator_keys.public), *client_tls,
-                     "--lr", str(args.lr), "--exit-when-done"],
+                     "--lr", str(args.lr)],
                     env=env, log_path=root / f"{pid}.log", name=pid,
                 )
             code = _follow(root / "server.log", server)

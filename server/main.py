@@ -25,36 +25,49 @@ import sys
 from hacfed.config_values import OneLineArgumentParser, describe_os_error
 
 ONBOARDING_COMMANDS = ("certs", "register", "revoke", "labs")
+DEFAULT_LISTEN = "127.0.0.1:9092"  # = hacfed.server.config.DEFAULT_LISTEN (kept torch- and import-free here)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Flags default to None so the config file can fill them; the effective defaults are in the help.
     parser = OneLineArgumentParser(
         prog="hacfed-server", description=__doc__.split("\n\n")[0],
-        epilog="Settings precedence: config file < --set < the dedicated flags. See deploy/coordinator.toml. "
-               "Operator commands: hacfed-server certs|register|revoke|labs|audit|purge --help.",
+        epilog="Settings precedence: config file < --set < the dedicated flags. See deploy/coordinator.toml for "
+               "every setting and its default. Operator commands: hacfed-server certs|register|revoke|labs|audit|"
+               "purge --help.",
     )
     parser.add_argument("--config", required=True, metavar="FILE",
-                        help="TOML with the coordinator's settings: run_id, rounds, prompts_per_round, group_size "
-                             "(responses per prompt), expected_participants, min_participants, round_deadline_s, "
-                             "state_dir, [task], [sampling], [hacpo], and a [server] table")
+                        help="required: TOML with the coordinator's settings (run_id, rounds, prompts_per_round, "
+                             "group_size, expected_participants, min_participants, round_deadline_s, state_dir, "
+                             "[task], [sampling], [hacpo]) and a [server] table for this process")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                        help="override one setting, e.g. rounds=3, group_size=4, task.digits=3, "
-                             "sampling.max_new_tokens=8, hacpo.mode=naive, server.listen=127.0.0.1:0 (repeatable)")
+                        help="override one setting of the file, e.g. rounds=3, group_size=4, task.digits=3, "
+                             "sampling.max_new_tokens=8, hacpo.mode=naive, server.listen=127.0.0.1:0 (default: "
+                             "none; repeatable)")
     parser.add_argument("--state-dir", metavar="DIR",
-                        help="journal, SuperLink database, keys, logs and metrics live here (overrides state_dir)")
+                        help="journal, SuperLink database, keys, logs and metrics; run the same command again to "
+                             "resume from it (default: the file's state_dir)")
     parser.add_argument("--listen", metavar="HOST:PORT",
-                        help="Fleet API address for participants (default 127.0.0.1:9092; port 0: the OS picks "
-                             "one, printed in the ready line)")
+                        help="Fleet API address the labs connect to; port 0 lets the OS pick one, printed in the "
+                             f"ready line (default: [server] listen, else {DEFAULT_LISTEN})")
     parser.add_argument("--insecure", action="store_true", default=None,
-                        help="plaintext, no SuperNode authentication: development only, on a loopback --listen address")
-    parser.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM) for the Fleet API")
-    parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
-    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) that signed --tls-cert")
+                        help="plaintext, no SuperNode authentication: development only, on a loopback --listen "
+                             "address (default: [server] insecure, else off; then --tls-cert, --tls-key and --tls-ca "
+                             "are required)")
+    parser.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM) for the Fleet API, from "
+                        "hacfed-server certs init (default: [server] tls_cert)")
+    parser.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM) (default: [server] "
+                        "tls_key)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) that signed --tls-cert (default: "
+                        "[server] tls_ca)")
     parser.add_argument("--keys-dir", metavar="DIR",
-                        help="the registry of labs (default STATE/keys; edited by hacfed-server register/revoke)")
-    parser.add_argument("--metrics-out", metavar="FILE", help="JSONL metrics rows (default STATE/metrics.jsonl)")
+                        help="the registry of labs, edited by hacfed-server register / revoke and re-read while an "
+                             "unknown lab is connected (default: STATE/keys)")
+    parser.add_argument("--metrics-out", metavar="FILE", help="JSONL metrics, one row per lab per round "
+                        "(default: STATE/metrics.jsonl)")
     parser.add_argument("--trust-on-first-use", action="store_true", default=None,
-                        help="DEVELOPMENT ONLY, needs --insecure: register the key of any unknown participant")
+                        help="DEVELOPMENT ONLY, needs --insecure: register the key of any unknown participant "
+                             "(default: off)")
     return parser
 
 

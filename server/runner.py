@@ -59,12 +59,22 @@ class ConsoleTail:
             self.out(f"[{datetime.now():%H:%M:%S}] {line}")
 
 
+def check_before_writing(cfg: ServerConfig) -> None:
+    """What a user can get wrong that the config types cannot see, checked before any file is
+    created: the task loads (its data files exist and parse), the state and keys paths are folders."""
+    load_task_from_config(cfg.coordinator, str(cfg.config_dir))
+    for what, path in (("state dir", cfg.state_dir), ("keys dir", cfg.keys_dir)):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"the {what} {path} is a file, not a directory")
+    if cfg.metrics_out.is_dir():
+        raise ValueError(f"metrics_out {cfg.metrics_out} is a directory; give a file path")
+
+
 def prepare(cfg: ServerConfig) -> Path:
-    """Everything that can fail on a user mistake, before any process starts: the task loads, the
-    journal belongs to this run, the keys exist. Returns the driver settings file."""
+    """Everything that can fail on a user mistake once the state dir exists, before any process
+    starts: the journal belongs to this run, the keys exist. Returns the driver settings file."""
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    load_task_from_config(cfg.coordinator, str(cfg.config_dir))
     with Journal(cfg.coordinator.journal_path) as journal:
         journal.bind_run(cfg.coordinator.run_id, cfg.coordinator.plan_fingerprint())
     keys = ensure_key_pair(state, "coordinator")
@@ -223,6 +233,7 @@ def start_link_on_known_port(server: Server, port: int) -> SuperLink:
 
 def run_server(cfg: ServerConfig) -> int:
     """The whole life of hacfed-server; SIGTERM / SIGINT stop every child and return 0."""
+    check_before_writing(cfg)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     lock = lock_state_dir(state)

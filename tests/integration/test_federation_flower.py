@@ -4,8 +4,10 @@ lab-a (tiny-llama, byte-level tokenizer) and lab-b (tiny-gpt2, another tokenizer
 lab-c (tiny-llama) claims the opposite of every reward (HACFED_TEST_FALSIFY_REWARDS=1). After round 0
 closes, lab-b is killed with SIGKILL and started again: it must rejoin. After round 1 closes,
 hacfed-server is killed with SIGKILL and started again with the same command: it must resume at the
-right round and finish. No process may be left behind, including what the killed ones started. Keys go the documented way: each client creates its key on first
-start and the "operator" (this test) copies `participant.pub` into the server's keys dir.
+right round and finish. lab-b and lab-c exit 0 when the coordinator closes the run; lab-a, started
+with --stay, keeps serving until it is stopped. No process may be left behind, including what the
+killed ones started. Keys go the documented way: each client creates its key on first start and
+prints it, and the "operator" (this test) copies `participant.pub` into the server's keys dir.
 
 Tiny rounds (2 prompts x G=2, 6 new tokens, 10 eval problems) keep it to about a minute on 2 CPU
 cores; the presets are built once and cached under HACFED_HOME (scripts/test.sh points it at the
@@ -122,10 +124,10 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         procs.append(Proc(log, argv, tmp_path / log, env))
         return procs[-1]
 
-    def client(pid: str, model: str, cheat: bool = False) -> Proc:
+    def client(pid: str, model: str, cheat: bool = False, stay: bool = False) -> Proc:
         argv = [str(BIN / "hacfed-client"), "--model", model, "--server", address, "--participant-id", pid,
                 "--state-dir", str(tmp_path / pid), "--coordinator-key", str(server_dir / "coordinator.pub"),
-                "--insecure", "--eval-problems", "10", "--exit-when-done"]
+                "--insecure", "--eval-problems", "10", *(["--stay"] if stay else [])]
         proc = Proc(pid, argv, tmp_path / f"{pid}.log", {**env, **({"HACFED_TEST_FALSIFY_REWARDS": "1"} if cheat else {})})
         procs.append(proc)
         key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key
@@ -141,7 +143,7 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         address = first.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
         cheater = client("lab-c", "tiny-llama", cheat=True)
         first.wait_for(r"joined: lab-c")
-        lab_a, lab_b = client("lab-a", "tiny-llama"), client("lab-b", "tiny-gpt2")
+        lab_a, lab_b = client("lab-a", "tiny-llama", stay=True), client("lab-b", "tiny-gpt2")
         first.wait_for(r"joined: lab-b")
         first.wait_for(r"round 0 closed")
         orphans = {p.pid for p in psutil.Process(lab_b.popen.pid).children(recursive=True)}
@@ -155,8 +157,13 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         second = server("127.0.0.1:0", "server-2.log")  # the same command: port 0 again
         assert second.wait_for(r"ready: Fleet API on (\S+) ").group(1) == address  # the previous port is reused
         assert second.exit_code(300) == 0, second.text()[-5000:]
-        assert lab_a.exit_code(120) == 0 and lab_b.exit_code(120) == 0
+        assert lab_b.exit_code(120) == 0  # by default a lab leaves once the coordinator closed the run
         assert cheater.exit_code(120) == 0  # quarantined: no final update, but told the run is over
+        lab_a.wait_for(r"--stay: still serving", timeout=120)
+        time.sleep(3.0)
+        assert lab_a.popen.poll() is None  # --stay: still there after the run
+        lab_a.stop()
+        assert lab_a.popen.returncode == 0
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -177,6 +184,17 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
     for lab in (lab_a, lab_b):
         assert re.search(r"round \d: receipt seq \d+ \(content [0-9a-f]{12}\): accepted 4", lab.text()), lab.text()
     assert re.search(r"round \d: receipt seq \d+ .*accepted 0; rejected 4: .*HACFED-E-REWARD-MISMATCH", cheater.text())
+
+    # -- each lab printed its public key as the PEM the operator registers; each says how it ended
+    for pid, proc in (("lab-a", lab_a), ("lab-b", lab_b), ("lab-c", cheater)):
+        assert (tmp_path / pid / "participant.pub").read_text().strip() in proc.text()
+    assert re.search(r"hacfed-client: the federation is done: the coordinator closed run it-federation for lab-b; "
+                     r"final held-out accuracy \d\.\d{3}; checkpoints in \S+lab-b\. Exiting\.", lab_b.text()), lab_b.text()
+    assert re.search(r"the coordinator closed run it-federation for lab-c; checkpoints in \S+\. Exiting\.",
+                     cheater.text()), cheater.text()[-3000:]
+    assert re.search(r"closed run it-federation for lab-a; final held-out accuracy \d\.\d{3}; --stay: still serving",
+                     lab_a.text())
+    assert re.search(r"hacfed-client: stopped \(SystemExit\)", lab_a.text())
 
     # -- the journal: every round once, honest trajectories of both sources, none of the cheater
     with sqlite3.connect(f"file:{server_dir / 'journal.sqlite'}?mode=ro", uri=True) as db:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -97,8 +98,35 @@ def test_every_option_is_explained_in_help() -> None:
     options = [a for a in build_parser()._actions if not isinstance(a, argparse._HelpAction)]
     assert {o.dest for o in options} >= {"model", "server", "participant_id", "state_dir", "coordinator_key",
                                          "insecure", "tls_ca", "finetune", "device", "rollout_backend",
-                                         "learning_rate", "exit_when_done", "task_sets"}
-    assert all(o.help and len(o.help) > 15 for o in options)
+                                         "learning_rate", "stay", "task_sets"}
+    shown = [o for o in options if o.help != argparse.SUPPRESS]
+    assert all(o.help and len(o.help) > 15 for o in shown)
+    assert all("(default: " in o.help or o.help.startswith("required: ") for o in shown), \
+        [o.dest for o in shown if "(default: " not in o.help and not o.help.startswith("required: ")]
+
+
+def test_help_defaults_are_the_real_defaults() -> None:
+    import re
+
+    from hacfed.clients.config import ClientConfig
+    from hacfed.clients.participant import ParticipantConfig
+
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    shown = {dest: re.search(r"\(default: ([^;)]+)", text).group(1) for dest, text in helps.items()
+             if text and "(default: " in text}
+    fields = {f.name: f.default for f in dataclasses.fields(ParticipantConfig)} | \
+        {f.name: f.default for f in dataclasses.fields(ClientConfig) if f.name in ("device", "rollout_backend", "seed",
+                                                                              "finetune")}
+    for dest in ("learning_rate", "lora_rank", "eval_problems", "finetune", "device", "rollout_backend", "seed"):
+        assert shown[dest] == str(fields[dest]), (dest, shown[dest], fields[dest])
+    assert ClientConfig.__dataclass_fields__["stay"].default is False and shown["stay"].startswith("off")
+    assert "kind=arithmetic digits=2 operators=+" in helps["task_sets"]
+    assert DEFAULT_TASK == {"kind": "arithmetic", "digits": 2, "operators": "+"}
+
+
+def test_exit_when_done_is_still_accepted_and_changes_nothing() -> None:
+    args = build_parser().parse_args(["--exit-when-done"])
+    assert args.exit_when_done is True and args.stay is None
 
 
 def test_main_reports_config_errors_without_a_traceback(flags: dict, capsys: pytest.CaptureFixture) -> None:
