@@ -164,7 +164,12 @@ def load_client_config(
     unknown = sorted(set(table) - known)
     if unknown:
         raise ValueError(f"[participant]: unknown key(s) {unknown}; known: {sorted(known)}")
-    table.update({k: v for k, v in (flags or {}).items() if v is not None})
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    if given.get("tls_ca") is not None and "insecure" not in given:
+        table.pop("insecure", None)  # --tls-ca on the command line replaces the file's plaintext setting
+    if given.get("insecure") is True and "tls_ca" not in given:
+        table.pop("tls_ca", None)  # --insecure replaces the file's TLS setting
+    table.update(given)
     task = dict(DEFAULT_TASK) if task is None else task
     for item in task_sets:
         key, value = parse_set(item)

@@ -150,3 +150,13 @@ def test_progress_lines_say_what_the_step_did() -> None:
     assert line.startswith("round 1: trained on 12 pooled samples of round 0 (6 from other labs) in 1.5s")
     assert "eval accuracy 0.250" in line and "rolled out 6 in 0.5s, claimed reward 0.33" in line
     assert "cached reply" in describe_answer(Answered(update, None, 0.0, True), "lab-a")
+
+
+def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict, tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[participant]\ntls_ca = "missing-ca.pem"\n')
+    cfg = load_client_config(path, flags)  # flags has insecure=True
+    assert cfg.insecure and cfg.tls_ca is None
+    path.write_text("[participant]\ninsecure = true\n")
+    with pytest.raises(ValueError, match="ClientConfig.tls_ca must be an existing CA certificate"):
+        load_client_config(path, {**flags, "insecure": None, "tls_ca": str(tmp_path / "nope.pem")})

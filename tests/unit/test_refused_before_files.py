@@ -39,7 +39,7 @@ def _client_argv(lab: dict[str, Path], **changes: str) -> list[str]:
         ({"model": "someorg/not-cached"}, "is not in the local Hugging Face cache"),
         ({"server": "127.0.0.1:0"}, "ClientConfig.server must be the coordinator's HOST:PORT with a port in 1-65535"),
         ({"server": "127.0.0.1:99999"}, "ClientConfig.server must be HOST:PORT with a port in 0-65535"),
-        ({"participant_id": "../lab"}, "ClientConfig.participant_id must be 1-128 characters"),
+        ({"participant_id": "../lab"}, "ClientConfig.participant_id must be 1-63 characters"),
         ({"coordinator_key": "NOT_A_KEY"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
         ({"insecure": "DROP", "tls_ca": "missing-ca.pem"}, "ClientConfig.tls_ca must be an existing CA certificate"),
         ({"task": "kind=nope"}, "task spec: unknown kind 'nope'"),
