@@ -6,8 +6,9 @@ closes, lab-b is killed with SIGKILL and started again: it must rejoin. After ro
 hacfed-server is killed with SIGKILL and started again with the same command: it must resume at the
 right round and finish. lab-b and lab-c exit 0 when the coordinator closes the run; lab-a, started
 with --stay, keeps serving until it is stopped. No process may be left behind, including what the
-killed ones started. Keys go the documented way: each client creates its key on first start and
-prints it, and the "operator" (this test) copies `participant.pub` into the server's keys dir.
+killed ones started. Each client creates its keys on first start and prints its enrolment line; the
+"operator" (this test) copies its `participant.pub` into the server's keys dir (in plaintext no
+SuperNode key is needed; `hacfed-server register` is tested in test_tls_walkthrough.py).
 
 Tiny rounds (2 prompts x G=2, 6 new tokens, 10 eval problems) keep it to about a minute on 2 CPU
 cores; the presets are built once and cached under HACFED_HOME (scripts/test.sh points it at the
@@ -185,9 +186,10 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         assert re.search(r"round \d: receipt seq \d+ \(content [0-9a-f]{12}\): accepted 4", lab.text()), lab.text()
     assert re.search(r"round \d: receipt seq \d+ .*accepted 0; rejected 4: .*HACFED-E-REWARD-MISMATCH", cheater.text())
 
-    # -- each lab printed its public key as the PEM the operator registers; each says how it ended
+    # -- each lab printed its enrolment line, what the operator registers; each says how it ended
     for pid, proc in (("lab-a", lab_a), ("lab-b", lab_b), ("lab-c", cheater)):
-        assert (tmp_path / pid / "participant.pub").read_text().strip() in proc.text()
+        line = (tmp_path / pid / "enrolment.txt").read_text().strip()
+        assert line.startswith(f"hacfed-enrolment/v1 {pid} ") and f"\n{line}\n" in proc.text()
     assert re.search(r"hacfed-client: the federation is done: the coordinator closed run it-federation for lab-b; "
                      r"final held-out accuracy \d\.\d{3}; checkpoints in \S+lab-b\. Exiting\.", lab_b.text()), lab_b.text()
     assert re.search(r"the coordinator closed run it-federation for lab-c; checkpoints in \S+\. Exiting\.",
