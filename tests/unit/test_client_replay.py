@@ -139,7 +139,7 @@ def test_cli_replay_runs_from_the_labs_usual_flags(federation, tmp_path, capsys)
     assert "rolled back to ckpt-000001" in out and "without lab-x's samples (8 left out)" in out
     assert "saved ckpt-000003-replay" in out
     assert client_main([*argv[:-1], "9"]) == 0  # nothing after round 9: nothing to replay
-    assert client_main(["replay", "--model", "x", "--participant-id", "lab-a", "--state-dir", str(tmp_path / "none"),
+    assert client_main(["replay", "--model", str(model_dir), "--participant-id", "lab-a", "--state-dir", str(tmp_path / "none"),
                         "--coordinator-key", str(state.parent / "server" / "coordinator.pub"), "--insecure",
                         "--exclude", "lab-x", "--from-round", "1"]) == 2
     assert "holds no outbox or checkpoint of a lab" in capsys.readouterr().err
