@@ -107,6 +107,9 @@ def replay_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hacfed.progress import bars_only_on_a_terminal
+
+    bars_only_on_a_terminal()  # before transformers or huggingface_hub are imported
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["keys"]:  # `hacfed-client keys ...`: create / show this lab's keys and enrolment
         from hacfed.clients.enrol import main as keys_main

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hacfed.progress import bars_only_on_a_terminal
+
+    bars_only_on_a_terminal()  # before transformers or huggingface_hub are imported
     args = build_parser().parse_args(argv)
     if args.command == "models":
         return _run_models(args)

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hacfed.progress import bars_only_on_a_terminal
+
+    bars_only_on_a_terminal()  # before transformers or huggingface_hub are imported
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("audit", "purge"):  # administrative commands (hacfed.server.admin)
         from hacfed.server.admin import main as admin_main
