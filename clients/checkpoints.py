@@ -6,7 +6,8 @@ its small state files with `atomic_write_text`. Torch is imported only by the fu
 or restore a policy, so the service imports this module torch-free.
 
 Layout: <dir>/ckpt-<round:06d>/{model.pt, optimizer.pt, rng.pt, state.json} and <dir>/LATEST naming
-the newest complete checkpoint. A crash at any point leaves either the previous or the new
+the newest complete checkpoint (a second checkpoint of the same round gets `-2`, `-3`, ...; one
+written by `hacfed-client replay` is `ckpt-<round>-replay`). A crash at any point leaves either the previous or the new
 checkpoint, never a partial one. Only our own files are ever loaded with torch.load (never peer
 data).
 """
@@ -60,18 +61,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def save_checkpoint(directory: Path, round_id: int, write: Any, keep: int = 2) -> Path:
-    """`write(tmp_dir)` fills a fresh directory; it becomes ckpt-<round> atomically, then LATEST."""
+def save_checkpoint(directory: Path, round_id: int, write: Any, keep: int = 2, suffix: str = "") -> Path:
+    """`write(tmp_dir)` fills a fresh directory; it becomes ckpt-<round><suffix> atomically, then
+    LATEST. The `keep` newest checkpoints stay (how far back a purge can roll a lab back)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"ckpt-{round_id:06d}"
+    base = f"ckpt-{round_id:06d}{suffix}"
+    final, n = directory / base, 1
+    while final.exists():  # never replace a checkpoint LATEST may name: take the next free name
+        n += 1
+        final = directory / f"{base}-{n}"
     tmp = Path(tempfile.mkdtemp(dir=directory, prefix=".tmp-ckpt-"))
     try:
         write(tmp)
         fsync_tree(tmp)
         crash_point("mid_checkpoint")  # the fault suite's kill point: files written, not yet renamed
-        if final.exists():
-            shutil.rmtree(final)
         os.rename(tmp, final)
         fsync_dir(directory)
     except BaseException:
@@ -96,6 +100,19 @@ def read_state(path: Path) -> dict:
     return json.loads((Path(path) / "state.json").read_text())
 
 
+def checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoints kept in `directory`, oldest first."""
+    return sorted(p for p in Path(directory).glob("ckpt-*") if p.is_dir() and (p / "state.json").exists())
+
+
+def pool_round_of(state: Mapping[str, Any]) -> int | None:
+    """The last pool a checkpoint's policy trained on (older checkpoints did not record it: the
+    update that asked for plan k carried pool k - 1)."""
+    if "pool_round" in state:
+        return state["pool_round"]
+    return None if state["round"] <= 0 else int(state["round"]) - 1
+
+
 def _prune(directory: Path, keep: int, newest: str) -> None:
     ckpts = sorted(p for p in directory.glob("ckpt-*") if p.is_dir())
     for stale in ckpts[:-keep]:
@@ -113,12 +130,14 @@ class RestoredState:
     last_round: int | None
     capabilities: dict[str, float]
     own: dict[str, Trajectory]  # own trajectories of the last rollout, with local token ids
+    last_pool_round: int | None = None  # the pool of the last update answered (None: none yet)
 
 
 def save_participant(
     directory: Path, *, participant_id: str, last_round: int | None, policy_version: int,
+    last_pool_round: int | None = None,
     capabilities: Mapping[str, float], config: Mapping[str, Any], model: Any, optimizer: Any,
-    own: Mapping[str, Trajectory],
+    own: Mapping[str, Trajectory], keep: int = 2, suffix: str = "",
 ) -> Path:
     """Checkpoint a participant after the round it rolled out last (`ckpt-000000` before any)."""
     import torch  # the participant has loaded it already; the service imports this module torch-free
@@ -132,6 +151,7 @@ def save_participant(
         state = {
             "participant_id": participant_id,
             "round": round_id,
+            "pool_round": last_pool_round,
             "policy_version": policy_version,
             "capabilities": capabilities,
             "config": config,
@@ -139,14 +159,17 @@ def save_participant(
         }
         (tmp / "state.json").write_text(json.dumps(state))
 
-    return save_checkpoint(directory, max(round_id, 0), write)
+    return save_checkpoint(directory, max(round_id, 0), write, keep=keep, suffix=suffix)
 
 
-def restore_participant(directory: Path, participant_id: str, model: Any, optimizer: Any) -> RestoredState | None:
-    """Load the newest checkpoint into `model`, `optimizer` and torch's RNG; None when there is none."""
+def restore_participant(
+    directory: Path, participant_id: str, model: Any, optimizer: Any, path: Path | None = None
+) -> RestoredState | None:
+    """Load the newest checkpoint (or `path`) into `model`, `optimizer` and torch's RNG; None when
+    there is none."""
     import torch  # see save_participant
 
-    path = latest_checkpoint(directory)
+    path = latest_checkpoint(directory) if path is None else Path(path)
     if path is None:
         return None
     state = read_state(path)
@@ -161,8 +184,14 @@ def restore_participant(directory: Path, participant_id: str, model: Any, optimi
         policy_version=int(state["policy_version"]),
         last_round=None if state["round"] < 0 else int(state["round"]),
         capabilities={k: float(v) for k, v in state["capabilities"].items()},
-        own={r["trajectory_id"]: _trajectory_from_record(r) for r in state["own_trajectories"]},
+        own=own_trajectories(state),
+        last_pool_round=pool_round_of(state),
     )
+
+
+def own_trajectories(state: Mapping[str, Any]) -> dict[str, Trajectory]:
+    """A checkpoint's own trajectories of its last rollout, with their local token ids."""
+    return {r["trajectory_id"]: _trajectory_from_record(r) for r in state["own_trajectories"]}
 
 
 def _trainable_state(model: Any) -> dict[str, torch.Tensor]:

@@ -4,8 +4,10 @@ Runs on a lab's side: Flower runs this in a fresh `flwr-clientapp` process per m
 by the lab's SuperNode's `flower-superexec`), so it keeps no state and imports nothing heavy.
 
 Message types (sent by the coordinator's `hacfed.server.serverapp`):
-- `query.hello`: answered from the SuperNode's node config (`participant-id`), no call to
-  the participant; lets the ServerApp map Flower node ids to participants.
+- `query.hello`: names the participant (the SuperNode's node config `participant-id`) and
+  relays the coordinator's challenge to the participant, whose signed answer proves the node
+  speaks for that registered participant (`hacfed.hello`); lets the ServerApp map Flower node
+  ids to participants.
 - `train.exchange`: `content["hacfed"]["payload"]` (bytes) is forwarded to the participant's
   `/hacfed.v1.ParticipantRelay/Exchange`; the reply bytes come back the same way.
 Every reply also says which participant answered and whether torch was loaded here.
@@ -27,7 +29,7 @@ app = ClientApp()
 
 @app.query(HELLO_ACTION)
 def hello(msg: Message, context: Context) -> Message:
-    return Message(hello_content(context.node_config), reply_to=msg)
+    return Message(hello_content(msg.content, context.node_config, context.run_config), reply_to=msg)
 
 
 @app.train(EXCHANGE_ACTION)

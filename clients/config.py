@@ -12,16 +12,19 @@ Without any task settings the task is 2-digit addition (`kind = "arithmetic"`, `
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hacfed.certs import check_ca_cert
 from hacfed.config_values import parse_set, split_host_port
+from hacfed.envelope import load_public_key
+from hacfed.flower_protocol import is_loopback_host
+from hacfed.identity import PARTICIPANT_ID_RULE, is_participant_id
+from hacfed.model_spec import check_model_spec
 from hacfed.tomlfile import read_toml
 
 DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
-_PARTICIPANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a key file name may be
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,12 @@ class ClientConfig:
     coordinator_key: the coordinator's public key file. insecure / tls_ca: plaintext or TLS.
     finetune, device, rollout_backend, learning_rate, lora_rank, eval_problems, minibatch_size,
     seed: local training choices (hacfed.clients.participant.ParticipantConfig; None keeps its default).
-    exit_when_done: exit 0 after answering the final update. idle_poll_s: SuperNode poll interval."""
+    stay: keep serving after the coordinator closed the run (default: exit 0 then).
+    idle_poll_s: SuperNode poll interval.
+    keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back.
+
+    Everything a user can get wrong is checked here, before hacfed-client creates any file: the
+    model spec (`hacfed.model_spec`), addresses, ids, and that the key and CA files exist and parse."""
 
     participant_id: str
     model: str
@@ -49,17 +57,20 @@ class ClientConfig:
     eval_problems: int | None = None
     minibatch_size: int | None = None
     seed: int = 0
-    exit_when_done: bool = False
+    stay: bool = False
     idle_poll_s: float = 0.5
+    keep_checkpoints: int = 3
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
     config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.participant_id, str) or not _PARTICIPANT_ID.fullmatch(self.participant_id):
-            _bad("participant_id", self.participant_id, "1-128 characters of [A-Za-z0-9._-], starting alphanumeric")
+        if not is_participant_id(self.participant_id):
+            _bad("participant_id", self.participant_id, PARTICIPANT_ID_RULE)
         if not isinstance(self.model, str) or not self.model.strip():
             _bad("model", self.model, "a preset name, a local model directory or a cached hub id")
-        split_host_port(self.server, "ClientConfig.server")
+        server_host, port = split_host_port(self.server, "ClientConfig.server")
+        if port == 0:
+            _bad("server", self.server, "the coordinator's HOST:PORT with a port in 1-65535")
         for name in ("state_dir", "coordinator_key", "tls_ca", "config_dir"):
             value = getattr(self, name)
             if value is not None:
@@ -68,10 +79,21 @@ class ClientConfig:
                 object.__setattr__(self, name, Path(value).expanduser().resolve())
         if not self.coordinator_key.is_file():
             _bad("coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)")
+        try:
+            load_public_key(self.coordinator_key)
+        except ValueError as exc:
+            _bad("coordinator_key", str(self.coordinator_key), f"the coordinator's public key file ({exc})")
+        if self.state_dir.exists() and not self.state_dir.is_dir():
+            _bad("state_dir", str(self.state_dir), "a directory (it is a file)")
         if not isinstance(self.insecure, bool) or self.insecure == (self.tls_ca is not None):
             _bad("insecure", self.insecure, "true without tls_ca (plaintext, --insecure) or false with --tls-ca FILE")
-        if self.tls_ca is not None and not self.tls_ca.is_file():
-            _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
+        if self.insecure and not is_loopback_host(server_host):
+            _bad("insecure", self.insecure, f"false for the non-loopback server {self.server!r}: plaintext (--insecure) "
+                 f"is a development mode for 127.0.0.1 only; pass --tls-ca with the federation's ca.pem")
+        if self.tls_ca is not None:
+            if not self.tls_ca.is_file():
+                _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
+            check_ca_cert(self.tls_ca)  # expired, or not a CA: one clear line now, not a failed handshake later
         _choice(self, "finetune", ("full", "lora"))
         _choice(self, "rollout_backend", ("hf", "vllm"))
         if not isinstance(self.device, str) or not self.device:
@@ -85,18 +107,25 @@ class ClientConfig:
                 _bad(name, value, "an integer >= 1")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             _bad("seed", self.seed, "an integer >= 0")
-        if not isinstance(self.exit_when_done, bool):
-            _bad("exit_when_done", self.exit_when_done, "true or false")
+        if not isinstance(self.stay, bool):
+            _bad("stay", self.stay, "true or false")
         if isinstance(self.idle_poll_s, bool) or not isinstance(self.idle_poll_s, (int, float)) or not self.idle_poll_s > 0:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
+        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+            _bad("keep_checkpoints", self.keep_checkpoints, "an integer >= 2")
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))
+        try:
+            check_model_spec(self.model)
+        except ValueError as exc:
+            raise ValueError(f"ClientConfig.model: {exc}") from None
 
     def participant_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""
         out: dict[str, Any] = {"finetune": self.finetune, "device": self.device, "rollout_backend": self.rollout_backend,
-                               "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints")}
+                               "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints"),
+                               "keep_checkpoints": self.keep_checkpoints}
         optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,
                     "eval_problems": self.eval_problems, "minibatch_size": self.minibatch_size}
         out.update({k: v for k, v in optional.items() if v is not None})
@@ -125,6 +154,9 @@ def load_client_config(
         unknown_tables = sorted(set(data) - {"participant", "task"})
         if unknown_tables:
             raise ValueError(f"{path}: unknown table(s) {unknown_tables}; expected [participant] and [task]")
+        for name in ("participant", "task"):
+            if name in data and not isinstance(data[name], dict):
+                raise ValueError(f"{path}: [{name}] must be a table, got {data[name]!r}")
         table = dict(data.get("participant", {}))
         task = dict(data["task"]) if "task" in data else None
         config_dir = path.resolve().parent
@@ -132,7 +164,12 @@ def load_client_config(
     unknown = sorted(set(table) - known)
     if unknown:
         raise ValueError(f"[participant]: unknown key(s) {unknown}; known: {sorted(known)}")
-    table.update({k: v for k, v in (flags or {}).items() if v is not None})
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    if given.get("tls_ca") is not None and "insecure" not in given:
+        table.pop("insecure", None)  # --tls-ca on the command line replaces the file's plaintext setting
+    if given.get("insecure") is True and "tls_ca" not in given:
+        table.pop("tls_ca", None)  # --insecure replaces the file's TLS setting
+    table.update(given)
     task = dict(DEFAULT_TASK) if task is None else task
     for item in task_sets:
         key, value = parse_set(item)

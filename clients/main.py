@@ -1,13 +1,21 @@
 """`hacfed-client --model MODEL --server HOST:PORT`: a lab joins a federation.
 
-    hacfed-client --model tiny-llama --server 127.0.0.1:9092 --participant-id lab-a \\
-        --state-dir state/lab-a --coordinator-key state/coordinator/coordinator.pub --insecure
+    hacfed-client keys --state-dir state/lab-a --participant-id lab-a   # once: keys + enrolment line
+    hacfed-client --model tiny-llama --server coordinator.example:9092 --participant-id lab-a \\
+        --state-dir state/lab-a --coordinator-key coordinator.pub --tls-ca ca.pem
 
 Loads the model (a preset such as tiny-llama / tiny-gpt2 / tiny-qwen2 / smollm2, a local Hugging Face
 directory or a cached hub id) and keeps it resident, serves it to its Flower SuperNode's relay on
-loopback, and trains with HACPO on every round's verified pool. On first start it creates
-STATE/participant.key and prints the public key the coordinator's operator must register. Restarted
-with the same command, it resumes from its checkpoint.
+loopback, and trains with HACPO on every round's verified pool. On first start it creates the lab's
+keys (STATE/participant.key, STATE/supernode.key) and STATE/enrolment.txt, and prints the enrolment
+line the coordinator's operator registers (`hacfed-server register`). It exits 0 when the
+coordinator closes the run (unless --stay). Restarted with the same command, it resumes from its
+checkpoint. `--insecure` (plaintext) is for a coordinator on 127.0.0.1 only. Bad settings are
+refused before any file is created.
+
+After the coordinator's operator purged a participant (`hacfed-server purge`), the same command with
+`replay --exclude X --from-round R` in front (hacfed-client stopped) rolls the lab back and trains
+again without X's samples (hacfed.clients.replay).
 """
 
 from __future__ import annotations
@@ -16,47 +24,104 @@ import argparse
 import signal
 import sys
 
+from hacfed.config_values import OneLineArgumentParser, describe_os_error
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # Flags default to None so the --config file can fill them; the effective defaults are in the help
+    # (ClientConfig and ParticipantConfig; tests/unit/test_client_config.py keeps the two in step).
+    parser = OneLineArgumentParser(
         prog="hacfed-client", description=__doc__.split("\n\n")[0],
-        epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml.",
+        epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml. The five "
+               "settings marked 'required' must come from a flag or the [participant] table of --config. "
+               "`hacfed-client keys --help`: the lab's keys and its enrolment for the coordinator.",
     )
     parser.add_argument("--config", metavar="FILE", help="TOML with a [participant] table (these options, with "
-                        "underscores) and a [task] table; flags override it")
-    parser.add_argument("--model", help="preset (tiny-llama, tiny-gpt2, tiny-qwen2, smollm2), local Hugging Face "
-                        "model directory, or hub id in the local cache")
-    parser.add_argument("--server", metavar="HOST:PORT", help="the coordinator's Fleet API address")
-    parser.add_argument("--participant-id", metavar="ID", help="this lab's id, as registered with the coordinator")
-    parser.add_argument("--state-dir", metavar="DIR", help="keys, checkpoints, reply cache and logs of this lab")
-    parser.add_argument("--coordinator-key", metavar="FILE", help="the coordinator's public key (its coordinator.pub)")
-    parser.add_argument("--insecure", action="store_true", default=None, help="plaintext connection (loopback tests)")
-    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate that signed the coordinator's TLS certificate")
+                        "underscores) and a [task] table; flags override it (default: none)")
+    parser.add_argument("--model", help="required: a preset (tiny-llama, tiny-gpt2, tiny-qwen2; `hacfed models list`), "
+                        "smollm2, a local Hugging Face model directory, or a hub id already in the local Hugging Face "
+                        "cache (nothing is downloaded)")
+    parser.add_argument("--server", metavar="HOST:PORT", help="required: the coordinator's Fleet API address "
+                        "(what hacfed-server prints as 'ready: Fleet API on ...')")
+    parser.add_argument("--participant-id", metavar="ID", help="required: this lab's id (1-63 characters of a-z, "
+                        "0-9, - and _, starting with a letter or digit), as registered with the coordinator")
+    parser.add_argument("--state-dir", metavar="DIR", help="required: this lab's keys, checkpoints, reply cache and "
+                        "logs; run the same command again to resume from it")
+    parser.add_argument("--coordinator-key", metavar="FILE", help="required: the coordinator's public key "
+                        "(its STATE/coordinator.pub); only updates signed by it are accepted")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plaintext, no SuperNode authentication: development only, for a coordinator on "
+                             "127.0.0.1 (default: off; then --tls-ca is required)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="CA certificate (PEM) that signed the coordinator's TLS "
+                        "certificate (default: none; required unless --insecure)")
     parser.add_argument("--task", action="append", default=[], metavar="KEY=VALUE", dest="task_sets",
-                        help="task setting; must match the coordinator's [task] (default kind=arithmetic digits=2 "
-                             "operators=+), e.g. --task digits=3 (repeatable)")
-    parser.add_argument("--finetune", choices=("full", "lora"), help="full fine-tuning (default) or LoRA")
-    parser.add_argument("--device", help="torch device for the model (default cpu)")
-    parser.add_argument("--rollout-backend", choices=("hf", "vllm"), help="rollout engine (default hf)")
-    parser.add_argument("--lr", type=float, dest="learning_rate", help="learning rate (default 2e-4)")
-    parser.add_argument("--lora-rank", type=int, help="LoRA rank with --finetune lora (default 8)")
-    parser.add_argument("--eval-problems", type=int, help="held-out problems per evaluation (default 200)")
-    parser.add_argument("--minibatch-size", type=int, help="samples per update (default: half of own samples)")
-    parser.add_argument("--seed", type=int, help="local seed for sampling and initialisation (default 0)")
-    parser.add_argument("--exit-when-done", action="store_true", default=None,
-                        help="exit 0 after answering the coordinator's final update")
+                        help="one task setting; the task must equal the coordinator's [task] (default: kind=arithmetic "
+                             "digits=2 operators=+), e.g. --task digits=3 (repeatable)")
+    parser.add_argument("--finetune", choices=("full", "lora"), help="full fine-tuning, or LoRA adapters only "
+                        "(default: full)")
+    parser.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0 (default: cpu)")
+    parser.add_argument("--rollout-backend", choices=("hf", "vllm"), help="rollout engine: transformers' generate, "
+                        "or vLLM on a GPU (default: hf)")
+    parser.add_argument("--lr", type=float, dest="learning_rate", help="learning rate of the local HACPO updates "
+                        "(default: 5e-05)")
+    parser.add_argument("--lora-rank", type=int, help="LoRA rank with --finetune lora (default: 8)")
+    parser.add_argument("--eval-problems", type=int, help="held-out problems per greedy evaluation (default: 200)")
+    parser.add_argument("--minibatch-size", type=int, help="samples per optimizer step (default: prompts x G / 2, "
+                        "half of one source's samples: the paper's two updates per source)")
+    parser.add_argument("--seed", type=int, help="local seed for sampling and initialisation (default: 0)")
+    parser.add_argument("--stay", action="store_true", default=None,
+                        help="keep serving after the coordinator closed the run (default: off: exit 0 once the "
+                             "coordinator has recorded this lab's final report)")
+    parser.add_argument("--exit-when-done", action="store_true", help=argparse.SUPPRESS)  # the default now; kept
+    # so older scripts keep working
     return parser
 
 
+NAMES = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
+         "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
+         "stay")
+REPLAY_SERVER = "127.0.0.1:1"  # replay talks to nobody: --server may be left out (a valid placeholder address)
+
+
+def replay_main(argv: list[str]) -> int:
+    """`hacfed-client replay [the lab's usual flags] --exclude X --from-round R` (hacfed.clients.replay)."""
+    parser = build_parser()
+    parser.prog = "hacfed-client replay"
+    parser.description = ("After `hacfed-server purge --participant X --from-round R`: roll this lab back to its "
+                          "last checkpoint without X's samples and train again on the pools since, without them.")
+    parser.add_argument("--exclude", required=True, metavar="ID", help="the purged participant")
+    parser.add_argument("--from-round", required=True, type=int, metavar="R", help="the purge's first round")
+    args = parser.parse_args(argv)
+    from hacfed.clients.config import load_client_config
+
+    flags = {name: getattr(args, name) for name in NAMES}
+    flags["server"] = flags["server"] or REPLAY_SERVER
+    try:
+        cfg = load_client_config(args.config, flags, args.task_sets)
+        from hacfed.clients.replay import run_replay
+
+        return run_replay(cfg, args.exclude, args.from_round, lambda line: print(f"hacfed-client: {line}", flush=True))
+    except ValueError as exc:
+        print(f"hacfed-client: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    from hacfed.progress import bars_only_on_a_terminal
+
+    bars_only_on_a_terminal()  # before transformers or huggingface_hub are imported
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keys"]:  # `hacfed-client keys ...`: create / show this lab's keys and enrolment
+        from hacfed.clients.enrol import main as keys_main
+
+        return keys_main(argv[1:])
+    if argv[:1] == ["replay"]:
+        return replay_main(argv[1:])
     args = build_parser().parse_args(argv)
     from hacfed.clients.config import load_client_config
 
-    names = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
-             "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
-             "exit_when_done")
     try:
-        cfg = load_client_config(args.config, {name: getattr(args, name) for name in names}, args.task_sets)
+        cfg = load_client_config(args.config, {name: getattr(args, name) for name in NAMES}, args.task_sets)
         from hacfed.clients.runner import run_client
 
         # Ctrl-C must stop the children even when a shell started this job with SIGINT ignored.
@@ -64,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_client(cfg)
     except ValueError as exc:
         print(f"hacfed-client: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a read-only or full state directory, a missing file, ...
+        print(f"hacfed-client: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before any child process was started
         print("hacfed-client: interrupted", file=sys.stderr)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -52,6 +53,7 @@ class ParticipantConfig:
     device: str = "cpu"
     seed: int = 0
     checkpoint_dir: str | None = None
+    keep_checkpoints: int = 3  # how many rounds back a purge can roll this lab back (hacfed-client replay)
     rollout_backend: Literal["hf", "vllm"] = "hf"
 
     def __post_init__(self) -> None:
@@ -67,6 +69,9 @@ class ParticipantConfig:
             raise ValueError(f"rollout_backend must be 'hf' or 'vllm', got {self.rollout_backend!r}")
         if self.eval_problems < 1:
             raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems!r}")
+        keep = self.keep_checkpoints
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+            raise ValueError(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Participant:
         self.model, self._reference, self.optimizer = prepare_training(model, cfg)
         self.policy_version = 0
         self.last_round: int | None = None  # the last plan rolled out
+        self.last_pool_round: int | None = None  # the pool of the last update answered (trained on)
         self.capabilities: dict[str, float] = {}
         self.timings = RoundTimings()
         self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
@@ -103,7 +109,8 @@ class Participant:
     def from_spec(cls, cfg: ParticipantConfig, task: Task) -> "Participant":
         from hacfed.models.loading import load_model
 
-        loaded = load_model(cfg.model, device=cfg.device)
+        # Progress bars (a first-use warm-up, weight loading) only on a terminal, never in logs.
+        loaded = load_model(cfg.model, device=cfg.device, progress=sys.stderr.isatty())
         return cls(cfg, loaded.model, loaded.tokenizer, task)
 
     @property
@@ -112,9 +119,14 @@ class Participant:
 
     # --- the round -----------------------------------------------------------------------------
 
-    def step(self, update: RoundUpdate) -> Submission:
-        """Train on the pool, evaluate if asked, roll out the next plan, checkpoint."""
-        self.timings = RoundTimings()
+    def step(self, update: RoundUpdate, before_checkpoint: Callable[[Submission], None] | None = None) -> Submission:
+        """Train on the pool, evaluate if asked, roll out the next plan, checkpoint.
+
+        before_checkpoint(submission) runs after the submission is complete and before the
+        checkpoint that records this step: the participant service stores the signed submission
+        in its outbox there, so that a checkpoint never exists without the reply it produced."""
+        # The checkpoint comes after the report (see before_checkpoint): report the previous one's time.
+        self.timings = RoundTimings(checkpoint_s=self.timings.checkpoint_s)
         metrics: dict[str, float] = {}
         self.capabilities = dict(update.capabilities)
         if update.pool:
@@ -145,23 +157,27 @@ class Participant:
             metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
             self.last_round = plan.round_id
             self._eval_max_new_tokens = plan.sampling.max_new_tokens
-        if self.cfg.checkpoint_dir:
-            t0 = time.perf_counter()
-            self.save(Path(self.cfg.checkpoint_dir))
-            self.timings.checkpoint_s = time.perf_counter() - t0
+        self.last_pool_round = update.pool_round
         metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})
         # The submission answers plan r (or, after the last round, closes the run as round R).
         round_id = plan.round_id if plan is not None else (update.pool_round or 0) + 1
         report = StepReport(self.participant_id, round_id, metrics, eval_accuracy)
-        return Submission(
+        submission = Submission(
             run_id=update.run_id,
             participant_id=self.participant_id,
             round_id=round_id,
             trajectories=tuple(t.without_local_ids() for t in trajectories),
             report=report,
-            nonce=secrets.token_hex(16),  # replay defence (security.md T4); resends reuse the object
+            nonce=secrets.token_hex(16),  # replay defence (security.md T4); resends reuse the stored bytes
             created_at_ms=int(time.time() * 1000),
         )
+        if before_checkpoint is not None:
+            before_checkpoint(submission)
+        if self.cfg.checkpoint_dir:
+            t0 = time.perf_counter()
+            self.save(Path(self.cfg.checkpoint_dir))
+            self.timings.checkpoint_s = time.perf_counter() - t0
+        return submission
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
         metrics = train_on_pool(
@@ -194,18 +210,20 @@ class Participant:
 
     # --- checkpoints -----------------------------------------------------------------------------
 
-    def save(self, directory: Path) -> Path:
+    def save(self, directory: Path, suffix: str = "") -> Path:
         return save_participant(
-            directory, participant_id=self.participant_id, last_round=self.last_round,
+            directory, keep=self.cfg.keep_checkpoints, suffix=suffix,
+            participant_id=self.participant_id, last_round=self.last_round, last_pool_round=self.last_pool_round,
             policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
             model=self.model, optimizer=self.optimizer, own=self._own,
         )
 
-    def _maybe_resume(self, directory: Path) -> None:
-        restored = restore_participant(directory, self.participant_id, self.model, self.optimizer)
+    def _maybe_resume(self, directory: Path, path: Path | None = None) -> None:
+        restored = restore_participant(directory, self.participant_id, self.model, self.optimizer, path)
         if restored is None:
             return
         self.policy_version = restored.policy_version
         self.last_round = restored.last_round
+        self.last_pool_round = restored.last_pool_round
         self.capabilities = restored.capabilities
         self._own = restored.own

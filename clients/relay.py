@@ -202,8 +202,12 @@ def relay_content(
     return reply_record(node_config, payload=reply)
 
 
-def hello_content(node_config: Mapping[str, object]) -> RecordDict:
-    """Answer the ServerApp's `query.hello` from the node config: which participant this node is.
+def hello_content(
+    content: RecordDict, node_config: Mapping[str, object], run_config: Mapping[str, object]
+) -> RecordDict:
+    """Answer the ServerApp's `query.hello`: which participant this node is (from the node config)
+    and the participant's signed answer to the hello's challenge (`hacfed.hello`), relayed like an
+    exchange.
 
     A missing `participant-id` is an error reply, so the coordinator sees a misconfigured
     SuperNode instead of a silent anonymous one.
@@ -212,7 +216,7 @@ def hello_content(node_config: Mapping[str, object]) -> RecordDict:
         _config_str(node_config, NODE_PARTICIPANT_ID, "node config")
     except RelayError as exc:
         return reply_record(node_config, error=str(exc))
-    return reply_record(node_config)
+    return relay_content(content, node_config, run_config)
 
 
 def reply_record(

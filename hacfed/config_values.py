@@ -1,4 +1,5 @@
-"""Values both command lines read from flags and TOML: `--set KEY=VALUE` items and HOST:PORT addresses.
+"""Values both command lines read from flags and TOML: `--set KEY=VALUE` items, HOST:PORT addresses,
+and the argument parser both use (one line per mistake).
 
 Shared by hacfed-server's config (`hacfed.server.config`) and hacfed-client's (`hacfed.clients.config`),
 so neither side imports the other's.
@@ -6,8 +7,16 @@ so neither side imports the other's.
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from typing import Any
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with one line per mistake: `prog: error: ... (see prog --help)`, exit 2, no usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def split_host_port(address: str, field: str) -> tuple[str, int]:
@@ -30,3 +39,17 @@ def parse_set(item: str) -> tuple[str, Any]:
     except tomllib.TOMLDecodeError:
         value = text
     return key, value
+
+
+def describe_os_error(exc: OSError) -> str:
+    """One line for a file-system failure, with what to do about the common ones."""
+    import errno
+
+    hints = {
+        errno.EROFS: "the file system is read-only: give a writable --state-dir",
+        errno.EACCES: "permission denied: give a --state-dir this user can write",
+        errno.ENOSPC: "the disk is full: free space and run the same command again",
+        errno.ENOENT: "no such file or directory",
+    }
+    where = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}: {hints.get(exc.errno, 'check the path and its permissions')}"

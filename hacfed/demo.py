@@ -3,10 +3,13 @@
     hacfed demo                                  # 3 tiny agents, different tokenizers, a few minutes
     hacfed demo --agents tiny-llama,tiny-gpt2 --rounds 10 --metrics-out runs/demo.jsonl
 
-Starts `hacfed-server` (Flower SuperLink + the hacfed ServerApp, loopback, plaintext) and one
-`hacfed-client` per agent (resident participant + Flower SuperNode), with keys provisioned for
-every lab; shows the coordinator's live progress, then a before/after held-out accuracy table, the
-JSONL metrics (same format as `hacfed sim`) and a PNG plot of accuracy per round. Every process it
+Starts `hacfed-server` (Flower SuperLink + the hacfed ServerApp, on loopback) and one
+`hacfed-client` per agent (resident participant + Flower SuperNode), set up the way a real
+federation is (README "Running a real federation"): a federation CA and server certificate
+generated into the demo's state dir, TLS, and every lab's enrolment registered, so Flower's SuperNode
+authentication admits exactly these labs. `--insecure` runs plaintext instead (development only).
+It shows the coordinator's live progress, then a before/after held-out accuracy table, the JSONL
+metrics (same format as `hacfed sim`) and a PNG plot of accuracy per round. Every process it
 started is gone when it exits, also on Ctrl-C.
 """
 
@@ -40,6 +43,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--state-dir", default=None, help="where servers, labs and logs live (default: a temp dir, removed)")
     p.add_argument("--metrics-out", default="runs/demo-metrics.jsonl", help="JSONL metrics (default %(default)s)")
     p.add_argument("--plot", default="runs/demo-accuracy.png", help="PNG plot of accuracy per round (default %(default)s)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plaintext without SuperNode authentication (development only; the default is TLS with "
+                        "certificates and lab keys generated into the state dir)")
 
 
 def run_from_args(args: Any) -> int:
@@ -88,14 +94,11 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
 
     print(f"[demo] preparing {len(agents)} agents (built and warmed up once, then cached in {store.models_root()})")
     for name in agents:
-        store.ensure_built(name, 0)
+        store.ensure_built(name, 0, progress=sys.stderr.isatty())  # warm-up bars only on a terminal
 
     server_state = root / "coordinator"
     coordinator_keys = ensure_key_pair(server_state, "coordinator")
-    for pid in ids:
-        lab = ensure_key_pair(root / pid, "participant")
-        (server_state / "keys").mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(lab.public, server_state / "keys" / f"{pid}.pub")
+    server_tls, client_tls = provision_transport(root, server_state, ids, insecure=args.insecure)
     config = write_server_config(root / "coordinator.toml", args, len(ids), server_state)
 
     bindir = Path(sys.executable).parent
@@ -108,7 +111,7 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
     try:
         with ProcessSupervisor(grace_s=10) as sup:
             server = sup.start(
-                [str(bindir / "hacfed-server"), "--config", str(config), "--insecure", "--listen", "127.0.0.1:0",
+                [str(bindir / "hacfed-server"), "--config", str(config), *server_tls, "--listen", "127.0.0.1:0",
                  "--metrics-out", str(metrics_out)],
                 env=env, log_path=root / "server.log", name="hacfed-server",
             )
@@ -117,8 +120,8 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
             for pid, name in zip(ids, agents):
                 sup.start(
                     [str(bindir / "hacfed-client"), "--model", name, "--server", address, "--participant-id", pid,
-                     "--state-dir", str(root / pid), "--coordinator-key", str(coordinator_keys.public), "--insecure",
-                     "--lr", str(args.lr), "--exit-when-done"],
+                     "--state-dir", str(root / pid), "--coordinator-key", str(coordinator_keys.public), *client_tls,
+                     "--lr", str(args.lr)],
                     env=env, log_path=root / f"{pid}.log", name=pid,
                 )
             code = _follow(root / "server.log", server)
@@ -138,6 +141,32 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def provision_transport(root: Path, server_state: Path, ids: Sequence[str], *, insecure: bool
+                        ) -> tuple[list[str], list[str]]:
+    """What an operator and the labs do once (README "Running a real federation"), done in-process:
+    each lab's keys and enrolment (`hacfed-client keys`), registered with the coordinator
+    (`hacfed-server register`), and unless `insecure` a federation CA and a server certificate for
+    127.0.0.1 (`hacfed-server certs init`). Returns the TLS flags of the server and of the clients."""
+    from hacfed.certs import init_federation_certs
+    from hacfed.clients.enrol import ensure_lab_keys
+    from hacfed.enrolment import parse_enrolment
+    from hacfed.server.registry import register
+
+    keys_dir = server_state / "keys"
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    for pid in ids:
+        register(keys_dir, parse_enrolment(ensure_lab_keys(root / pid, pid).line))
+    if insecure:
+        print("[demo] --insecure: plaintext, no SuperNode authentication (development only)")
+        return ["--insecure"], ["--insecure"]
+    certs = root / "certs"
+    paths = init_federation_certs(certs, []) if not (certs / "server.pem").exists() else None
+    ca, cert, key = certs / "ca.pem", certs / "server.pem", certs / "server.key"
+    print(f"[demo] TLS with SuperNode authentication: {'created' if paths else 'using'} the federation CA and "
+          f"server certificate in {certs}; {len(ids)} labs registered")
+    return ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(ca)], ["--tls-ca", str(ca)]
 
 
 def write_server_config(path: Path, args: Any, n: int, state_dir: Path) -> Path:

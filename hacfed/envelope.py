@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +29,17 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from hacfed.identity import PARTICIPANT_ID_RULE, is_participant_id, printable
 from hacfed.wire import MAX_MESSAGE_BYTES, ErrorCode, RawEnvelope, WireError, decode_envelope, encode_envelope
 
 DOMAIN_SUBMIT = b"hacfed/v1/submit"  # participant -> coordinator: submissions
 DOMAIN_UPDATE = b"hacfed/v1/update"  # coordinator -> participant: round updates and plans
 DOMAIN_RECEIPT = b"hacfed/v1/receipt"  # coordinator -> participant: receipts and error replies
+DOMAIN_IDENTITY = b"hacfed/v1/identity"  # participant -> coordinator: the signed hello (hacfed.hello)
+DOMAIN_ENROLMENT = b"hacfed/v1/enrolment"  # a lab's enrolment line binds its keys (hacfed.enrolment)
 SIGNATURE_BYTES = 64
 KEY_ID_BYTES = 32
 PUBLIC_KEY_SUFFIX = ".pub"
-_PARTICIPANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class EnvelopeError(WireError):
@@ -125,7 +126,7 @@ def open_envelope(
 # ---- key files ------------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
     """Temp file in the same folder (created with `mode`), fsync, rename, fsync the folder."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -153,7 +154,7 @@ def save_private_key(private_key: Ed25519PrivateKey, path: str | os.PathLike, *,
     pem = private_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    _write_atomic(path, pem, 0o600)
+    write_atomic(path, pem, 0o600)
 
 
 def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
@@ -169,7 +170,7 @@ def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
 
 def save_public_key(public_key: Ed25519PublicKey, path: str | os.PathLike) -> None:
     pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    _write_atomic(Path(path), pem, 0o644)
+    write_atomic(Path(path), pem, 0o644)
 
 
 def load_public_key(path: str | os.PathLike) -> Ed25519PublicKey:
@@ -211,8 +212,8 @@ def load_key_registry(directory: str | os.PathLike) -> KeyRegistry:
     owners: dict[bytes, str] = {}
     for path in sorted(directory.glob(f"*{PUBLIC_KEY_SUFFIX}")):
         participant = path.name[: -len(PUBLIC_KEY_SUFFIX)]
-        if not _PARTICIPANT_ID.fullmatch(participant):
-            raise ValueError(f"{path}: participant id {participant!r} must match {_PARTICIPANT_ID.pattern}")
+        if not is_participant_id(participant):
+            raise ValueError(f"{path}: participant id {printable(participant)} must be {PARTICIPANT_ID_RULE}")
         key = load_public_key(path)
         kid = key_id(key)
         if kid in owners:

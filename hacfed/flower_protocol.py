@@ -8,11 +8,21 @@ flwr reads directly. Torch-free: the ClientApp imports this in a fresh process p
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+
+from hacfed.wire.types import MAX_MESSAGE_BYTES
+
+# Flower's own gRPC cap on what the SuperLink's Fleet API and a SuperNode send or receive: hacfed's
+# per-message cap plus room for Flower's framing of one record (security.md T8, S5). Stock Flower
+# allows 2 GiB - 1, so a 2 GiB message would be read in full before hacfed's check.
+FLOWER_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES + 64 * 1024
+FLOWER_DEFAULT_MAX_MESSAGE_BYTES = 2_147_483_647  # flwr.supercore.grpc.GRPC_MAX_MESSAGE_LENGTH in 1.32
 
 # Keys of the Flower records the ServerApp and the relay exchange.
 RECORD_NAME = "hacfed"
@@ -28,6 +38,16 @@ RUN_RELAY_TIMEOUT = "relay-timeout-s"
 ConfigValue = str | int | float | bool
 
 
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost (a name that resolves elsewhere is not loopback)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def check_loopback_address(address: str) -> tuple[str, int]:
     """Split "host:port" and insist the host is loopback: the relay channel is plaintext."""
     host, sep, port_text = address.rpartition(":")
@@ -37,13 +57,8 @@ def check_loopback_address(address: str) -> tuple[str, int]:
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range in {address!r}")
-    if host != "localhost":
-        try:
-            is_loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            is_loopback = False
-        if not is_loopback:
-            raise ValueError(f"participant address must be on loopback, got {address!r}")
+    if not is_loopback_host(host):
+        raise ValueError(f"participant address must be on loopback, got {address!r}")
     return host, port
 
 
@@ -67,3 +82,20 @@ def to_toml(values: Mapping[str, ConfigValue]) -> str:
             raise ValueError(f"config value of {key!r} must be str/int/float/bool, got {type(value).__name__}")
         lines.append(f"{key} = {text}")
     return "\n".join(lines) + "\n"
+
+
+def cap_flower_messages(module: ModuleType, readers: Sequence[Callable[..., object]], max_bytes: int) -> None:
+    """Lower Flower's gRPC message cap in `module` to `max_bytes`.
+
+    flwr 1.32 has no option for it: its servers and channels take `GRPC_MAX_MESSAGE_LENGTH`, a
+    module global that `readers` (the functions that build the Fleet API server, or the SuperNode's
+    connection) read each time they run. Raises if this flwr no longer reads it there, so an upgrade
+    fails loudly instead of silently accepting 2 GiB again (tests/unit/test_flower_message_cap.py).
+    """
+    if getattr(module, "GRPC_MAX_MESSAGE_LENGTH", None) != FLOWER_DEFAULT_MAX_MESSAGE_BYTES:
+        raise RuntimeError(f"{module.__name__}.GRPC_MAX_MESSAGE_LENGTH is not Flower's 2 GiB default: check the cap")
+    for reader in readers:
+        if "GRPC_MAX_MESSAGE_LENGTH" not in inspect.getsource(reader):
+            raise RuntimeError(f"{reader.__qualname__} no longer reads GRPC_MAX_MESSAGE_LENGTH: hacfed cannot cap "
+                               f"Flower's messages this way")
+    module.GRPC_MAX_MESSAGE_LENGTH = max_bytes  # type: ignore[attr-defined]

@@ -5,16 +5,17 @@ coordinator's driver and the participant's service agree on the payload types be
 
 Each side creates its Ed25519 key pair on first start, in its own state directory:
 `<state-dir>/coordinator.key` (+ `.pub`) for hacfed-server, `<state-dir>/participant.key` (+ `.pub`)
-for hacfed-client. Registration is out of band (security.md T5): the coordinator's operator copies
-a lab's `participant.pub` into the keys directory as `<participant-id>.pub`, and each lab passes the
-coordinator's `coordinator.pub` to `hacfed-client --coordinator-key`.
+for hacfed-client (with its SuperNode key: `hacfed.enrolment`). Registration is out of band
+(security.md T5): the operator registers a lab's enrolment line with `hacfed-server register`
+(`hacfed.server.registry`), and each lab passes the coordinator's `coordinator.pub` to
+`hacfed-client --coordinator-key`.
 
 Trust on first use (development only, `hacfed-server --insecure --trust-on-first-use`): the driver
 sends an unknown participant a signed key request; the participant answers with a key offer, its
 raw public key as the payload of an envelope signed by that same key (`hacfed.clients.service`).
 The driver checks the self-signature (proof that the sender holds the private key, NOT who it is)
-and writes the key to the keys directory (`hacfed.server.membership`). Anyone who can reach the
-Fleet API first can claim any free participant id.
+and writes the key to the keys directory (`hacfed.server.membership`; only for a valid participant
+id, `hacfed.identity`). Anyone who can reach the Fleet API first can claim any free participant id.
 """
 
 from __future__ import annotations

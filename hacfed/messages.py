@@ -25,12 +25,16 @@ class SamplingParams:
     max_new_tokens: int = 16
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"SamplingParams.temperature must be > 0, got {self.temperature!r}")
-        if not (0 < self.top_p <= 1):
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not (_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"SamplingParams.temperature must be a number > 0, got {self.temperature!r}")
+        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"SamplingParams.top_p must be a number in (0, 1], got {self.top_p!r}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

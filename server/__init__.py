@@ -33,7 +33,8 @@ with `HACFED-E-...` codes through the relay; the driver logs them and the round 
 that participant (deadline and quorum, security.md T10).
 
 Once the coordinator has recorded a participant's final report (or the participant is quarantined),
-it sends a signed final acknowledgement: only then may the participant leave (`--exit-when-done`).
+it sends a signed final acknowledgement: only then may the participant leave (hacfed-client exits
+then, unless `--stay`).
 The lab's side of the exchange is ``hacfed.clients``; what both sides share (wire, envelope, key
 files and payload types, Flower record keys) is in ``hacfed``.
 """

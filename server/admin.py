@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from hacfed.config_values import OneLineArgumentParser, describe_os_error
 from hacfed.server.coordinator.audit import AuditLog, verify_audit_log
 from hacfed.server.coordinator.errors import AuditError, JournalError
 from hacfed.server.coordinator.journal import Journal
@@ -41,7 +42,7 @@ def say(text: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hacfed-server", description="hacfed-server's administrative commands")
+    parser = OneLineArgumentParser(prog="hacfed-server", description="hacfed-server's administrative commands")
     commands = parser.add_subparsers(dest="command", required=True)
     audit = commands.add_parser("audit", help="the hash-chained audit log")
     audit_commands = audit.add_subparsers(dest="audit_command", required=True)
@@ -112,4 +113,7 @@ def main(argv: list[str]) -> int:
         return purge(state_dir, args.participant, args.from_round, args.dry_run)
     except (ValueError, JournalError, AuditError) as exc:
         print(f"hacfed-server: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"hacfed-server: error: {describe_os_error(exc)}", file=sys.stderr)
         return 2

@@ -139,7 +139,8 @@ def load_server_config(
         else:
             overrides[key] = value
     flags = dict(flags or {})
-    state_dir = flags.pop("state_dir", None) or overrides.pop("state_dir", None) or coordinator_table.get("state_dir")
+    set_state_dir = overrides.pop("state_dir", None)  # --state-dir wins over --set state_dir=...
+    state_dir = flags.pop("state_dir", None) or set_state_dir or coordinator_table.get("state_dir")
     if not state_dir:
         raise ValueError("state_dir: set it in the config file or pass --state-dir")
     coordinator_table["state_dir"] = str(Path(str(state_dir)).expanduser().resolve())
@@ -153,5 +154,8 @@ def load_server_config(
     given = {k: v for k, v in flags.items() if v is not None}
     if any(k in given for k in ("tls_cert", "tls_key", "tls_ca")) and "insecure" not in given:
         given["insecure"] = False  # TLS files on the command line replace the file's plaintext setting
+    if given.get("insecure") is True and not any(k in given for k in ("tls_cert", "tls_key", "tls_ca")):
+        for name in ("tls_cert", "tls_key", "tls_ca"):  # ... and --insecure replaces the file's TLS files
+            server_table.pop(name, None)
     server_table.update(given)
     return ServerConfig(coordinator, ServerSettings(**server_table), path.resolve().parent)

@@ -14,6 +14,19 @@ enough registered participants are connected: the first round waits up to one de
 `expected_participants`, later rounds start with `min_participants`; whoever is late joins the open
 round or the next one. After the last round a plan-less update collects the final reports.
 
+Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier
+submissions (`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal
+with its code) plus this exchange's request. A lab replies with a `LabReply`: its submission and the
+unacknowledged ones of its outbox, each judged here (caps first, `Coordinator.admit`, then the
+signature, then `Coordinator.submit`) and answered. A lab whose answers wait while it has nothing
+else to do gets them in an answers-only delivery.
+
+A Flower node takes part only once its hello proved which registered lab it is (`hello` /
+`identify`, `hacfed.server.membership`); a node whose hello claims an id that is not registered is
+left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
+(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before every
+round and every reply, so a lab revoked meanwhile is sent nothing more and its reply is refused.
+
 Never imports torch (design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
 
@@ -25,25 +38,28 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, load_private_key, open_envelope, seal
-from hacfed.keys import FINAL_ACK_TYPE, KEY_REQUEST_TYPE
+from hacfed.crashpoints import crash_point
+from hacfed.envelope import DOMAIN_UPDATE, load_private_key, seal
+from hacfed.exchange import seal_delivery
+from hacfed.hello import HELLO_REQUEST_TYPE, hello_challenge
+from hacfed.identity import is_participant_id
+from hacfed.keys import FINAL_ACK_TYPE
+from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
-from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
+from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
-from hacfed.server.membership import Membership
+from hacfed.server.membership import NOT_REGISTERED, Membership
+from hacfed.server.node_auth import BINDINGS_FILE
+from hacfed.server.replies import ACK, ANSWERS, FINAL, NOTICE_INTERVAL_S, LabReplies, _Sent, _what
 from hacfed.server.reporting import (
-    StepTimes, append_rows, final_row, participant_line, rejection_line, round_line, round_rows, rounds_written,
-    split_round,
+    append_rows, final_row, participant_line, round_line, round_rows, rounds_written, split_round,
 )
-from hacfed.wire import PayloadType, WireError, decode_submission, encode_round_update
+from hacfed.wire import PayloadType, encode_round_update
 
 log = logging.getLogger("hacfed.server.driver")
-FINAL = -1  # the round number of the final (plan-less) exchange in `_Sent`
-ACK = -2  # ... and of the final acknowledgement
 ACK_GRACE_S = 30.0  # how long a reported participant that is not connected may keep the run waiting for its ack
 
 
@@ -57,14 +73,7 @@ class FailedClosed(RuntimeError):
     again) and otherwise exits non-zero. Unacknowledged submissions stay in the labs' outboxes."""
 
 
-@dataclass(frozen=True)
-class _Sent:
-    participant_id: str
-    round_id: int | None  # a coordinator round, FINAL, ACK, or None for a key request
-    at: float  # monotonic
-
-
-class FederationDriver:
+class FederationDriver(LabReplies):
     def __init__(
         self, settings: DriverSettings, *, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
@@ -78,8 +87,14 @@ class FederationDriver:
         self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, settings.task_base_dir),
                                        self.journal, clock=clock)
         self._key = load_private_key(settings.coordinator_key)
+        self.answers = AnswerQueue(self._key, self.cfg.run_id)
+        self._answers_retry_at: dict[str, float] = {}  # after a failed answers-only delivery
+        self._noticed: dict[str, float] = {}  # unregistered participant -> when it was last told
         self.membership = Membership(Path(settings.keys_dir), self.console,
-                                     trust_on_first_use=settings.trust_on_first_use, monotonic=monotonic)
+                                     trust_on_first_use=settings.trust_on_first_use,
+                                     bindings_path=self.state_dir / BINDINGS_FILE if settings.supernode_auth else None)
+        self._challenges: dict[int, bytes] = {}  # node id -> the challenge of its last hello
+        self._unregistered: dict[int, str] = {}  # node id -> the unregistered id its hello claimed
         self.metrics_out = Path(settings.metrics_out)
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
         self._sent: dict[int, _Sent] = {}
@@ -122,16 +137,21 @@ class FederationDriver:
             self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
             raise SupervisorGone(f"hacfed-server (pid {self.settings.supervisor[0]}) is gone")
         started = self._monotonic()
-        self._nodes = dict(participants)
-        admitted = self.membership.admit(set(participants.values()))
+        admitted = self.membership.admit(participants)  # re-reads the registry if it changed
         for pid in sorted(admitted - self._connected):
             self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
             self.coordinator.register(pid)  # idempotent; a quarantined participant stays so
             self._registered.add(pid)
         for pid in sorted(self._connected - admitted):
-            self.console(f"left: {pid} (its Flower node is gone)")
+            self.console(f"left: {pid} (its Flower node is gone)" if self.membership.known(pid) else
+                         f"revoked: {pid} is no longer registered: it is sent nothing more and its submissions "
+                         f"are refused")
         self._connected = set(admitted)
-        payloads = self._key_requests(set(participants.values()) - admitted)
+        # Only admitted participants get rounds; with trust on first use an unknown (valid) id also gets
+        # a key request. A revoked lab's node stays mapped by the loop, but is sent nothing.
+        self._nodes = {node: pid for node, pid in participants.items() if pid in admitted or (
+            self.membership.trust_on_first_use and is_participant_id(pid) and not self.membership.known(pid))}
+        payloads = self._key_requests({pid for pid in self._nodes.values() if not self.membership.known(pid)})
         if self._done:
             return payloads or None
         if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
@@ -142,8 +162,34 @@ class FederationDriver:
             payloads.update(self._round_payloads(admitted))
         elif self.coordinator.finished:
             payloads.update(self._final_payloads(admitted))
+        payloads.update(self._answer_deliveries(admitted, set(payloads)))
         self._coordinator_s += self._monotonic() - started
         return payloads or None
+
+    def hello(self, node_id: int) -> bytes:
+        """The payload of a hello to `node_id`: a fresh challenge, signed by the coordinator. A node
+        refused before because its id is not registered gets the challenge inside a delivery that also
+        tells it so (HACFED-E-UNKNOWN-PARTICIPANT), at most every NOTICE_INTERVAL_S."""
+        challenge = hello_challenge(self.cfg.run_id, node_id)
+        self._challenges[node_id] = challenge
+        request = seal(challenge, HELLO_REQUEST_TYPE, self._key, DOMAIN_UPDATE)
+        pid, now = self._unregistered.get(node_id), self._monotonic()
+        if pid is None or now < self._noticed.get(pid, -NOTICE_INTERVAL_S) + NOTICE_INTERVAL_S:
+            return request
+        notice = self._unknown_notice(pid)
+        if notice is None:
+            return request
+        self._noticed[pid] = now
+        return seal_delivery([notice], request, self._key)
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        """True when node `node_id` may be participant `participant_id` (`Membership.identify`)."""
+        reason = self.membership.identify(node_id, participant_id, proof, self._challenges.pop(node_id, None))
+        if reason == NOT_REGISTERED:
+            self._unregistered[node_id] = participant_id  # told so with its next hello
+        else:
+            self._unregistered.pop(node_id, None)
+        return reason is None
 
     def on_reply(self, node_id: int, payload: bytes) -> None:
         with self._fail_closed_guard():
@@ -155,12 +201,20 @@ class FederationDriver:
         if sent is None:
             log.warning("ignoring a reply from node %s that was sent nothing", node_id)
             return
+        pid = sent.participant_id
+        self.membership.refresh()  # a lab revoked since it was sent this exchange is refused here
         if sent.round_id is None:
-            self._accept_key_offer(sent.participant_id, payload)
-        elif sent.round_id == ACK:
-            self._acks.discard(sent.participant_id)
-        else:
-            self._accept_submission(sent, payload, started - sent.at)
+            self._accept_key_offer(pid, payload)
+        elif not self.membership.known(pid):
+            self._refuse(sent, "HACFED-E-UNAUTHENTICATED", f"{pid} is no longer registered (revoked)")
+        elif self.membership.known(pid):
+            if sent.answers:  # the lab replied to the delivery: it holds these receipts and refusals
+                self.answers.delivered(pid, sent.answers)
+                crash_point("after_ack")
+            if sent.round_id == ACK:
+                self._acks.discard(pid)
+            else:
+                self._take_reply(sent, payload, started - sent.at)
         self._coordinator_s += self._monotonic() - started
 
     def on_error(self, node_id: int, error: str) -> None:
@@ -171,10 +225,13 @@ class FederationDriver:
         if sent.round_id == ACK:  # the participant may leave as soon as it has the ack: no retry
             self._acks.discard(pid)
             return
+        if sent.round_id == ANSWERS:  # its answers stay queued; try again after the interval
+            self._answers_retry_at[pid] = self._monotonic() + self.settings.retry_interval_s
+            return
         self._retry_at[pid] = self._monotonic() + self.settings.retry_interval_s
         if self._last_error.get(pid) != error:  # a participant that stays down is named once
             self._last_error[pid] = error
-            self.console(f"{_what(sent)} {pid}: exchange failed: {error}")
+            self.console(f"{_what(sent)} {pid}: exchange failed: {safe_text(error, 300)}")
 
     def round_done(self) -> bool:
         if not self.settings.supervisor_alive():
@@ -245,11 +302,22 @@ class FederationDriver:
         targets = self._targets(admitted, lambda pid: self.coordinator.has_submitted(pid, round_id))
         return self._send(targets, round_id, self._sealed_update(round_id)) if targets else {}
 
-    def _send(self, targets: Mapping[int, str], round_id: int | None, payload: bytes) -> dict[int, bytes]:
-        now = self._monotonic()
+    def _send(self, targets: Mapping[int, str], round_id: int | None, request: bytes) -> dict[int, bytes]:
+        """A delivery per node: its lab's queued answers plus `request` (sealed once for all)."""
+        now, out = self._monotonic(), {}
         for node, pid in targets.items():
-            self._sent[node] = _Sent(pid, round_id, now)
-        return {node: payload for node in targets}
+            answers = self.answers.pending(pid)
+            self._sent[node] = _Sent(pid, round_id, now, answers)
+            out[node] = seal_delivery(answers, request, self._key)
+        return out
+
+    def _answer_deliveries(self, admitted: set[str], taken: set[int]) -> dict[int, bytes]:
+        """Answers-only deliveries for idle labs whose answers would otherwise wait."""
+        now, busy = self._monotonic(), {s.participant_id for s in self._sent.values()}
+        targets = {node: pid for node, pid in self._nodes.items()
+                   if node not in taken and pid in admitted and pid not in busy and self.answers.pending(pid)
+                   and self._answers_retry_at.get(pid, 0.0) <= now}
+        return self._send(targets, ANSWERS, b"")
 
     def _close(self, reason: str) -> None:
         round_id = self.coordinator.current_round
@@ -271,76 +339,6 @@ class FederationDriver:
             self._final_since = self._monotonic()
             self._retry_at, self._last_error = {}, {}
             self.console(f"all {self.cfg.rounds} rounds done: collecting final reports")
-
-    # -- submissions -----------------------------------------------------------------------------
-
-    def _accept_submission(self, sent: _Sent, payload: bytes, round_trip_s: float) -> None:
-        pid, what = sent.participant_id, _what(sent)
-        problem = self.coordinator.admit(pid, len(payload))  # caps first: before verifying or decoding (T8)
-        if problem is not None:
-            self._refuse(sent, problem.code.value, problem.detail, journaled=True)
-            return
-        try:
-            body, kid = open_envelope(payload, self.membership.registry.keys, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
-            signer = self.membership.owner(kid)
-            submission = decode_submission(body)
-        except WireError as exc:  # unknown key, bad signature, malformed payload
-            self._refuse(sent, str(exc.code), exc.message)
-            return
-        if signer != pid:  # the key of one participant used by the node of another (T5)
-            self._refuse(sent, ErrorCode.IDENTITY_MISMATCH.value,
-                         f"envelope signed with the key of {signer}, sent by the node of {pid}")
-            return
-        if sent.round_id == FINAL:
-            problem = self.coordinator.record_final_report(submission, sender=signer)
-            if problem is not None:
-                self._refuse(sent, problem.code.value, problem.detail)
-            else:
-                accuracy = submission.report.eval_accuracy if submission.report else None
-                self.console(f"final report {pid}: eval {_fmt(accuracy)}")
-                self._acks.add(pid)
-            return
-        result = self.coordinator.submit(submission, sender=signer, admitted=True)
-        if result.refusal is not None:
-            self._refuse(sent, result.refusal.value, result.rejected[0].detail, journaled=True)
-            return
-        report = submission.report.metrics if submission.report is not None else {}
-        self._steps[pid] = StepTimes.from_report(report, round_trip_s)
-        self.console(f"{what} {pid}: submitted {len(submission.trajectories)} trajectories, accepted "
-                     f"{len(result.accepted_ids)} (receipt seq {result.receipt.seq}"
-                     f"{', identical resend' if result.replayed else ''})")
-        if result.rejected:
-            self.console(rejection_line(sent.round_id, pid, result.rejected, len(submission.trajectories)))
-
-    def _refuse(self, sent: _Sent, code: str, detail: str, *, journaled: bool = False) -> None:
-        """A reply that is refused as a whole: journaled, named on the console, and the sender is
-        not asked again for this round (its retry would be the same cached reply)."""
-        pid = sent.participant_id
-        round_id = None if sent.round_id == FINAL else sent.round_id
-        if not journaled:
-            self.journal.record_rejection(pid, round_id, code, safe_text(detail, 500), self.coordinator.now())
-        self._retry_at[pid] = float("inf")
-        self.console(f"{_what(sent)} {pid}: REFUSED {code}: {safe_text(detail, 300)}")
-
-    # -- trust on first use ------------------------------------------------------------------------
-
-    def _key_requests(self, unknown: set[str]) -> dict[int, bytes]:
-        if not self.membership.trust_on_first_use or not unknown:
-            return {}
-        now = self._monotonic()
-        busy = {s.participant_id for s in self._sent.values()}
-        targets = {node: pid for node, pid in self._nodes.items()
-                   if pid in unknown and pid not in busy and self._retry_at.get(pid, 0.0) <= now}
-        if not targets:
-            return {}
-        return self._send(targets, None, seal(b"", KEY_REQUEST_TYPE, self._key, DOMAIN_UPDATE))
-
-    def _accept_key_offer(self, participant_id: str, payload: bytes) -> None:
-        try:
-            self.membership.accept_offer(participant_id, payload)
-        except (WireError, ValueError) as exc:
-            self._retry_at[participant_id] = float("inf")
-            self.console(f"REFUSED key offer of {participant_id}: {exc}")
 
     # -- the end of the run ----------------------------------------------------------------------
 
@@ -421,22 +419,15 @@ class FederationDriver:
 
     def console(self, line: str) -> None:
         """One console line: to the sink given (tests) or appended to <state-dir>/console.log, which
-        hacfed-server prints; also logged."""
+        hacfed-server prints; also logged. Always exactly one line: any control character left in it
+        (a peer's text that escaped `printable` / `safe_text`) is shown escaped, never obeyed."""
+        line = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
         log.info("%s", line)
         if self._console_sink is not None:
             self._console_sink(line)
             return
         with open(self.state_dir / CONSOLE_FILE, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
-
-
-def _what(sent: _Sent) -> str:
-    names = {FINAL: "final report", ACK: "final acknowledgement", None: "key request"}
-    return names.get(sent.round_id, f"round {sent.round_id}")
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def make_driver(run_config: Mapping[str, object]) -> FederationDriver:

@@ -28,7 +28,8 @@ class DriverSettings:
     resolve; keys_dir: `<participant-id>.pub` files; coordinator_key: the private key signing
     updates; metrics_out: the JSONL metrics file; retry_interval_s: how long a participant whose
     exchange failed waits before the same round is sent to it again; trust_on_first_use: register
-    unknown participants' self-signed keys (development only)."""
+    unknown participants' self-signed keys (development only); supernode_auth: the SuperLink
+    authenticates SuperNodes and `<state>/supernode-nodes.json` binds each lab to its node id."""
 
     coordinator: Mapping[str, Any]
     task_base_dir: str | None
@@ -38,6 +39,7 @@ class DriverSettings:
     retry_interval_s: float = 2.0
     trust_on_first_use: bool = False
     supervisor: tuple[int, int] | None = None  # hacfed-server's (pid, start time in clock ticks)
+    supernode_auth: bool = False  # Flower authenticates SuperNodes: a lab's node must be the one bound to its key
 
     def __post_init__(self) -> None:
         CoordinatorConfig.from_mapping(self.coordinator)  # raises with the field's name
@@ -53,8 +55,9 @@ class DriverSettings:
                     and all(isinstance(v, int) and v > 0 for v in self.supervisor)):
                 raise ValueError(f"DriverSettings.supervisor must be (pid, start ticks), got {self.supervisor!r}")
             object.__setattr__(self, "supervisor", tuple(self.supervisor))
-        if not isinstance(self.trust_on_first_use, bool):
-            raise ValueError(f"DriverSettings.trust_on_first_use must be a bool, got {self.trust_on_first_use!r}")
+        for name in ("trust_on_first_use", "supernode_auth"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"DriverSettings.{name} must be a bool, got {getattr(self, name)!r}")
 
     def supervisor_alive(self) -> bool:
         """False once the hacfed-server that wrote these settings is gone (even after SIGKILL), so

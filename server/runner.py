@@ -28,7 +28,9 @@ from hacfed.server.coordinator import Journal, JournalError, load_task_from_conf
 from hacfed.server.driver_settings import (
     CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,
 )
-from hacfed.server.superlink import SuperLink, TlsFiles, start_superlink, submit_run
+from hacfed.server.node_auth import BINDINGS_FILE, CONNECTION as ADMIN_CONNECTION, FlwrCli, NodeAuthSync
+from hacfed.server.registry import load_registry
+from hacfed.server.superlink import SuperLink, TlsFiles, start_superlink, submit_run, write_connection_config
 
 Print = Callable[[str], None]
 PORT_FILE = "fleet-port"
@@ -57,12 +59,22 @@ class ConsoleTail:
             self.out(f"[{datetime.now():%H:%M:%S}] {line}")
 
 
+def check_before_writing(cfg: ServerConfig) -> None:
+    """What a user can get wrong that the config types cannot see, checked before any file is
+    created: the task loads (its data files exist and parse), the state and keys paths are folders."""
+    load_task_from_config(cfg.coordinator, str(cfg.config_dir))
+    for what, path in (("state dir", cfg.state_dir), ("keys dir", cfg.keys_dir)):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"the {what} {path} is a file, not a directory")
+    if cfg.metrics_out.is_dir():
+        raise ValueError(f"metrics_out {cfg.metrics_out} is a directory; give a file path")
+
+
 def prepare(cfg: ServerConfig) -> Path:
-    """Everything that can fail on a user mistake, before any process starts: the task loads, the
-    journal belongs to this run, the keys exist. Returns the driver settings file."""
+    """Everything that can fail on a user mistake once the state dir exists, before any process
+    starts: the journal belongs to this run, the keys exist. Returns the driver settings file."""
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    load_task_from_config(cfg.coordinator, str(cfg.config_dir))
     with Journal(cfg.coordinator.journal_path) as journal:
         journal.bind_run(cfg.coordinator.run_id, cfg.coordinator.plan_fingerprint())
     keys = ensure_key_pair(state, "coordinator")
@@ -70,9 +82,11 @@ def prepare(cfg: ServerConfig) -> Path:
         say(f"created the coordinator key {keys.private}")
     say(f"coordinator public key: {describe_key(keys.public)}; every lab passes it to hacfed-client --coordinator-key")
     cfg.keys_dir.mkdir(parents=True, exist_ok=True)
-    registered = sorted(p.stem for p in cfg.keys_dir.glob("*.pub"))
-    say(f"participant keys in {cfg.keys_dir}: {registered or 'none yet'} (a lab's participant.pub goes there "
-        f"as <participant-id>.pub)")
+    registry = load_registry(cfg.keys_dir)
+    say(f"registered labs in {cfg.keys_dir}: {sorted(registry.entries) or 'none yet'} (to register a lab: "
+        f"hacfed-server register --state-dir {cfg.state_dir} <its enrolment.txt>)")
+    for problem in registry.problems:
+        say(f"registry: {problem}")
     if cfg.server.trust_on_first_use:
         say("WARNING: --trust-on-first-use: ANY participant that connects first can register a key for an id. "
             "Development only; never across organizations.")
@@ -80,7 +94,7 @@ def prepare(cfg: ServerConfig) -> Path:
         coordinator=cfg.coordinator.to_dict(), task_base_dir=str(cfg.config_dir), keys_dir=str(cfg.keys_dir),
         coordinator_key=str(keys.private), metrics_out=str(cfg.metrics_out),
         retry_interval_s=cfg.server.retry_interval_s, trust_on_first_use=cfg.server.trust_on_first_use,
-        supervisor=(os.getpid(), process_start_ticks(os.getpid())),
+        supervisor=(os.getpid(), process_start_ticks(os.getpid())), supernode_auth=not cfg.server.insecure,
     )
     return settings.write(state / SETTINGS_FILE)
 
@@ -115,13 +129,32 @@ class Server:
         self.link: SuperLink | None = None
         self.run: ManagedProcess | None = None
         self.console = ConsoleTail(self.state / CONSOLE_FILE, print)
+        self.node_auth: NodeAuthSync | None = None  # with TLS: Flower's SuperNode authentication
+        self._checked_registry = 0.0
 
     def start_link(self, port: int) -> SuperLink:
         host, _ = self.cfg.listen
         self.link = start_superlink(self.sup, self.state / "superlink", host=host, fleet_port=port,
-                                    insecure=self.tls is None, tls=self.tls, database=self.state / "superlink.db")
+                                    insecure=self.tls is None, tls=self.tls, supernode_auth=self.tls is not None,
+                                    database=self.state / "superlink.db")
         self._record()
+        if self.tls is not None:  # register the labs' SuperNode keys before any run can start
+            home = self.state / "flwr-admin"
+            write_connection_config(home, name=ADMIN_CONNECTION, control_address=self.link.control_address,
+                                    insecure=False, root_cert=self.tls.ca_certfile)
+            self.node_auth = NodeAuthSync(self.cfg.keys_dir, self.state / BINDINGS_FILE, FlwrCli(home), say)
+            self.node_auth.sync(check_superlink=True)
         return self.link
+
+    def watch_registry(self) -> None:
+        """Within about a second of a `register` or `revoke`, make the SuperLink's registered
+        SuperNode keys follow (a revoked lab's SuperNode is cut off)."""
+        now = time.monotonic()
+        if self.node_auth is None or now - self._checked_registry < 1.0:
+            return
+        self._checked_registry = now
+        if self.node_auth.changed():
+            self.node_auth.sync()
 
     def submit(self) -> ManagedProcess:
         assert self.link is not None
@@ -142,6 +175,7 @@ class Server:
         self.submit()
         while True:
             self.console.pump()
+            self.watch_registry()
             if self.link is not None and not self.link.process.alive():
                 say(f"the SuperLink exited (code {self.link.process.returncode()}); restarting it on port "
                     f"{self.link.fleet_port}")
@@ -199,6 +233,7 @@ def start_link_on_known_port(server: Server, port: int) -> SuperLink:
 
 def run_server(cfg: ServerConfig) -> int:
     """The whole life of hacfed-server; SIGTERM / SIGINT stop every child and return 0."""
+    check_before_writing(cfg)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     lock = lock_state_dir(state)
@@ -213,8 +248,9 @@ def run_server(cfg: ServerConfig) -> int:
             with ProcessSupervisor(grace_s=10.0) as sup:
                 server = Server(cfg, sup)
                 link = start_link_on_known_port(server, cfg.listen[1])
-                say(f"ready: Fleet API on {link.fleet_address} ({'insecure, loopback' if server.tls is None else 'TLS'}); "
-                    f"state in {state}")
+                mode = ("plaintext, loopback, no SuperNode authentication: development only" if server.tls is None
+                        else "TLS, SuperNode authentication")
+                say(f"ready: Fleet API on {link.fleet_address} ({mode}); state in {state}")
                 code = server.serve()
             forget_children(state)
             return code

@@ -10,9 +10,11 @@ deadline, so a round costs what the SuperNodes cost and no more.
 The ServerApp knows nothing of the payload. Each round it asks the driver for one payload
 per participant, sends them as `train.exchange` messages, and hands every reply (or error)
 back to the driver. Participants are discovered continuously: every node that appears in
-`grid.get_node_ids()` gets a `query.hello`, whose reply names its participant id (from the
-SuperNode's node config; a ServerApp cannot read node configs itself). A node that joins
-late takes part from the next round on.
+`grid.get_node_ids()` gets a `query.hello` carrying the driver's challenge; the reply names a
+participant id (from the SuperNode's node config; a ServerApp cannot read node configs itself)
+and carries the participant's proof, and the node becomes that participant only if the driver's
+`identify` accepts it (hacfed: `hacfed.hello`, `hacfed.server.membership`). A refused node is
+asked again after `hello-timeout-s`. A node that joins late takes part from the next round on.
 
 Run config keys (defaults in `server/flower_app/pyproject.toml`):
   driver                "pkg.module:factory"; `factory(run_config) -> RoundDriver`
@@ -43,6 +45,7 @@ from hacfed.flower_protocol import (
     RECORD_NAME,
     TORCH_LOADED_KEY,
 )
+from hacfed.identity import printable
 
 HELLO_TYPE = "query.hello"
 EXCHANGE_TYPE = "train.exchange"
@@ -71,6 +74,13 @@ class RoundDriver(Protocol):
 
     def finished(self) -> bool:
         """True when the run is over; the ServerApp then returns."""
+
+    def hello(self, node_id: int) -> bytes:
+        """The payload of a hello to a newly seen node (e.g. a signed challenge)."""
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        """True when the node, which answered the hello as `participant_id` with `proof`, may take
+        part as that participant; False leaves the node out (it is asked again later)."""
 
 
 @dataclass(frozen=True)
@@ -123,8 +133,8 @@ def load_driver(spec: str, run_config: Mapping[str, object]) -> RoundDriver:
     if not callable(factory):
         raise ValueError(f"driver {spec!r}: {attr!r} is not a callable in {module_name}")
     driver = factory(run_config)
-    missing = [m for m in ("next_round", "on_reply", "on_error", "round_done", "close_round", "finished")
-               if not callable(getattr(driver, m, None))]
+    missing = [m for m in ("next_round", "on_reply", "on_error", "round_done", "close_round", "finished", "hello",
+                           "identify") if not callable(getattr(driver, m, None))]
     if missing:
         raise ValueError(f"driver {spec!r} built a {type(driver).__name__} without {', '.join(missing)}")
     return driver
@@ -216,7 +226,7 @@ class RoundLoop:
         new = [n for n in online - set(self.participants) - waiting if self._hello_retry_at.get(n, 0.0) <= now]
         if new:
             ttl = self.settings.hello_timeout_s
-            messages = [_message(n, HELLO_TYPE, None, "hello", ttl) for n in new]
+            messages = [_message(n, HELLO_TYPE, self.driver.hello(n), "hello", ttl) for n in new]
             for node_id, msg_id in zip(new, self.grid.push_messages(messages), strict=True):
                 if msg_id:
                     self._hellos[msg_id] = (node_id, now)
@@ -229,8 +239,12 @@ class RoundLoop:
             node_id = entry[0]
             hello = parse_reply(reply)
             participant_id = hello.participant_id
-            if hello.error is not None or participant_id is None:
-                log(WARNING, "[hacfed] hello to node %s failed: %s", node_id, hello.error)
+            if hello.error is not None or participant_id is None or hello.payload is None:
+                log(WARNING, "[hacfed] hello to node %s failed: %s", node_id, printable(hello.error, 300))
+                self._hello_retry_at[node_id] = now + self.settings.hello_timeout_s
+                continue
+            if not self.driver.identify(node_id, participant_id, hello.payload):
+                log(WARNING, "[hacfed] node %s refused as participant %s", node_id, printable(participant_id))
                 self._hello_retry_at[node_id] = now + self.settings.hello_timeout_s
                 continue
             for other, pid in list(self.participants.items()):
@@ -271,7 +285,7 @@ class RoundLoop:
                     continue
                 relayed = parse_reply(reply)
                 log(INFO, "[hacfed] round %s: node %s (%s) %s; relay torch loaded: %s", group_id, node_id,
-                    relayed.participant_id, f"replied {len(relayed.payload)} bytes"
+                    printable(relayed.participant_id), f"replied {len(relayed.payload)} bytes"
                     if relayed.payload is not None else f"failed: {relayed.error}", relayed.torch_loaded)
                 if relayed.payload is not None:
                     self.driver.on_reply(node_id, relayed.payload)

@@ -18,11 +18,13 @@ FLWR_DISABLE_UPDATE_CHECK=1, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1, thi
 on PATH, in its own process group; ports are examples: port 0 lets the OS choose, and the bound
 ports are read back from the logs, "Starting {Control,ServerAppIo,Fleet} API ... on HOST:PORT"):
 
-    flower-superlink --fleet-api-type grpc-rere --fleet-api-address 0.0.0.0:9092 \\
+    # flower-superlink, run through this module to cap its Fleet API's messages (run_capped_superlink):
+    python -m hacfed.server.superlink capped-superlink 16842752 \\
+        --fleet-api-type grpc-rere --fleet-api-address 0.0.0.0:9092 \\
         --control-api-address 127.0.0.1:9093 --serverappio-api-address 127.0.0.1:9091 \\
         --database STATE/superlink.db --disable-runtime-dependency-installation --insecure
-    # with TLS instead of --insecure:
-    #   --ssl-certfile server.pem --ssl-keyfile server.key --ssl-ca-certfile ca.pem
+    # with TLS instead of --insecure (and then always SuperNode authentication):
+    #   --ssl-certfile server.pem --ssl-keyfile server.key --ssl-ca-certfile ca.pem --enable-supernode-auth
 
     flwr run <server/flower_app> hacfed --run-config CLI/run-config.toml --stream
     # CLI/flwr-home/config.toml:
@@ -53,13 +55,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hacfed.flower_protocol import ConfigValue, check_loopback_address, to_toml
+from hacfed.flower_protocol import (
+    FLOWER_MAX_MESSAGE_BYTES, ConfigValue, cap_flower_messages, check_loopback_address, to_toml,
+)
 from hacfed.procs import (
     ManagedProcess,
     ProcessError,
@@ -125,6 +130,7 @@ def start_superlink(
     host: str = "127.0.0.1",
     insecure: bool = True,
     tls: TlsFiles | None = None,
+    supernode_auth: bool = False,
     database: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 60.0,
@@ -141,11 +147,14 @@ def start_superlink(
     if insecure == (tls is not None):
         raise ValueError("pass insecure=True without TLS files, or insecure=False with TLS files")
     _check_bind_host(host, insecure)
+    if supernode_auth and tls is None:
+        raise ValueError("SuperNode authentication needs TLS (Flower refuses it over plaintext)")
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     database = Path(database) if database is not None else state_dir / "superlink.db"
     argv = superlink_argv(host=host, fleet_port=fleet_port, control_port=control_port,
-                          serverappio_port=serverappio_port, tls=tls, database=database)
+                          serverappio_port=serverappio_port, tls=tls, database=database,
+                          supernode_auth=supernode_auth)
     home = state_dir / "flwr-home"
     log_path = state_dir / "superlink.log"
     proc = sup.start(argv, env=flower_env(home, extra=extra_env), log_path=log_path, name="superlink",
@@ -166,10 +175,11 @@ def start_superlink(
 
 def superlink_argv(
     *, host: str, fleet_port: int, control_port: int, serverappio_port: int, tls: TlsFiles | None, database: Path,
+    supernode_auth: bool = False,
 ) -> list[str]:
     """The `flower-superlink` command: the Fleet API on `host`, everything else on 127.0.0.1."""
     argv = [
-        "flower-superlink",
+        sys.executable, "-m", "hacfed.server.superlink", "capped-superlink", str(FLOWER_MAX_MESSAGE_BYTES),
         "--fleet-api-type", "grpc-rere",
         "--fleet-api-address", f"{host}:{fleet_port}",
         "--control-api-address", f"{LOCAL_HOST}:{control_port}",
@@ -182,7 +192,20 @@ def superlink_argv(
     else:
         argv += ["--ssl-certfile", str(tls.certfile), "--ssl-keyfile", str(tls.keyfile),
                  "--ssl-ca-certfile", str(tls.ca_certfile)]
+    if supernode_auth:
+        argv.append("--enable-supernode-auth")  # only SuperNodes whose key was registered get in
     return argv
+
+
+def run_capped_superlink(max_message_bytes: int, argv: list[str]) -> None:
+    """Run `flower-superlink argv...` with its Fleet API capped at `max_message_bytes` per message
+    (hacfed's cap; Flower's default is 2 GiB and 1.32 has no option: `cap_flower_messages`). The
+    Control and ServerAppIo APIs, on loopback only, keep Flower's default."""
+    import flwr.server.app as app_module
+
+    cap_flower_messages(app_module, [app_module._run_fleet_api_grpc_rere], max_message_bytes)
+    sys.argv = ["flower-superlink", *argv]
+    app_module.run_superlink()
 
 
 def _bound_port(match: re.Match[str]) -> int:
@@ -297,3 +320,9 @@ def wait_for_run(run: SubmittedRun, timeout_s: float, *, poll_s: float = 5.0) ->
             raise TimeoutError(f"run {run_id} still {status!r} after {timeout_s:.0f}s")
         time.sleep(poll_s)
     return run_id, status
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "capped-superlink":
+        sys.exit("usage: python -m hacfed.server.superlink capped-superlink MAX_BYTES [flower-superlink args]")
+    run_capped_superlink(int(sys.argv[2]), sys.argv[3:])

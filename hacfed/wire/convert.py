@@ -19,7 +19,9 @@ from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
-from hacfed.wire.types import NONCE_BYTES, ErrorCode, ErrorReply, Rejection, SubmissionReceipt, WireError
+from hacfed.wire.types import (
+    NONCE_BYTES, Delivery, ErrorCode, ErrorReply, LabReply, Rejection, SubmissionReceipt, SubmissionRefusal, WireError,
+)
 
 # ---- enum tables ---------------------------------------------------------------------------------
 
@@ -135,6 +137,25 @@ def fill_receipt(m: Any, r: SubmissionReceipt) -> None:
     for rej in r.rejections:
         m.rejections.add(trajectory_id=rej.trajectory_id, code=rej.code, detail=rej.detail)
     m.content_hash = bytes.fromhex(r.content_hash)
+    m.nonce = bytes.fromhex(r.nonce)
+
+
+def fill_refusal(m: Any, r: SubmissionRefusal) -> None:
+    m.SetInParent()
+    m.run_id, m.round_id, m.participant_id, m.nonce = r.run_id, r.round_id, r.participant_id, bytes.fromhex(r.nonce)
+    m.code, m.message, m.retry_after_ms = r.code, r.message, r.retry_after_ms
+
+
+def fill_delivery(m: Any, d: Delivery) -> None:
+    m.SetInParent()
+    m.answers.extend(d.answers)
+    m.request = d.request
+
+
+def fill_lab_reply(m: Any, r: LabReply) -> None:
+    m.SetInParent()
+    m.submission = r.submission
+    m.resends.extend(r.resends)
 
 
 def fill_error(m: Any, e: ErrorReply) -> None:
@@ -230,8 +251,29 @@ def read_receipt(m: Any) -> SubmissionReceipt:
         run_id=m.run_id, round_id=m.round_id, participant_id=m.participant_id,
         accepted_trajectory_ids=tuple(m.accepted_trajectory_ids),
         rejections=tuple(Rejection(r.code, r.detail, r.trajectory_id) for r in m.rejections),
-        seq=m.seq, content_hash=m.content_hash.hex(),
+        seq=m.seq, content_hash=m.content_hash.hex(), nonce=_nonce(m.nonce, "SubmissionReceipt"),
     )
+
+
+def read_refusal(m: Any) -> SubmissionRefusal:
+    return SubmissionRefusal(
+        run_id=m.run_id, round_id=m.round_id, participant_id=m.participant_id,
+        nonce=_nonce(m.nonce, "SubmissionRefusal"), code=m.code, message=m.message, retry_after_ms=m.retry_after_ms,
+    )
+
+
+def read_delivery(m: Any) -> Delivery:
+    return Delivery(answers=tuple(m.answers), request=m.request)
+
+
+def read_lab_reply(m: Any) -> LabReply:
+    return LabReply(submission=m.submission, resends=tuple(m.resends))
+
+
+def _nonce(raw: bytes, what: str) -> str:
+    if len(raw) not in (0, NONCE_BYTES):
+        raise WireError(ErrorCode.SCHEMA, f"{what}.nonce must be {NONCE_BYTES} bytes, got {len(raw)}")
+    return raw.hex()
 
 
 def read_error(m: Any) -> ErrorReply:

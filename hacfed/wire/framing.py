@@ -16,11 +16,13 @@ from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
 from hacfed.wire.convert import (
-    fill_batch, fill_error, fill_plan, fill_receipt, fill_report, fill_submission, fill_trajectory, fill_update,
-    read_batch, read_error, read_plan, read_receipt, read_report, read_submission, read_trajectory, read_update,
+    fill_batch, fill_delivery, fill_error, fill_lab_reply, fill_plan, fill_receipt, fill_refusal, fill_report,
+    fill_submission, fill_trajectory, fill_update, read_batch, read_delivery, read_error, read_lab_reply, read_plan,
+    read_receipt, read_refusal, read_report, read_submission, read_trajectory, read_update,
 )
 from hacfed.wire.types import (
-    MAX_MESSAGE_BYTES, PROTOCOL_VERSION, ErrorCode, ErrorReply, RawEnvelope, SubmissionReceipt, WireError,
+    MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Delivery, ErrorCode, ErrorReply, LabReply, RawEnvelope, SubmissionReceipt,
+    SubmissionRefusal, WireError,
 )
 
 # ---- framing --------------------------------------------------------------------------------------
@@ -150,6 +152,30 @@ def encode_error(error: ErrorReply) -> bytes:
 
 def decode_error(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> ErrorReply:
     return _decode("error", read_error, data, max_bytes)
+
+
+def encode_refusal(refusal: SubmissionRefusal) -> bytes:
+    return _encode("refusal", SubmissionRefusal, fill_refusal, refusal)
+
+
+def decode_refusal(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> SubmissionRefusal:
+    return _decode("refusal", read_refusal, data, max_bytes)
+
+
+def encode_delivery(delivery: Delivery) -> bytes:
+    return _encode("delivery", Delivery, fill_delivery, delivery)
+
+
+def decode_delivery(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Delivery:
+    return _decode("delivery", read_delivery, data, max_bytes)
+
+
+def encode_lab_reply(reply: LabReply) -> bytes:
+    return _encode("lab_reply", LabReply, fill_lab_reply, reply)
+
+
+def decode_lab_reply(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> LabReply:
+    return _decode("lab_reply", read_lab_reply, data, max_bytes)
 
 
 def encode_envelope(envelope: RawEnvelope) -> bytes:

@@ -15,6 +15,7 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # per-message cap (security.md T8, S5)
 NONCE_BYTES = 16
 CONTENT_HASH_BYTES = 32
+MAX_DELIVERY_ITEMS = 64  # answers in one Delivery, resends in one LabReply: the rest waits its turn
 
 
 class ErrorCode(StrEnum):
@@ -27,6 +28,7 @@ class ErrorCode(StrEnum):
     UNAUTHENTICATED = "HACFED-E-UNAUTHENTICATED"
     SIGNATURE = "HACFED-E-SIGNATURE"
     PAYLOAD_TYPE = "HACFED-E-PAYLOAD-TYPE"
+    IDENTITY_MISMATCH = "HACFED-E-IDENTITY-MISMATCH"  # signed by one participant, claimed by another
 
 
 # gRPC status names for each code (security.md §4 conventions: never UNKNOWN or INTERNAL).
@@ -38,6 +40,7 @@ GRPC_STATUS: Mapping[ErrorCode, str] = {
     ErrorCode.UNAUTHENTICATED: "UNAUTHENTICATED",
     ErrorCode.SIGNATURE: "UNAUTHENTICATED",
     ErrorCode.PAYLOAD_TYPE: "INVALID_ARGUMENT",
+    ErrorCode.IDENTITY_MISMATCH: "PERMISSION_DENIED",
 }
 
 
@@ -61,6 +64,9 @@ class PayloadType(StrEnum):
     TRAJECTORY_BATCH = "hacfed.v1.TrajectoryBatch"
     RECEIPT = "hacfed.v1.SubmissionReceipt"
     ERROR = "hacfed.v1.ErrorReply"
+    REFUSAL = "hacfed.v1.SubmissionRefusal"
+    DELIVERY = "hacfed.v1.Delivery"
+    LAB_REPLY = "hacfed.v1.LabReply"
 
 
 # ---- domain types that exist only as replies (receipts, errors) and the raw envelope -------------
@@ -87,7 +93,8 @@ class Rejection:
 class SubmissionReceipt:
     """The coordinator's acknowledgement, sent only once the submission is durable (security.md 3.3).
 
-    content_hash: the coordinator's sha256 (hex) of the submission; seq: its journal sequence number.
+    content_hash: the coordinator's sha256 (hex) of the submission; seq: its journal sequence number;
+    nonce: the submission's nonce (hex, empty for a submission without one).
     """
 
     run_id: str
@@ -97,6 +104,7 @@ class SubmissionReceipt:
     rejections: tuple[Rejection, ...]
     seq: int
     content_hash: str
+    nonce: str = ""
 
     def __post_init__(self) -> None:
         for name in ("run_id", "participant_id"):
@@ -109,6 +117,71 @@ class SubmissionReceipt:
         h = self.content_hash
         if not (isinstance(h, str) and len(h) == 2 * CONTENT_HASH_BYTES and all(c in "0123456789abcdef" for c in h)):
             raise ValueError(f"SubmissionReceipt.content_hash must be 64 lowercase hex chars, got {h!r}")
+        _check_nonce(self.nonce, "SubmissionReceipt")
+
+
+@dataclass(frozen=True)
+class SubmissionRefusal:
+    """The coordinator's answer to a submission it refused as a whole: the code says why.
+    round_id / nonce: those of the refused submission when it could be read (else 0 / "").
+    retry_after_ms > 0: the same submission may pass later (a rate limit or a round quota)."""
+
+    run_id: str
+    round_id: int
+    participant_id: str
+    nonce: str
+    code: str
+    message: str
+    retry_after_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not _is_code(self.code):
+            raise ValueError(f"SubmissionRefusal.code must look like HACFED-E-..., got {self.code!r}")
+        for name in ("round_id", "retry_after_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SubmissionRefusal.{name} must be an int >= 0, got {value!r}")
+        _check_nonce(self.nonce, "SubmissionRefusal")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Coordinator -> participant: signed answers to earlier submissions (receipt / refusal
+    envelopes) and the exchange's signed request envelope (b"": answers only)."""
+
+    answers: tuple[bytes, ...]
+    request: bytes = b""
+
+    def __post_init__(self) -> None:
+        _check_blobs(self.answers, "Delivery.answers")
+        if not isinstance(self.request, bytes):
+            raise ValueError(f"Delivery.request must be bytes, got {type(self.request).__name__}")
+
+
+@dataclass(frozen=True)
+class LabReply:
+    """Participant -> coordinator: the signed submission answering the request (b"": none) and the
+    signed, still unacknowledged submissions of its outbox, resent byte for byte."""
+
+    submission: bytes = b""
+    resends: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_blobs(self.resends, "LabReply.resends")
+        if not isinstance(self.submission, bytes):
+            raise ValueError(f"LabReply.submission must be bytes, got {type(self.submission).__name__}")
+
+
+def _check_nonce(nonce: object, what: str) -> None:
+    if not (isinstance(nonce, str) and len(nonce) in (0, 2 * NONCE_BYTES) and all(c in "0123456789abcdef" for c in nonce)):
+        raise ValueError(f"{what}.nonce must be empty or {2 * NONCE_BYTES} lowercase hex chars, got {nonce!r}")
+
+
+def _check_blobs(items: object, what: str) -> None:
+    if not isinstance(items, tuple) or not all(isinstance(x, bytes) and x for x in items):
+        raise ValueError(f"{what} must be a tuple of non-empty bytes")
+    if len(items) > MAX_DELIVERY_ITEMS:
+        raise ValueError(f"{what} holds {len(items)} items > {MAX_DELIVERY_ITEMS}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
 Three caps, each with its own code and a retry-after hint, all checked BEFORE any costly work:
   - a token bucket per participant (`rate_limit_per_s`, `rate_limit_burst`): every submission
     attempt takes a token, resends and refused ones included (RATE_LIMITED, retry when one token
-    has refilled);
+    has refilled). Opening a round refills every bucket, so a lab's submission of each round is
+    never throttled however fast rounds go (an in-process simulation runs several per second);
+    the bucket bounds what a lab can send WITHIN a round;
   - bytes received per participant and round (`round_quota_bytes`, QUOTA_BYTES);
   - trajectories received per participant and round (`round_quota_trajectories`,
     QUOTA_TRAJECTORIES).
@@ -93,6 +95,11 @@ class SubmissionLimiter:
             return Rejection(None, ErrorCode.QUOTA_TRAJECTORIES, detail, self._round_retry_s())
         usage.trajectories += count
         return None
+
+    def refill(self) -> None:
+        """A new round: every participant's bucket is full again (see the module docstring)."""
+        for bucket in self._buckets.values():
+            bucket.tokens = float(self.burst)
 
     def forget_round(self, round_key: Hashable) -> None:
         """Drop the usage of a closed round (memory stays bounded over a long run)."""

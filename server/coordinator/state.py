@@ -138,6 +138,7 @@ class Coordinator(SubmissionIntake):
             with self._audited():
                 self.journal.insert_round(round_id, now, now + self.cfg.round_deadline_s, plan_to_json(plan))
             self._plans[round_id] = plan
+            self.limiter.refill()
             log.info(
                 "round %d open: %d prompts x G=%d, deadline in %.0f s",
                 round_id, len(plan.prompts), plan.group_size, self.cfg.round_deadline_s,

@@ -1,4 +1,4 @@
-"""Nothing but the Fleet API leaves the coordinator's host (issue 9, reproduction 1; security.md S1).
+"""Nothing but the Fleet API leaves the coordinator's host (issue 9, reproductions 1 and 7; security.md S1, S5).
 
 A real `hacfed-server --listen 0.0.0.0:P` with TLS, its SuperLink, the SuperExec and the ServerApp
 run. Every listening socket of that whole process tree must be on loopback, except the Fleet API;
@@ -210,3 +210,30 @@ def test_a_tls_coordinator_listening_on_all_interfaces_runs_its_own_serverapp(co
     """hacfed-server submits its run to the Control API on 127.0.0.1, which its certificate names
     (before, it dialled the --listen host 0.0.0.0, which no certificate names: the run never started)."""
     assert coordinator.serverapp_ready, coordinator.log.read_text(errors="replace")[-5000:]
+
+
+@pytest.mark.slow
+def test_fleet_api_refuses_a_17_mib_message_before_anything_reads_it(coordinator: Coordinator) -> None:
+    """reproduction 7: Flower's transport accepted 2 GiB messages before hacfed's 16 MiB check. Now a
+    17 MiB request is refused by gRPC itself (RESOURCE_EXHAUSTED) before Flower's node authentication
+    or any handler sees it, while a request just above hacfed's cap still reaches them (and, not
+    being from a registered SuperNode, is refused there: UNAUTHENTICATED)."""
+    import grpc
+
+    from hacfed.wire import MAX_MESSAGE_BYTES
+
+    credentials = grpc.ssl_channel_credentials(coordinator.ca.read_bytes())
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.secure_channel(f"127.0.0.1:{coordinator.fleet_port}", credentials, options=options) as channel:
+        push = channel.unary_unary("/flwr.proto.Fleet/PushObject")
+        codes = {}
+        for size in (1024, MAX_MESSAGE_BYTES + 1024, 17 * 1024 * 1024):
+            try:
+                push(b"\x00" * size, timeout=60)
+                codes[size] = grpc.StatusCode.OK
+            except grpc.RpcError as err:
+                codes[size] = err.code()  # type: ignore[attr-defined]
+    assert codes == {1024: grpc.StatusCode.UNAUTHENTICATED,
+                     MAX_MESSAGE_BYTES + 1024: grpc.StatusCode.UNAUTHENTICATED,
+                     17 * 1024 * 1024: grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert coordinator.popen.poll() is None

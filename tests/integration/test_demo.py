@@ -44,6 +44,9 @@ def test_demo_runs_writes_outputs_and_leaves_nothing(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "accuracy before" in result.stdout and "round 1" in result.stdout
+    # TLS and SuperNode authentication by default (README "Running a real federation"), set up in the state dir
+    assert "Fleet API on 127.0.0.1:" in result.stdout and "(TLS, SuperNode authentication)" in result.stdout
+    assert (state / "certs" / "ca.pem").exists() and (state / "coordinator" / "supernode-nodes.json").exists()
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert {(r["round"], r["agent"]) for r in rows if not r.get("final")} == {
         (r, a) for r in (0, 1) for a in ("lab-a-llama", "lab-b-gpt2")

@@ -4,8 +4,11 @@ lab-a (tiny-llama, byte-level tokenizer) and lab-b (tiny-gpt2, another tokenizer
 lab-c (tiny-llama) claims the opposite of every reward (HACFED_TEST_FALSIFY_REWARDS=1). After round 0
 closes, lab-b is killed with SIGKILL and started again: it must rejoin. After round 1 closes,
 hacfed-server is killed with SIGKILL and started again with the same command: it must resume at the
-right round and finish. No process may be left behind, including what the killed ones started. Keys go the documented way: each client creates its key on first
-start and the "operator" (this test) copies `participant.pub` into the server's keys dir.
+right round and finish. lab-b and lab-c exit 0 when the coordinator closes the run; lab-a, started
+with --stay, keeps serving until it is stopped. No process may be left behind, including what the
+killed ones started. Each client creates its keys on first start and prints its enrolment line; the
+"operator" (this test) copies its `participant.pub` into the server's keys dir (in plaintext no
+SuperNode key is needed; `hacfed-server register` is tested in test_tls_walkthrough.py).
 
 Tiny rounds (2 prompts x G=2, 6 new tokens, 10 eval problems) keep it to about a minute on 2 CPU
 cores; the presets are built once and cached under HACFED_HOME (scripts/test.sh points it at the
@@ -122,10 +125,10 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         procs.append(Proc(log, argv, tmp_path / log, env))
         return procs[-1]
 
-    def client(pid: str, model: str, cheat: bool = False) -> Proc:
+    def client(pid: str, model: str, cheat: bool = False, stay: bool = False) -> Proc:
         argv = [str(BIN / "hacfed-client"), "--model", model, "--server", address, "--participant-id", pid,
                 "--state-dir", str(tmp_path / pid), "--coordinator-key", str(server_dir / "coordinator.pub"),
-                "--insecure", "--eval-problems", "10", "--exit-when-done"]
+                "--insecure", "--eval-problems", "10", *(["--stay"] if stay else [])]
         proc = Proc(pid, argv, tmp_path / f"{pid}.log", {**env, **({"HACFED_TEST_FALSIFY_REWARDS": "1"} if cheat else {})})
         procs.append(proc)
         key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key
@@ -141,7 +144,7 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         address = first.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
         cheater = client("lab-c", "tiny-llama", cheat=True)
         first.wait_for(r"joined: lab-c")
-        lab_a, lab_b = client("lab-a", "tiny-llama"), client("lab-b", "tiny-gpt2")
+        lab_a, lab_b = client("lab-a", "tiny-llama", stay=True), client("lab-b", "tiny-gpt2")
         first.wait_for(r"joined: lab-b")
         first.wait_for(r"round 0 closed")
         orphans = {p.pid for p in psutil.Process(lab_b.popen.pid).children(recursive=True)}
@@ -155,8 +158,13 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         second = server("127.0.0.1:0", "server-2.log")  # the same command: port 0 again
         assert second.wait_for(r"ready: Fleet API on (\S+) ").group(1) == address  # the previous port is reused
         assert second.exit_code(300) == 0, second.text()[-5000:]
-        assert lab_a.exit_code(120) == 0 and lab_b.exit_code(120) == 0
+        assert lab_b.exit_code(120) == 0  # by default a lab leaves once the coordinator closed the run
         assert cheater.exit_code(120) == 0  # quarantined: no final update, but told the run is over
+        lab_a.wait_for(r"--stay: still serving", timeout=120)
+        time.sleep(3.0)
+        assert lab_a.popen.poll() is None  # --stay: still there after the run
+        lab_a.stop()
+        assert lab_a.popen.returncode == 0
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -172,6 +180,23 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
 
     # -- the crashed lab came back: its leftover SuperNode stopped, its trajectories in later rounds
     assert re.search(r"stopped supernode \(pid \d+\) left running by a previous hacfed-client", lab_b.text())
+
+    # -- every lab saw the coordinator's signed answers (issue 9, item 8: labs never got any)
+    for lab in (lab_a, lab_b):
+        assert re.search(r"round \d: receipt seq \d+ \(content [0-9a-f]{12}\): accepted 4", lab.text()), lab.text()
+    assert re.search(r"round \d: receipt seq \d+ .*accepted 0; rejected 4: .*HACFED-E-REWARD-MISMATCH", cheater.text())
+
+    # -- each lab printed its enrolment line, what the operator registers; each says how it ended
+    for pid, proc in (("lab-a", lab_a), ("lab-b", lab_b), ("lab-c", cheater)):
+        line = (tmp_path / pid / "enrolment.txt").read_text().strip()
+        assert line.startswith(f"hacfed-enrolment/v1 {pid} ") and f"\n{line}\n" in proc.text()
+    assert re.search(r"hacfed-client: the federation is done: the coordinator closed run it-federation for lab-b; "
+                     r"final held-out accuracy \d\.\d{3}; checkpoints in \S+lab-b\. Exiting\.", lab_b.text()), lab_b.text()
+    assert re.search(r"the coordinator closed run it-federation for lab-c; checkpoints in \S+\. Exiting\.",
+                     cheater.text()), cheater.text()[-3000:]
+    assert re.search(r"closed run it-federation for lab-a; final held-out accuracy \d\.\d{3}; --stay: still serving",
+                     lab_a.text())
+    assert re.search(r"hacfed-client: stopped \(SystemExit\)", lab_a.text())
 
     # -- the journal: every round once, honest trajectories of both sources, none of the cheater
     with sqlite3.connect(f"file:{server_dir / 'journal.sqlite'}?mode=ro", uri=True) as db:

@@ -133,9 +133,14 @@ def test_bad_messages_and_configs_get_clear_error_records(
     assert record["error"].startswith(expected)
 
 
-def test_hello_names_the_participant_or_says_what_is_missing() -> None:
-    assert hello_content({"participant-id": "lab-b"})["hacfed"]["participant-id"] == "lab-b"
-    assert hello_content({})["hacfed"]["error"].startswith("HACFED-E-RELAY-CONFIG")
+def test_hello_names_the_participant_and_relays_its_answer(participant: tuple[int, list[bytes]]) -> None:
+    port, seen = participant
+    node_config = {"participant-id": "lab-b", "participant-address": f"127.0.0.1:{port}"}
+    record = hello_content(_payload(b"challenge"), node_config, {"relay-timeout-s": 5.0})["hacfed"]
+    assert record["participant-id"] == "lab-b" and record["payload"] == b"echo:egnellahc"
+    assert seen == [b"challenge"]  # the participant itself answers the challenge (hacfed.hello)
+    missing = hello_content(_payload(b"x"), {"participant-address": f"127.0.0.1:{port}"}, {"relay-timeout-s": 5.0})
+    assert missing["hacfed"]["error"].startswith("HACFED-E-RELAY-CONFIG")
 
 
 def test_participant_service_refuses_non_loopback_hosts() -> None:
@@ -178,8 +183,11 @@ class FakeGrid:
 def _echo_node(participant_id: str | None, *, silent: bool = False, flower_error: bool = False):
     def respond(msg: Message) -> Message | None:
         if msg.metadata.message_type == HELLO_TYPE:
-            config = {} if participant_id is None else {"participant-id": participant_id}
-            return Message(hello_content(config), reply_to=msg)
+            if participant_id is None:  # a SuperNode without a participant-id in its node config
+                return Message(hello_content(msg.content, {}, {}), reply_to=msg)
+            proof = f"proof:{participant_id}".encode()
+            return Message(RecordDict({"hacfed": ConfigRecord({"participant-id": participant_id, "payload": proof})}),
+                           reply_to=msg)
         if silent:
             return None
         if flower_error:
@@ -222,6 +230,13 @@ class RecordingDriver:
 
     def finished(self) -> bool:
         return self.round >= self.rounds and not self.open
+
+    def hello(self, node_id: int) -> bytes:
+        return b"challenge"
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        self.log.append((self.round, "hello", node_id, participant_id))
+        return proof == f"proof:{participant_id}".encode() and participant_id != "impostor"
 
 
 def _settings(**overrides: float) -> LoopSettings:
@@ -266,6 +281,20 @@ def test_late_node_joins_from_the_next_round_and_anonymous_nodes_are_left_out() 
     assert by_round[1] == [1]
     assert by_round[3] == [1, 2]
     assert all(n != 3 for (_, _, n, _) in driver.log)
+
+
+def test_a_node_the_driver_does_not_identify_is_never_sent_a_round() -> None:
+    nodes = {1: _echo_node("lab-a"), 2: _echo_node("impostor")}
+    grid = FakeGrid(lambda n, m: nodes[n](m))
+    grid.nodes = [1, 2]
+    driver = RecordingDriver(rounds=20, quorum=1)
+    loop = RoundLoop(grid, driver, _settings(hello_timeout_s=0.001))  # type: ignore[arg-type]
+    loop.run()
+    assert loop.participants == {1: "lab-a"}
+    assert not [m for m in grid.sent if m.metadata.message_type == EXCHANGE_TYPE and m.metadata.dst_node_id == 2]
+    hellos_to_2 = [m for m in grid.sent if m.metadata.message_type == HELLO_TYPE and m.metadata.dst_node_id == 2]
+    assert len(hellos_to_2) >= 2  # asked again after hello-timeout-s (it may have been registered since)
+    assert all(m.content["hacfed"]["payload"] == b"challenge" for m in hellos_to_2)  # the driver's hello payload
 
 
 def test_driver_payload_for_unknown_node_is_a_bug_not_a_silent_skip() -> None:
@@ -355,6 +384,12 @@ class EchoDriver:
     def finished(self) -> bool:
         return self.round >= self.rounds and not self.open
 
+    def hello(self, node_id: int) -> bytes:
+        return b"hello"
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        return proof == echo_reply(participant_id, b"hello")  # the echo participant answered
+
 
 def make_echo_driver(run_config: Mapping[str, object]) -> EchoDriver:
     return EchoDriver(run_config)
@@ -417,7 +452,7 @@ def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
             for name, address in addresses.items()
         }
         run = submit_run(sup, tmp_path / "cli", control_address=link.control_address,
-                         run_config=_run_config(tmp_path / "driver", rounds=2, participants=3, pad=pad))
+                         run_config=_run_config(tmp_path / "driver", rounds=2, participants=2, pad=pad))
         run_id, status = wait_for_run(run, timeout_s=300)
         stream = run.process.log_path.read_text(encoding="utf-8")
         # A second run on the same deployment whose driver cannot be built fails visibly
@@ -434,16 +469,17 @@ def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
     assert [r["round"] for r in rounds] == [1, 2]
     for r, payload_size in zip(rounds, (len("round-1-lab-a|"), pad), strict=True):
         results = r["results"]
-        assert set(results) == {"lab-a", "lab-b", "lab-down"}
+        assert set(results) == {"lab-a", "lab-b"}  # lab-down's participant never answered its hello
         for name in ("lab-a", "lab-b"):
             assert results[name]["ok"] is True, results[name]
             assert results[name]["head"].startswith(f"{name}:")
             assert results[name]["bytes"] == len(name) + 1 + payload_size
-        assert results["lab-down"]["error"].startswith("HACFED-E-PARTICIPANT-UNREACHABLE: 127.0.0.1:1")
-    assert sizes == {"lab-a": [len("round-1-lab-a|"), pad], "lab-b": [len("round-1-lab-b|"), pad]}
+    assert re.search(r"hello to node \d+ failed: 'HACFED-E-PARTICIPANT-UNREACHABLE: 127\.0\.0\.1:1", stream), stream
+    assert sizes == {"lab-a": [len("hello"), len("round-1-lab-a|"), pad],
+                     "lab-b": [len("hello"), len("round-1-lab-b|"), pad]}
     # Every relay (a fresh flwr-clientapp process per message) reported torch not loaded.
     relay_lines = re.findall(r"round \d+: node \d+ \((lab-[a-z]+)\) .*relay torch loaded: (\w+)", stream)
-    assert sorted(name for name, _ in relay_lines) == sorted(["lab-a", "lab-b", "lab-down"] * 2)
+    assert sorted(name for name, _ in relay_lines) == sorted(["lab-a", "lab-b"] * 2)
     assert {flag for _, flag in relay_lines} == {"False"}
     assert len({n.node_id for n in nodes.values()}) == 3
     assert bad_status == "finished:failed"
@@ -511,4 +547,4 @@ def test_one_round_over_tls(tmp_path: Path) -> None:
     assert "insecure" not in superlink_log.lower()  # flwr warns loudly whenever TLS is off
     [only_round] = _rounds(tmp_path / "driver")
     assert only_round["results"]["lab-a"]["ok"] is True
-    assert sizes == {"lab-a": [len("round-1-lab-a|")]}
+    assert sizes == {"lab-a": [len("hello"), len("round-1-lab-a|")]}

@@ -157,3 +157,20 @@ def test_the_head_catches_lines_deleted_from_the_end(tmp_path):
     path.write_text("".join(lines[:3]))
     result = verify_audit_log(path)
     assert not result.ok and result.line == 4 and "deleted from the end" in result.problem
+
+
+def test_strikes_and_quarantine_are_audited(tmp_path):
+    """S6: K=3 strikes quarantine a participant, and the quarantine is an audit line of its own."""
+    clock = FakeClock()
+    coord = _audited_coordinator(tmp_path, clock)
+    coord.register("cheat")
+    plan = coord.open_round(0)
+    result = coord.submit(scripted_submission(plan, "cheat", falsify=3))  # 3 falsified rewards in one submission
+    assert not result.accepted_ids and coord.journal.participant("cheat").quarantined
+    lines = [json.loads(x) for x in coord.cfg.audit_path.read_text().splitlines()]
+    accept, quarantine = lines[-2], lines[-1]
+    assert accept["kind"] == "accept" and "HACFED-E-REWARD-MISMATCH" in accept["detail"]
+    assert (quarantine["kind"], quarantine["participant"], quarantine["code"]) == ("quarantine", "cheat",
+                                                                                  "HACFED-E-QUARANTINED")
+    assert coord.submit(scripted_submission(plan, "cheat", nonce="2" * 32)).refusal == ErrorCode.QUARANTINED
+    assert json.loads(coord.cfg.audit_path.read_text().splitlines()[-1])["code"] == "HACFED-E-QUARANTINED"

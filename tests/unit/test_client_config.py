@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,12 @@ def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"participant_id": "../etc"}, "ClientConfig.participant_id must be 1-128 characters"),
+        ({"participant_id": "../etc"}, "ClientConfig.participant_id must be 1-63 characters of a-z"),
+        ({"participant_id": "Lab-A"}, "ClientConfig.participant_id must be 1-63 characters of a-z"),
+        ({"participant_id": "lab a"}, "ClientConfig.participant_id must be 1-63 characters of a-z"),
+        ({"server": "10.1.2.3:9092"}, "ClientConfig.insecure must be false for the non-loopback server"),
+        ({"server": "coordinator.example:9092"}, "ClientConfig.insecure must be false for the non-loopback server"),
+        ({"insecure": False, "tls_ca": __file__}, "is not a PEM certificate"),
         ({"server": "nowhere"}, "ClientConfig.server must be HOST:PORT"),
         ({"coordinator_key": "missing.pub"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
         ({"insecure": None}, "ClientConfig.insecure must be true without tls_ca"),
@@ -61,6 +67,23 @@ def test_errors_name_the_field(flags: dict, changes: dict, message: str) -> None
         load_client_config(None, values)
 
 
+def test_insecure_client_is_refused_for_a_non_loopback_server(flags: dict) -> None:
+    """issue 9, reproduction 7: the client used to accept --insecure for any server."""
+    with pytest.raises(ValueError, match="plaintext .* is a development mode for 127.0.0.1 only"):
+        load_client_config(None, {**flags, "server": "192.0.2.10:9092"})
+    assert load_client_config(None, {**flags, "server": "localhost:9092"}).insecure
+
+
+def test_tls_client_needs_a_valid_federation_ca(flags: dict, tmp_path: Path) -> None:
+    from hacfed.certs import init_federation_certs
+
+    certs = init_federation_certs(tmp_path / "certs", [])
+    tls = {**flags, "insecure": None, "server": "coordinator.example:9092"}
+    assert load_client_config(None, {**tls, "tls_ca": str(certs.ca_cert)}).tls_ca == certs.ca_cert
+    with pytest.raises(ValueError, match="is not a CA certificate"):
+        load_client_config(None, {**tls, "tls_ca": str(certs.server_cert)})
+
+
 def test_unknown_keys_and_tables_are_refused(flags: dict, tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text("[participant]\nmodle = 'x'\n")
@@ -75,8 +98,35 @@ def test_every_option_is_explained_in_help() -> None:
     options = [a for a in build_parser()._actions if not isinstance(a, argparse._HelpAction)]
     assert {o.dest for o in options} >= {"model", "server", "participant_id", "state_dir", "coordinator_key",
                                          "insecure", "tls_ca", "finetune", "device", "rollout_backend",
-                                         "learning_rate", "exit_when_done", "task_sets"}
-    assert all(o.help and len(o.help) > 15 for o in options)
+                                         "learning_rate", "stay", "task_sets"}
+    shown = [o for o in options if o.help != argparse.SUPPRESS]
+    assert all(o.help and len(o.help) > 15 for o in shown)
+    assert all("(default: " in o.help or o.help.startswith("required: ") for o in shown), \
+        [o.dest for o in shown if "(default: " not in o.help and not o.help.startswith("required: ")]
+
+
+def test_help_defaults_are_the_real_defaults() -> None:
+    import re
+
+    from hacfed.clients.config import ClientConfig
+    from hacfed.clients.participant import ParticipantConfig
+
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    shown = {dest: re.search(r"\(default: ([^;)]+)", text).group(1) for dest, text in helps.items()
+             if text and "(default: " in text}
+    fields = {f.name: f.default for f in dataclasses.fields(ParticipantConfig)} | \
+        {f.name: f.default for f in dataclasses.fields(ClientConfig) if f.name in ("device", "rollout_backend", "seed",
+                                                                              "finetune")}
+    for dest in ("learning_rate", "lora_rank", "eval_problems", "finetune", "device", "rollout_backend", "seed"):
+        assert shown[dest] == str(fields[dest]), (dest, shown[dest], fields[dest])
+    assert ClientConfig.__dataclass_fields__["stay"].default is False and shown["stay"].startswith("off")
+    assert "kind=arithmetic digits=2 operators=+" in helps["task_sets"]
+    assert DEFAULT_TASK == {"kind": "arithmetic", "digits": 2, "operators": "+"}
+
+
+def test_exit_when_done_is_still_accepted_and_changes_nothing() -> None:
+    args = build_parser().parse_args(["--exit-when-done"])
+    assert args.exit_when_done is True and args.stay is None
 
 
 def test_main_reports_config_errors_without_a_traceback(flags: dict, capsys: pytest.CaptureFixture) -> None:
@@ -100,3 +150,13 @@ def test_progress_lines_say_what_the_step_did() -> None:
     assert line.startswith("round 1: trained on 12 pooled samples of round 0 (6 from other labs) in 1.5s")
     assert "eval accuracy 0.250" in line and "rolled out 6 in 0.5s, claimed reward 0.33" in line
     assert "cached reply" in describe_answer(Answered(update, None, 0.0, True), "lab-a")
+
+
+def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict, tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[participant]\ntls_ca = "missing-ca.pem"\n')
+    cfg = load_client_config(path, flags)  # flags has insecure=True
+    assert cfg.insecure and cfg.tls_ca is None
+    path.write_text("[participant]\ninsecure = true\n")
+    with pytest.raises(ValueError, match="ClientConfig.tls_ca must be an existing CA certificate"):
+        load_client_config(path, {**flags, "insecure": None, "tls_ca": str(tmp_path / "nope.pem")})

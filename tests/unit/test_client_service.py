@@ -1,4 +1,4 @@
-"""The participant service (hacfed-client's side of the exchange): checks, clear errors, reply cache."""
+"""The participant service (hacfed-client's side of the exchange): checks, clear errors, the outbox."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from hacfed.clients.relay import ParticipantRejection, RelayError, call_participant, serve_participant
 from hacfed.clients.service import ParticipantService, falsify_rewards
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
+from hacfed.exchange import open_lab_reply, seal_delivery
 from hacfed.keys import KEY_REQUEST_TYPE, ensure_key_pair
 from hacfed.messages import RoundUpdate
 from hacfed.server.coordinator import Coordinator, Journal
@@ -33,9 +34,18 @@ def setup(tmp_path):
         return ParticipantService(participant, task, participant_key, trusted, tmp_path / "lab-a", **kw)
 
     def sealed(update: RoundUpdate, key=coordinator_key, domain=DOMAIN_UPDATE) -> bytes:
-        return seal(encode_round_update(update), PayloadType.ROUND_UPDATE, key, domain)
+        """A delivery whose request is `update`, as the coordinator's driver sends it."""
+        return seal_delivery((), seal(encode_round_update(update), PayloadType.ROUND_UPDATE, key, domain), key)
 
     return coordinator, service, sealed, participant, participant_key
+
+
+def submission_of(reply: bytes, key):
+    """The submission a LabReply carries, its signatures checked with the participant's key."""
+    trusted = {key_id(key.public_key()): key.public_key()}
+    lab_reply, _ = open_lab_reply(reply, trusted)
+    payload, _ = open_envelope(lab_reply.submission, trusted, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
+    return decode_submission(payload)
 
 
 def _rejection(call) -> ParticipantRejection:
@@ -47,9 +57,7 @@ def _rejection(call) -> ParticipantRejection:
 def test_an_update_is_answered_with_a_signed_submission(setup) -> None:
     coordinator, service, sealed, participant, key = setup
     reply = service().handle(sealed(coordinator.make_update(0)))
-    payload, kid = open_envelope(reply, {key_id(key.public_key()): key.public_key()}, DOMAIN_SUBMIT,
-                                 PayloadType.SUBMISSION)
-    submission = decode_submission(payload)
+    submission = submission_of(reply, key)
     assert submission.participant_id == "lab-a" and submission.round_id == 0
     assert len(submission.trajectories) == 2 * 3
     assert coordinator.submit(submission, sender="lab-a").rejected == ()
@@ -106,13 +114,16 @@ def test_stale_and_foreign_run_updates_are_refused(setup) -> None:
     coordinator, service, sealed, participant, key = setup
     svc = service()
     round0 = sealed(coordinator.make_update(0))
-    payload, _ = open_envelope(svc.handle(round0), {key_id(key.public_key()): key.public_key()}, DOMAIN_SUBMIT,
-                               PayloadType.SUBMISSION)
-    coordinator.submit(decode_submission(payload), sender="lab-a")
+    first = submission_of(svc.handle(round0), key)
+    coordinator.submit(first, sender="lab-a")
     coordinator.close_round(coordinator.poll() or "deadline")
     coordinator.open_round(1)
     svc.handle(sealed(coordinator.make_update(1)))
-    error = _rejection(lambda: svc.handle(round0))  # a replay of an older round's update
+    # a replay of an older round's update gets the same signed submission back from the outbox ...
+    assert submission_of(svc.handle(round0), key) == first and svc.steps == 2
+    with svc.outbox._lock:  # ... and without that entry, it is stale: the participant never goes back
+        svc.outbox._db.execute("DELETE FROM outbox WHERE round_id=0")
+    error = _rejection(lambda: svc.handle(round0))
     assert error.code == "HACFED-E-STALE-ROUND" and error.status == grpc.StatusCode.FAILED_PRECONDITION
     assert [u.pool_round for u in participant.updates] == [None, 0]
     foreign = RoundUpdate(**{**coordinator.make_update(0).__dict__, "run_id": "other-run", "next_plan": None,
@@ -145,8 +156,7 @@ def test_errors_reach_the_relay_as_codes_over_grpc(setup) -> None:
 def test_falsify_rewards_flips_every_claim(setup) -> None:
     coordinator, service, sealed, _, key = setup
     reply = service(cheat=True).handle(sealed(coordinator.make_update(0)))
-    payload, _ = open_envelope(reply, {key_id(key.public_key()): key.public_key()}, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
-    cheated = decode_submission(payload)
+    cheated = submission_of(reply, key)
     assert [t.reward for t in falsify_rewards(cheated).trajectories] == [1.0, 0.0, 0.0] * 2  # the honest claims
     result = coordinator.submit(cheated, sender="lab-a")
     assert result.accepted_ids == () and coordinator.journal.participant("lab-a").strikes >= 1

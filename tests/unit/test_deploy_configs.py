@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from hacfed.certs import init_federation_certs
 from hacfed.clients.config import load_client_config
 from hacfed.keys import ensure_key_pair
 from hacfed.server.config import load_server_config
@@ -25,19 +27,31 @@ def test_known_deploy_files_are_the_ones_tested() -> None:
     assert {p.name for p in DEPLOY.glob("*.toml")} == {"coordinator.toml", "participant.toml"}
 
 
-def test_coordinator_toml_loads_as_is(tmp_path: Path) -> None:
-    cfg = load_server_config(DEPLOY / "coordinator.toml", [], {"state_dir": str(tmp_path / "state")})
-    assert cfg.server.insecure and cfg.server.listen == "127.0.0.1:9092"
+@pytest.fixture
+def in_a_federation_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The current directory of the README's walk-through: certs/ from `certs init`, and what a lab
+    received from the operator (coordinator.pub, ca.pem)."""
+    certs = init_federation_certs(tmp_path / "certs", ["coordinator.example"])
+    shutil.copy(certs.ca_cert, tmp_path / "ca.pem")
+    shutil.copy(ensure_key_pair(tmp_path / "coordinator", "coordinator").public, tmp_path / "coordinator.pub")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_coordinator_toml_loads_as_is(in_a_federation_dir: Path) -> None:
+    cfg = load_server_config(DEPLOY / "coordinator.toml", [], {"state_dir": str(in_a_federation_dir / "state")})
+    assert not cfg.server.insecure and cfg.server.listen == "127.0.0.1:9092"  # TLS by default
+    assert cfg.server.tls_ca == in_a_federation_dir / "certs" / "ca.pem"
     assert cfg.coordinator.expected_participants >= cfg.coordinator.min_participants
     task = load_task_from_config(cfg.coordinator, str(cfg.config_dir))
     assert task.name == "arith-add2"
 
 
-def test_participant_toml_loads_and_matches_the_coordinators_task(tmp_path: Path) -> None:
-    key = ensure_key_pair(tmp_path, "coordinator").public  # the file names a path that exists once a server ran
-    cfg = load_client_config(DEPLOY / "participant.toml", {"coordinator_key": str(key)})
-    assert cfg.participant_id == "lab-a" and cfg.model == "tiny-llama" and cfg.insecure
-    coordinator = load_server_config(DEPLOY / "coordinator.toml", [], {"state_dir": str(tmp_path / "s")})
+def test_participant_toml_loads_and_matches_the_coordinators_task(in_a_federation_dir: Path) -> None:
+    cfg = load_client_config(DEPLOY / "participant.toml")
+    assert cfg.participant_id == "lab-a" and cfg.model == "tiny-llama" and not cfg.insecure
+    assert cfg.tls_ca == in_a_federation_dir / "ca.pem"
+    coordinator = load_server_config(DEPLOY / "coordinator.toml", [], {"state_dir": str(in_a_federation_dir / "s")})
     assert cfg.task == dict(coordinator.coordinator.task)
     assert load_task(cfg.task).name == "arith-add2"
 

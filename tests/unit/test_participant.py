@@ -110,7 +110,8 @@ def test_checkpoint_round_trip_resumes_exactly(tmp_path):
     out_a, out_r = a.step(nxt), resumed.step(nxt)
     assert torch.allclose(params(a), params(resumed), atol=1e-6)
     assert [t.response_text for t in out_a.trajectories] == [t.response_text for t in out_r.trajectories]
-    assert (tmp_path / "LATEST").read_text().strip() == "ckpt-000001"
+    # both wrote a checkpoint of round 1 into the same dir: the second one never replaces the first
+    assert (tmp_path / "LATEST").read_text().strip() == "ckpt-000001-2"
 
 
 def test_lora_trains_adapter_only():

@@ -113,6 +113,16 @@ def test_every_option_is_explained_in_help() -> None:
     assert {o.dest for o in options} >= {"config", "sets", "state_dir", "listen", "insecure", "tls_cert", "tls_key",
                                          "tls_ca", "keys_dir", "metrics_out", "trust_on_first_use"}
     assert all(o.help and len(o.help) > 15 for o in options)
+    assert all("(default: " in o.help or o.help.startswith("required: ") for o in options), \
+        [o.dest for o in options if "(default: " not in o.help and not o.help.startswith("required: ")]
+
+
+def test_the_help_names_the_real_default_listen_address() -> None:
+    from hacfed.server import main as server_main
+    from hacfed.server.config import DEFAULT_LISTEN, ServerSettings
+
+    assert server_main.DEFAULT_LISTEN == DEFAULT_LISTEN == ServerSettings.__dataclass_fields__["listen"].default
+    assert f"else {DEFAULT_LISTEN})" in next(a.help for a in build_parser()._actions if a.dest == "listen")
 
 
 def test_main_reports_config_errors_without_a_traceback(config_file: Path, capsys: pytest.CaptureFixture) -> None:
@@ -123,3 +133,11 @@ def test_main_reports_config_errors_without_a_traceback(config_file: Path, capsy
     assert "Traceback" not in err
     assert main(["--config", str(config_file.parent / "nope.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_insecure_flag_replaces_the_files_tls_settings(tmp_path):
+    """deploy/coordinator.toml names TLS files; its documented `--insecure` development command must
+    load (it said: --insecure and the TLS files exclude each other)."""
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "coordinator.toml"
+    cfg = load_server_config(deploy, [], {"state_dir": str(tmp_path), "insecure": True})
+    assert cfg.server.insecure is True and cfg.server.tls_cert is None and cfg.listen[0] == "127.0.0.1"

@@ -36,17 +36,24 @@ class ScriptedParticipant:
     def __init__(self, participant_id: str) -> None:
         self.participant_id = participant_id
         self.last_round: int | None = None
+        self.last_pool_round: int | None = None
         self.updates: list[RoundUpdate] = []
 
-    def step(self, update: RoundUpdate) -> Submission:
+    def step(self, update: RoundUpdate, before_checkpoint: Callable[[Submission], None] | None = None) -> Submission:
         self.updates.append(update)
         pid, plan = self.participant_id, update.next_plan
         if plan is None:
             report = StepReport(pid, update.pool_round + 1, {"loss": 0.1, **STEP_TIMES}, 0.75)
-            return Submission(update.run_id, pid, update.pool_round + 1, (), report, nonce=secrets.token_hex(16))
-        self.last_round = plan.round_id
-        sub = scripted_submission(plan, pid, eval_accuracy=0.5 if plan.evaluate else None, nonce=secrets.token_hex(16))
-        return dataclasses.replace(sub, report=dataclasses.replace(sub.report, metrics={"num_cross": 1.0, **STEP_TIMES}))
+            sub = Submission(update.run_id, pid, update.pool_round + 1, (), report, nonce=secrets.token_hex(16))
+        else:
+            self.last_round = plan.round_id
+            sub = scripted_submission(plan, pid, eval_accuracy=0.5 if plan.evaluate else None,
+                                      nonce=secrets.token_hex(16))
+            sub = dataclasses.replace(sub, report=dataclasses.replace(sub.report, metrics={"num_cross": 1.0, **STEP_TIMES}))
+        self.last_pool_round = update.pool_round
+        if before_checkpoint is not None:
+            before_checkpoint(sub)  # then the (here: in-memory) checkpoint
+        return sub
 
 
 class Federation:
@@ -63,8 +70,10 @@ class Federation:
                                        str(state / "metrics.jsonl"), retry_interval_s=5.0,
                                        trust_on_first_use=trust_on_first_use)
         self.lines: list[str] = []
+        self.notices: dict[str, list[str]] = {}  # what each lab's service printed about answers
         self.driver = self.new_driver()
         self.nodes: dict[int, tuple[str, ParticipantService]] = {}
+        self.mapped: dict[int, str] = {}  # nodes whose hello the driver accepted
 
     def new_driver(self) -> FederationDriver:
         return FederationDriver(self.settings, clock=self.clock, monotonic=self.clock, console=self.lines.append)
@@ -76,13 +85,26 @@ class Federation:
         if register:
             save_public_key(keys.load().public_key(), self.keys_dir / f"{pid}.pub")
         service = ParticipantService(participant or ScriptedParticipant(pid), TASK, keys.load(),
-                                     self.coordinator_key.load().public_key(), self.tmp / pid / "service", cheat=cheat)
+                                     self.coordinator_key.load().public_key(), self.tmp / pid / "service", cheat=cheat,
+                                     on_notice=self.notices.setdefault(pid, []).append)
         self.nodes[node] = (pid, service)
         return service
 
+    def identified(self) -> dict[int, str]:
+        """The ServerApp's hellos: each node not yet mapped answers the driver's challenge."""
+        for node, (pid, service) in self.nodes.items():
+            if node not in self.mapped:
+                try:
+                    proof = service.handle(self.driver.hello(node))
+                except ParticipantRejection:
+                    continue
+                if self.driver.identify(node, pid, proof):
+                    self.mapped[node] = pid
+        return dict(self.mapped)
+
     def exchange(self, corrupt: Callable[[bytes], bytes] = lambda b: b) -> dict[int, str]:
         """One ServerApp exchange; returns node -> "reply" | error text."""
-        payloads = self.driver.next_round({n: pid for n, (pid, _) in self.nodes.items()}) or {}
+        payloads = self.driver.next_round(self.identified()) or {}
         outcome = {}
         for node, payload in payloads.items():
             try:
@@ -167,16 +189,31 @@ def test_unknown_key_is_refused_and_never_sent_anything(tmp_path: Path) -> None:
     fed.run()
     assert stranger.participant.updates == []
     assert fed.driver.journal.participant("stranger") is None
-    assert any("REFUSED participant stranger: unknown key" in line and "stranger.pub" in line for line in fed.lines)
+    assert any("REFUSED node 2 as participant stranger: not registered (HACFED-E-UNKNOWN-PARTICIPANT)" in line
+               for line in fed.lines)
 
 
-def test_key_of_another_participant_is_an_identity_mismatch(tmp_path: Path) -> None:
+def test_hello_signed_with_another_participants_key_is_refused(tmp_path: Path) -> None:
     fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
-    fed.add(3, "mallory", signer="lab-b")  # its node says mallory, it signs with lab-b's registered key
+    mallory = fed.add(3, "mallory", signer="lab-b", register=False)  # says mallory, holds lab-b's key
     save_public_key(ensure_key_pair(tmp_path / "mallory-own", "participant").load().public_key(),
                     fed.keys_dir / "mallory.pub")  # mallory is registered, with a key of its own
+    fed.exchange()
+    assert 3 not in fed.mapped and mallory.participant.updates == []
+    assert any(line.startswith("REFUSED node 3 as participant mallory: its hello is not signed with the registered "
+                               "key of mallory") for line in fed.lines)
+
+
+def test_submission_signed_with_another_participants_key_is_an_identity_mismatch(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    mallory = fed.add(3, "mallory")
+    fed.identified()
+    assert fed.mapped[3] == "mallory"  # its hello was its own: it is mallory...
+    mallory._key = ensure_key_pair(tmp_path / "lab-b", "participant").load()  # ...then it signs as lab-b
     fed.exchange()
     refused = [line for line in fed.lines if "mallory: REFUSED HACFED-E-IDENTITY-MISMATCH" in line]
     assert refused and "signed with the key of lab-b" in refused[0]
@@ -186,7 +223,7 @@ def test_key_of_another_participant_is_an_identity_mismatch(tmp_path: Path) -> N
     assert not fed.driver.coordinator.has_submitted("mallory", 0)
 
 
-def test_tampered_reply_is_refused_and_the_round_closes_at_its_deadline(tmp_path: Path) -> None:
+def test_tampered_reply_is_refused_and_the_outbox_resends_the_submission(tmp_path: Path) -> None:
     clock = FakeClock()
     fed = Federation(tmp_path, clock, expected_participants=2, min_participants=1, max_deadline_extensions=0)
     fed.add(1, "lab-a")
@@ -195,9 +232,39 @@ def test_tampered_reply_is_refused_and_the_round_closes_at_its_deadline(tmp_path
     def flip_last_byte_of_b(reply: bytes) -> bytes:
         return reply if b"lab-a" in reply else reply[:-1] + bytes([reply[-1] ^ 1])
 
-    fed.exchange(flip_last_byte_of_b)
+    fed.exchange(flip_last_byte_of_b)  # lab-b's reply is damaged on the way
     assert any("round 0 lab-b: REFUSED HACFED-E-" in line for line in fed.lines)
     assert fed.driver.coordinator.current_round == 0  # lab-b has not answered: no quorum yet
+    # the next exchange delivers answers only: lab-a's receipt, lab-b's refusal; lab-b's reply resends
+    # its unacknowledged submission from the outbox, byte for byte, and the round closes by quorum
+    assert fed.exchange() == {1: "reply", 2: "reply"}
+    assert any(n.startswith("round 0: receipt seq 1") for n in fed.notices["lab-a"])
+    assert any(n.startswith("the coordinator: REFUSED HACFED-E-") for n in fed.notices["lab-b"])
+    assert any("round 0 (resent from the outbox) lab-b: submitted 4 trajectories, accepted 4" in line
+               for line in fed.lines)
+    assert fed.driver.journal.round(0).close_reason == "quorum"
+    assert [len(service.participant.updates) for _, service in fed.nodes.values()] == [1, 1]  # nobody stepped twice
+
+
+class OtherRunParticipant(ScriptedParticipant):
+    def step(self, update, before_checkpoint=None):
+        sub = super().step(update)
+        sub = dataclasses.replace(sub, run_id="another-run")
+        if before_checkpoint is not None:
+            before_checkpoint(sub)
+        return sub
+
+
+def test_refused_submission_is_answered_and_not_asked_again(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=2, min_participants=1, max_deadline_extensions=0)
+    fed.add(1, "lab-a")
+    wrong = fed.add(2, "lab-b", participant=OtherRunParticipant("lab-b"))
+    fed.exchange()
+    assert any("round 0 lab-b: REFUSED HACFED-E-WRONG-RUN" in line for line in fed.lines)
+    assert fed.exchange() == {1: "reply", 2: "reply"}  # answers only
+    assert fed.notices["lab-b"] == ["round 0: REFUSED HACFED-E-WRONG-RUN: run another-run != test-run"]
+    assert wrong.outbox.counts() == {"pending": 0, "acked": 0, "refused": 1}  # settled: never resent
     assert fed.exchange() == {}  # a refused sender is not asked again in the same round
     clock.t += 101.0  # past the deadline: the round closes with lab-a alone
     fed.exchange()
@@ -209,11 +276,13 @@ def test_failed_participant_is_retried_after_the_interval_and_rejoins(tmp_path: 
     fed = Federation(tmp_path, clock)
     fed.add(1, "lab-a")
     down = fed.add(2, "lab-b")
+    fed.identified()  # both joined; then lab-b's participant goes down
     handle = down.handle
     down.handle = lambda payload: (_ for _ in ()).throw(  # type: ignore[method-assign]
         ParticipantRejection(__import__("grpc").StatusCode.UNAVAILABLE, "HACFED-E-PARTICIPANT-UNREACHABLE", "down"))
     first = fed.exchange()
     assert first[2].startswith("HACFED-E-PARTICIPANT-UNREACHABLE")
+    assert fed.exchange() == {1: "reply"}  # lab-a's receipt, alone
     assert fed.exchange() == {}  # within the retry interval: nobody to ask
     down.handle = handle  # type: ignore[method-assign]
     clock.t += 5.0
@@ -227,11 +296,11 @@ def test_restarted_driver_resumes_and_writes_each_round_once(tmp_path: Path) -> 
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
     fed.exchange()  # round 0, closed by quorum
-    payloads = fed.driver.next_round({n: pid for n, (pid, _) in fed.nodes.items()})
+    payloads = fed.driver.next_round(fed.identified())
     fed.nodes[1][1].handle(payloads[1])  # lab-a answers round 1, then the ServerApp dies before the reply
     assert fed.driver.coordinator.current_round == 1
     fed.driver.journal.close()
-    fed.driver = fed.new_driver()  # the ServerApp died and was resubmitted
+    fed.driver, fed.mapped = fed.new_driver(), {}  # the ServerApp died and was resubmitted: new hellos
     assert any("round 1 continues" in line for line in fed.lines)
     fed.run()
     rounds = sorted((r["round"], r["agent"]) for r in fed.rows() if not r.get("final"))
@@ -286,3 +355,42 @@ def test_first_round_waits_for_expected_then_starts_with_the_quorum(tmp_path: Pa
     fed.run()
     assert [u.next_plan.round_id for u in late.participant.updates if u.next_plan] == [0, 1]  # joined round 0
     assert "joined: lab-b" in fed.lines
+
+
+def test_receipt_is_signed_only_after_the_journal_commit(tmp_path: Path, monkeypatch) -> None:
+    """R2 through the driver: the signed receipt a lab gets is built after record_submission has
+    committed, never before; the journal runs with synchronous=FULL."""
+    calls: list[str] = []
+    fed = Federation(tmp_path, FakeClock(), expected_participants=1)
+    journal = fed.driver.journal
+    record = journal.record_submission
+
+    def logged_record(rec, result_for_seq):
+        calls.append("commit:start")
+        seq = record(rec, result_for_seq)
+        calls.append("commit:done")
+        return seq
+
+    import hacfed.server.answers as answers_module
+
+    seal_answer = answers_module.seal_answer
+    monkeypatch.setattr(journal, "record_submission", logged_record)
+    monkeypatch.setattr(answers_module, "seal_answer", lambda answer, key: calls.append("receipt") or seal_answer(answer, key))
+    fed.add(1, "lab-a")
+    fed.exchange()
+    assert calls == ["commit:start", "commit:done", "receipt"]
+    assert journal.pragma("synchronous") == 2  # FULL
+
+
+def test_after_ack_fires_once_the_lab_has_its_receipt(tmp_path: Path, monkeypatch) -> None:
+    """The fault suite's after_ack point: the lab's reply to the delivery that carried its receipt."""
+    import hacfed.server.driver as driver_module
+
+    reached: list[str] = []
+    monkeypatch.setattr(driver_module, "crash_point", reached.append)
+    fed = Federation(tmp_path, FakeClock(), expected_participants=1, rounds=2)
+    lab = fed.add(1, "lab-a")
+    fed.exchange()  # round 0: the submission is recorded; its receipt is queued, not delivered
+    assert reached == [] and lab.outbox.counts()["pending"] == 1
+    fed.exchange()  # round 1's update carries the receipt; the reply proves the lab has it
+    assert reached == ["after_ack"] and lab.outbox.counts()["acked"] == 1

@@ -139,3 +139,16 @@ def test_quota_refusals_are_journaled_and_quotas_reset_with_the_round(tmp_path):
     coord.close_round("quorum")
     plan1 = coord.open_round(1)
     assert _submit(coord, plan1, "lab-a", scripted_trajectories(plan1, "lab-a")).recorded  # a new round's quota
+
+
+def test_a_new_round_refills_the_rate_limit_however_fast_rounds_go(tmp_path):
+    """An in-process simulation closes rounds faster than the refill rate: each lab's one submission
+    per round must never be throttled (it was, after ~30 fast rounds)."""
+    clock = FakeClock()
+    coord = make_coordinator(tmp_path, clock, rounds=40, rate_limit_per_s=0.5, rate_limit_burst=2)
+    coord.register("lab-a")
+    for r in range(40):
+        plan = coord.open_round(r)
+        assert _submit(coord, plan, "lab-a", _samples(plan, "lab-a", {0})).recorded, r
+        coord.close_round("quorum")
+        clock.t += 0.1  # 10 rounds per second

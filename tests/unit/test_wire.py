@@ -162,6 +162,28 @@ def test_receipt_and_error_round_trip() -> None:
     assert wire.decode_error(wire.encode_error(error)) == error
 
 
+def test_refusal_delivery_and_lab_reply_round_trip() -> None:
+    from hacfed.wire import MAX_DELIVERY_ITEMS, Delivery, LabReply, SubmissionRefusal
+
+    with_nonce = _receipt(nonce="cd" * 16)
+    assert wire.decode_receipt(wire.encode_receipt(with_nonce)).nonce == "cd" * 16
+    refusal = SubmissionRefusal("run-1", 3, "lab-a", "ef" * 16, "HACFED-E-RATE-LIMITED", "slow down", 2500)
+    assert wire.decode_refusal(wire.encode_refusal(refusal)) == refusal
+    delivery = Delivery((b"receipt-1", b"refusal-2"), b"update")
+    assert wire.decode_delivery(wire.encode_delivery(delivery)) == delivery
+    assert wire.decode_delivery(wire.encode_delivery(Delivery(()))) == Delivery((), b"")
+    reply = LabReply(b"submission", (b"old-1", b"old-2"))
+    assert wire.decode_lab_reply(wire.encode_lab_reply(reply)) == reply
+    with pytest.raises(WireError, match="refusal"):  # one kind of message never decodes as another
+        wire.decode_refusal(wire.encode_lab_reply(reply))
+    flood = pb.WireMessage(version=1)
+    flood.lab_reply.resends.extend([b"x"] * (MAX_DELIVERY_ITEMS + 1))
+    with pytest.raises(WireError, match=f"holds {MAX_DELIVERY_ITEMS + 1} items"):
+        wire.decode_lab_reply(flood.SerializeToString(deterministic=True))
+    with pytest.raises(ValueError, match="HACFED-E"):
+        SubmissionRefusal("r", 0, "p", "", "not-a-code", "x")
+
+
 def test_all_default_submessages_stay_present() -> None:
     # Proto3 omits a sub-message whose fields all hold defaults unless it is marked present.
     sub = Submission("r", "p", 0, (), StepReport("", 0))

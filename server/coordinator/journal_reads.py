@@ -1,0 +1,104 @@
+"""The journal's read-only queries: closing a round, publishing its pool, metrics, and purges.
+
+Runs wherever the journal is open (the coordinator's ServerApp process, `hacfed sim`,
+`hacfed-server purge`). A part of `hacfed.server.coordinator.journal.Journal`, which mixes it in and
+provides the connection (`_db`) and its lock; every query here takes the lock and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hacfed.server.coordinator.journal_schema import trajectory_from_row
+from hacfed.trajectory import Trajectory
+
+
+class JournalReads:
+    """Read-only queries of `Journal` (see the module docstring)."""
+
+    def accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT participant_id, reward FROM trajectories WHERE round_id=? AND purged=0 "
+                "ORDER BY participant_id, prompt_pos, idx", (round_id,),
+            ).fetchall()
+        return [(r[0], float(r[1])) for r in rows]
+
+    def pool(self, round_id: int) -> tuple[Trajectory, ...]:
+        """The accepted trajectories of a round, in a deterministic order, with verified rewards;
+        samples withdrawn by a purge are left out."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx",
+                (round_id,),
+            ).fetchall()
+        return tuple(trajectory_from_row(r) for r in rows)
+
+    def submitters(self, round_id: int) -> dict[str, int]:
+        """participant -> number of accepted trajectories, for everyone with a recorded submission."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.participant_id, COUNT(t.trajectory_id) FROM submissions s "
+                "LEFT JOIN trajectories t ON t.submission_seq = s.seq WHERE s.round_id=? GROUP BY s.participant_id",
+                (round_id,),
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def round_stats(self, round_id: int) -> dict[str, dict[str, Any]]:
+        """Per participant: accepted count, mean verified reward, rejection count, report."""
+        stats: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for pid, n, mean in self._db.execute(
+                "SELECT participant_id, COUNT(*), AVG(reward) FROM trajectories WHERE round_id=? GROUP BY participant_id",
+                (round_id,),
+            ):
+                stats.setdefault(pid, {}).update(accepted=int(n), reward_mean=float(mean))
+            for pid, n in self._db.execute(
+                # refusals of whole submissions (late, duplicate, ...) stay in the audit rows but are
+                # not the round's: a closed round's summary never changes after it closed
+                "SELECT participant_id, COUNT(*) FROM rejections WHERE round_id=? AND submission_seq IS NOT NULL "
+                "GROUP BY participant_id", (round_id,),
+            ):
+                stats.setdefault(pid, {})["rejected"] = int(n)
+            reports = self._db.execute("SELECT participant_id, report_json FROM metrics WHERE round_id=?", (round_id,))
+            for pid, report in reports:
+                stats.setdefault(pid, {})["report"] = json.loads(report)
+        return stats
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        query, args = "SELECT * FROM events", ()
+        if kind is not None:
+            query, args = query + " WHERE kind=?", (kind,)
+        with self._lock:
+            return [dict(r) for r in self._db.execute(query + " ORDER BY id", args)]
+
+    def count(self, table: str) -> int:
+        if table not in ("rounds", "participants", "submissions", "trajectories", "rejections", "strikes", "metrics", "events"):
+            raise ValueError(f"unknown journal table {table!r}")
+        with self._lock:
+            return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+    # -- for a purge (hacfed-server purge) ----------------------------------------------------------
+
+    def pools_trained_on(self) -> dict[str, list[int]]:
+        """participant -> the rounds whose pools it reported training on: a submission for round
+        k + 1 (or a final report for round k + 1) carries the report of training on pool k."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT participant_id, round_id FROM submissions UNION SELECT participant_id, round_id FROM metrics"
+            ).fetchall()
+        out: dict[str, set[int]] = {}
+        for pid, round_id in rows:
+            if round_id >= 1:
+                out.setdefault(pid, set()).add(round_id - 1)
+        return {pid: sorted(rounds) for pid, rounds in sorted(out.items())}
+
+    def rounds_with_samples_of(self, participant_id: str, from_round: int) -> list[int]:
+        """Rounds >= from_round in which the participant has accepted samples (purged or not)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT round_id FROM trajectories WHERE participant_id=? AND round_id>=? ORDER BY round_id",
+                (participant_id, from_round),
+            ).fetchall()
+        return [int(r[0]) for r in rows]
