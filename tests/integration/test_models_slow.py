@@ -52,7 +52,7 @@ def test_warm_up_lands_in_band_caches_and_reloads_identically(tmp_path, monkeypa
     assert meta["task"] == warmup_task.name and meta["warmup_steps"] > 0 and meta["seed"] == 0
 
     loaded = load_model(name)
-    held_out = warmup_task.eval_problems()
+    held_out = warmup_task.validation_problems()  # the warm-up checks its band there, never on test
     assert evaluate_accuracy(loaded.model, loaded.tokenizer, warmup_task, held_out, max_new_tokens=8) == meta["heldout_accuracy"]
     # The same recipe in memory (deterministic in the seed) gives the same model as the cached one.
     model, tokenizer, result = warm_up_preset(name, 0, progress=False)
