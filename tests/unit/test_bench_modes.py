@@ -45,10 +45,14 @@ def _matrix(settings=None, defaults=None, comparisons=None):
 
 def test_shipped_matrices_parse():
     modes = load_matrix(ROOT / "bench" / "modes.toml")
-    assert modes.names == ("model", "state", "size", "skills", "model3")
+    assert modes.names == ("model", "state", "size", "skills", "model3", "char-bpe")
     assert modes.setting("skills").agents == ("chain-llama-add", "chain-qwen2-sub")
-    assert modes.setting("model3").run.modes == ("xhacpo", "naive", "gspo2")
-    assert modes.setting("model").run.rounds == 40 and modes.comparisons[0].settings == ("model3", "model")
+    assert modes.setting("model3").run.modes == ("xhacpo", "gspo2")
+    assert modes.setting("model").run.rounds == 20 and modes.comparisons[0].settings == ("model3", "model")
+    assert modes.setting("model").run.eval_split == "test" and modes.setting("model").run.eval_problems >= 1000
+    assert len(modes.setting("model").run.seeds) >= 5
+    for tune in sorted((ROOT / "bench").glob("tune*.toml")):  # settings are chosen on validation only
+        assert {s.run.eval_split for s in load_matrix(tune).settings} == {"validation"}, tune
     smoke = load_matrix(ROOT / "bench" / "smoke.toml")
     assert {s.run.task for s in smoke.settings} == {"add2"}
 
