@@ -12,7 +12,8 @@ unreachable, timed out) is sent the same round again after `retry_interval_s` un
 the round closes (quorum, or the deadline with its extensions: Coordinator.poll). Rounds open when
 enough registered participants are connected: the first round waits up to one deadline for
 `expected_participants`, later rounds start with `min_participants`; whoever is late joins the open
-round or the next one. After the last round a plan-less update collects the final reports.
+round or the next one. After the last round a plan-less update collects the final reports
+(`hacfed.server.run_end`).
 
 Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier
 submissions (`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal
@@ -45,7 +46,6 @@ from hacfed.envelope import DOMAIN_UPDATE, load_private_key, seal
 from hacfed.exchange import seal_delivery
 from hacfed.hello import HELLO_REQUEST_TYPE, hello_challenge
 from hacfed.identity import is_participant_id
-from hacfed.keys import FINAL_ACK_TYPE
 from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
@@ -53,14 +53,14 @@ from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
 from hacfed.server.membership import NOT_REGISTERED, Membership
 from hacfed.server.node_auth import BINDINGS_FILE
-from hacfed.server.replies import ACK, ANSWERS, FINAL, NOTICE_INTERVAL_S, LabReplies, _Sent, _what
+from hacfed.server.replies import ACK, ANSWERS, NOTICE_INTERVAL_S, LabReplies, _Sent, _what
 from hacfed.server.reporting import (
-    append_rows, final_row, participant_line, round_line, round_rows, rounds_written, split_round,
+    StepTimes, append_rows, participant_line, round_line, round_rows, rounds_written, split_round,
 )
+from hacfed.server.run_end import RunEnd
 from hacfed.wire import PayloadType, encode_round_update
 
 log = logging.getLogger("hacfed.server.driver")
-ACK_GRACE_S = 30.0  # how long a reported participant that is not connected may keep the run waiting for its ack
 
 
 class SupervisorGone(RuntimeError):
@@ -73,7 +73,7 @@ class FailedClosed(RuntimeError):
     again) and otherwise exits non-zero. Unacknowledged submissions stay in the labs' outboxes."""
 
 
-class FederationDriver(LabReplies):
+class FederationDriver(LabReplies, RunEnd):
     def __init__(
         self, settings: DriverSettings, *, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
@@ -339,54 +339,6 @@ class FederationDriver(LabReplies):
             self._final_since = self._monotonic()
             self._retry_at, self._last_error = {}, {}
             self.console(f"all {self.cfg.rounds} rounds done: collecting final reports")
-
-    # -- the end of the run ----------------------------------------------------------------------
-
-    def _final_reports(self) -> dict[str, dict]:
-        stats = self.journal.round_stats(self.cfg.rounds)
-        return {pid: s["report"] for pid, s in stats.items() if s.get("report") is not None}
-
-    def _final_payloads(self, admitted: set[str]) -> dict[int, bytes]:
-        if self._final_since is None:
-            self._final_since = self._monotonic()
-        reported = set(self._final_reports())
-        quarantined = {p.participant_id for p in self.coordinator.participants() if p.quarantined}
-        self._acks |= (quarantined & set(self._nodes.values())) - self._acked  # they may leave too
-        busy = {s.participant_id for s in self._sent.values()}
-        acks = {node: pid for node, pid in self._nodes.items()
-                if pid in self._acks and pid not in busy and pid not in self._acked}
-        self._acked |= set(acks.values())
-        payloads = self._send(acks, ACK, seal(self.cfg.run_id.encode(), FINAL_ACK_TYPE, self._key, DOMAIN_UPDATE))
-        targets = self._targets(admitted, lambda pid: pid in reported)
-        if targets:
-            payloads.update(self._send(targets, FINAL, self._sealed_update(self.cfg.rounds)))
-        if not payloads:
-            self._maybe_finish()
-        return payloads
-
-    def _maybe_finish(self) -> None:
-        """Done once every active participant reported and got its ack, or one deadline after the
-        last round; a reported participant that is not connected is waited for ACK_GRACE_S."""
-        reports = self._final_reports()
-        active = {p.participant_id for p in self.coordinator.participants() if not p.quarantined}
-        waited = self._monotonic() - (self._final_since or self._monotonic())
-        if waited >= ACK_GRACE_S:
-            self._acks &= set(self._nodes.values())
-        if waited < self.cfg.round_deadline_s and not (active <= set(reports) and not self._acks):
-            return
-        _, final_written = rounds_written(self.metrics_out)
-        if not final_written:
-            mode, seed = self.cfg.hacpo.mode, self.cfg.seed
-            append_rows(self.metrics_out, [final_row(pid, self.cfg.rounds, mode, seed, r) for pid, r in sorted(reports.items())])
-        missing = sorted(active - set(reports))
-        self._write_status()
-        done = {"rounds": self.cfg.rounds, "final_reports": sorted(reports), "missing_final_reports": missing,
-                "torch_loaded": "torch" in sys.modules}
-        (self.state_dir / DONE_FILE).write_text(json.dumps(done, sort_keys=True) + "\n", encoding="utf-8")
-        self._done = True
-        self.console(f"federation finished: {self.cfg.rounds} rounds, final reports from {sorted(reports)}"
-                     f"{f', none from {missing}' if missing else ''}; torch loaded in the ServerApp: "
-                     f"{'torch' in sys.modules}")
 
     # -- resume, status, console -----------------------------------------------------------------
 
