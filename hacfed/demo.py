@@ -15,6 +15,7 @@ started is gone when it exits, also on Ctrl-C.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -25,16 +26,21 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from hacfed.modes import MODE_NAMES, RECOMMENDED, get_mode, modes_help
+
 DEFAULT_AGENTS = "tiny-llama,tiny-gpt2,tiny-qwen2"
+DEMO_MODE = RECOMMENDED
 _READY = re.compile(r"ready: Fleet API on (\S+?:\d+)")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="local federation of tiny heterogeneous agents over real Flower processes",
-                       description=__doc__.splitlines()[0])
+                       description=__doc__.splitlines()[0], epilog=modes_help(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--agents", default=DEFAULT_AGENTS, help=f"comma-separated presets (default {DEFAULT_AGENTS})")
     p.add_argument("--rounds", type=int, default=30, help="federation rounds (default 30: a few minutes on 2 cores)")
-    p.add_argument("--mode", choices=("hacpo", "naive", "gspo"), default="hacpo")
+    p.add_argument("--mode", choices=MODE_NAMES, default=DEMO_MODE, metavar="MODE",
+                   help=f"training mode, one of the list below (default {DEMO_MODE})")
     p.add_argument("--prompts-per-round", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
     p.add_argument("--eval-every", type=int, default=10, help="greedy held-out evaluation every K rounds (0: only at the end)")
@@ -170,10 +176,12 @@ def provision_transport(root: Path, server_state: Path, ids: Sequence[str], *, i
 
 
 def write_server_config(path: Path, args: Any, n: int, state_dir: Path) -> Path:
+    # The named mode's HacpoConfig settings (gspo2 also doubles G: hacfed.modes).
+    hacpo_table = "\n".join(f"{key} = {json.dumps(value)}" for key, value in get_mode(args.mode).settings.items())
     text = f"""run_id = "hacfed-demo"
 rounds = {args.rounds}
 prompts_per_round = {args.prompts_per_round}
-group_size = {args.group_size}
+group_size = {args.group_size * get_mode(args.mode).rollout_multiplier}
 expected_participants = {n}
 min_participants = {n}
 round_deadline_s = 900.0
@@ -190,7 +198,7 @@ operators = "+"
 max_new_tokens = 6
 
 [hacpo]
-mode = "{args.mode}"
+{hacpo_table}
 """
     path.write_text(text)
     return path
