@@ -21,7 +21,7 @@ from hacfed.cli import main
 from hacfed.experiments.matrix import MatrixError, load_matrix, parse_matrix
 from hacfed.experiments.report import BEGIN, END, ReportPaths, format_difference, replace_section, write_report
 from hacfed.experiments.runner import (
-    StaleRunError, has_final_rows, plan_runs, run_matrix, runs_of, split_done,
+    StaleRunError, has_final_rows, plan_runs, run_matrix, runs_of, sim_args, split_done,
 )
 from hacfed.experiments.stats import mean_ci, paired_difference, t_975
 
@@ -55,6 +55,17 @@ def test_shipped_matrices_parse():
         assert {s.run.eval_split for s in load_matrix(tune).settings} == {"validation"}, tune
     smoke = load_matrix(ROOT / "bench" / "smoke.toml")
     assert {s.run.task for s in smoke.settings} == {"add2"}
+
+
+def test_core_matrix_shares_its_runs_with_the_headline_matrix():
+    """bench/modes-core.toml is a subset of bench/modes.toml: each of its runs is the very `hacfed sim`
+    command of the headline run with the same setting, mode and seed (so the runs are shared)."""
+    core, headline = load_matrix(ROOT / "bench" / "modes-core.toml"), load_matrix(ROOT / "bench" / "modes.toml")
+    assert core.names == ("char-bpe", "skills")
+    for run in plan_runs(core):
+        assert run.sim_args == sim_args(headline.setting(run.setting), run.mode, run.seed), run.label
+    assert {s.run.eval_split for s in core.settings} == {"test"}
+    assert all(s.run.eval_problems >= 1000 and len(s.run.seeds) >= 5 for s in core.settings)
 
 
 def test_setting_overrides_defaults_and_rollout_cost():
