@@ -111,6 +111,12 @@ def setting_section(results: SettingResults, command: str, image: str | None, ou
             lines += ["", f"Paired difference mode − {r.baseline}, final {METRIC_NAMES[metric]} "
                       "(k/n: seeds where the difference is > 0):", "", *_difference_table(results, metric)]
         lines += ["", best_mode_line(results)]
+    diagnostics = _diagnostics_table(results)
+    if diagnostics:
+        lines += ["", "How each learner used the other agents' samples (mean over training rounds, then seeds): "
+                  "the importance ratio's 10th/50th/90th percentile, the fraction of cross samples that "
+                  "carried gradient, the fraction with a positive advantage, and the fraction positive "
+                  "among those that carried gradient:", "", *diagnostics]
     if image:
         lines += ["", f"![learning curves of {s.name}]({image})"]
     return lines
@@ -138,6 +144,21 @@ def _difference_table(results: SettingResults, metric: Metric) -> list[str]:
             diffs = [_paired(results, mode, a, metric) for a in s.agent_ids]
             rows.append([mode, *(format_difference(d) for d in diffs)])
     return markdown_table(["mode", *s.agent_ids], rows)
+
+
+def _diagnostics_table(results: SettingResults) -> list[str]:
+    s, r = results.setting, results.setting.run
+    rows = []
+    for mode in r.modes:
+        for agent in s.agent_ids:
+            for source, stats in results.cross(mode, agent).items():
+                ratio = "/".join(f"{stats[q]:.2f}" if q in stats else DASH for q in ("ratio_p10", "ratio_p50", "ratio_p90"))
+                fracs = [f"{stats[k]:.2f}" if k in stats else DASH for k in ("grad_frac", "pos_frac", "grad_pos_frac")]
+                rows.append([mode, agent, source, ratio, *fracs])
+    if not rows:
+        return []
+    return markdown_table(["mode", "learner", "source", "ratio p10/p50/p90", "carry gradient", "A > 0",
+                           "A > 0 among carrying"], rows)
 
 
 def best_mode_line(results: SettingResults) -> str:

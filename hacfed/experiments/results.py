@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +19,10 @@ from hacfed.experiments.matrix import Setting
 from hacfed.experiments.runner import is_complete, runs_of
 
 Metric = Literal["accuracy", "pass1"]
+# Per-source cross-sample statistics the update logs (`train/cross/SOURCE/STAT`, clients/update.py):
+# the importance ratio's quantiles, the fraction of samples that carried gradient, the fraction with
+# a positive advantage, and the fraction positive among those that carried gradient.
+CROSS_STATS = ("ratio_p10", "ratio_p50", "ratio_p90", "grad_frac", "pos_frac", "grad_pos_frac")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class AgentRun:
     start_accuracy: float | None
     start_pass1: float | None
     curve: tuple[tuple[int, float], ...]  # (round, greedy accuracy), rounds ascending
+    # Cross-sample diagnostics of the agent's updates, averaged over its training rows: source ->
+    # statistic (CROSS_STATS) -> mean. Empty for modes that do not share.
+    cross: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def final(self, metric: Metric) -> float | None:
         return self.final_accuracy if metric == "accuracy" else self.final_pass1
@@ -55,6 +62,17 @@ class SettingResults:
         """Round-0 values of the agent over every complete run (all modes and seeds)."""
         return [v for agents in self.runs.values() if agent in agents
                 for v in [agents[agent].start(metric)] if v is not None]
+
+    def cross(self, mode: str, agent: str) -> dict[str, dict[str, float]]:
+        """Source -> statistic -> mean over the seeds of `mode` (each seed's own mean over rounds)."""
+        per_seed = [agents[agent].cross for (m, _seed), agents in self.runs.items() if m == mode and agent in agents]
+        out: dict[str, dict[str, float]] = {}
+        for source in sorted({src for seed in per_seed for src in seed}):
+            for stat in CROSS_STATS:
+                values = [seed[source][stat] for seed in per_seed if stat in seed.get(source, {})]
+                if values:
+                    out.setdefault(source, {})[stat] = sum(values) / len(values)
+        return out
 
     def curve(self, mode: str, agent: str) -> dict[int, list[float]]:
         """Round -> greedy accuracies over the seeds of `mode`."""
@@ -85,7 +103,24 @@ def parse_agent_runs(rows: Sequence[dict], agent_ids: Sequence[str]) -> dict[str
             start_accuracy=_float_or_none(start.get("eval_accuracy")) if start else None,
             start_pass1=_float_or_none(start.get("eval_pass1")) if start else None,
             curve=tuple(sorted(curve.items())),
+            cross=cross_means(mine),
         )
+    return out
+
+
+def cross_means(rows: Sequence[dict]) -> dict[str, dict[str, float]]:
+    """Source -> statistic -> mean over the rows that logged it (`train/cross/SOURCE/STAT`)."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            parts = key.split("/")
+            if len(parts) == 4 and parts[:2] == ["train", "cross"] and parts[3] in CROSS_STATS:
+                number = _float_or_none(value)
+                if number is not None:
+                    sums.setdefault((parts[2], parts[3]), []).append(number)
+    out: dict[str, dict[str, float]] = {}
+    for (source, stat), values in sorted(sums.items()):
+        out.setdefault(source, {})[stat] = sum(values) / len(values)
     return out
 
 

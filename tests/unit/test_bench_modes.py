@@ -418,3 +418,27 @@ def test_section_markers():
     for broken in (f"{BEGIN}\nx\n", f"{END}\n{BEGIN}\n", f"{BEGIN}{BEGIN}{END}"):
         with pytest.raises(ValueError, match="fix the markers by hand"):
             replace_section(broken, "new")
+
+
+def test_cross_diagnostics_are_averaged_over_rounds_then_seeds_and_reported(tmp_path):
+    from hacfed.experiments.results import parse_agent_runs
+
+    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}}, defaults={**DEFAULTS, "seeds": [0, 1]})
+    out = tmp_path / "runs"
+    for run in plan_runs(matrix):
+        rows = _rows(["m1", "m2"], run.mode, run.seed, {"m1": 0.5, "m2": 0.4})
+        if run.mode == "naive":  # m1 learns from m2: grad_frac 0.2 and 0.4 (seed 0), 0.6 and 0.6 (seed 1)
+            for row, frac in zip([r for r in rows if r["agent"] == "m1" and not r.get("final")][1:3],
+                                 (0.2, 0.4) if run.seed == 0 else (0.6, 0.6)):
+                row.update({"train/cross/m2/grad_frac": frac, "train/cross/m2/ratio_p10": 0.5,
+                            "train/cross/m2/ratio_p50": 1.0, "train/cross/m2/ratio_p90": 1.5,
+                            "train/cross/m2/pos_frac": 0.25, "train/cross/m2/grad_pos_frac": 1.0,
+                            "train/cross/m2/unrelated": 7.0})
+        _write_complete(run, out, rows)
+    assert parse_agent_runs(_rows(["m1"], "naive", 0, {"m1": 0.5}), ["m1"])["m1"].cross == {}
+    paths = ReportPaths(tmp_path / "results.md", tmp_path / "img", "hacfed bench modes --matrix m.toml --out runs")
+    write_report(matrix, out, paths)
+    text = paths.results_md.read_text()
+    # seed means 0.3 and 0.6 -> 0.45; gspo2 shares nothing and m2 logged nothing: one row only
+    assert "| naive | m1 | m2 | 0.50/1.00/1.50 | 0.45 | 0.25 | 1.00 |" in text
+    assert text.count("| naive | m1 | m2 |") == 1 and "| gspo2 | m1 |" not in text
