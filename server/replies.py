@@ -10,7 +10,9 @@ request. Each signed submission in it goes through, in this order:
      bytes, before any signature is verified or anything is parsed (T8);
   2. the envelope: a registered key, a valid signature, and the signer must be the participant
      whose node sent the reply (T5);
-  3. the coordinator (`Coordinator.submit`, or `record_final_report` after the last round).
+  3. decoding, which refuses more trajectories than a full plan (`Coordinator.max_trajectories`),
+     too many prompt messages or report metrics before building any (`hacfed.wire`, S4);
+  4. the coordinator (`Coordinator.submit`, or `record_final_report` after the last round).
 and gets exactly one answer (`hacfed.server.answers`): a signed receipt or a signed refusal.
 Also here: trust on first use (key requests and offers) and the notice to a node whose id is not
 registered (carried by its next hello).
@@ -75,22 +77,14 @@ class LabReplies:
             self._refuse(sent, problem.code.value, problem.detail, primary=primary, journaled=True,
                          retry_after_s=problem.retry_after_s)
             return
-        try:
-            body, kid = open_envelope(item, self.membership.keys(), DOMAIN_SUBMIT, PayloadType.SUBMISSION)
-            signer = self.membership.owner(kid)
-            submission = decode_submission(body)
-        except WireError as exc:
-            self._refuse(sent, str(exc.code), exc.message, primary=primary)
-            return
-        if signer != pid:
-            self._refuse(sent, ErrorCode.IDENTITY_MISMATCH.value,
-                         f"envelope signed with the key of {signer}, sent by the node of {pid}", primary=primary)
+        submission = self._open_submission(sent, item, primary)
+        if submission is None:
             return
         if (sent.round_id == FINAL or self.coordinator.finished) and submission.round_id == self.cfg.rounds \
                 and not submission.trajectories:
             self._final_report(sent, submission, primary)
             return
-        result = self.coordinator.submit(submission, sender=signer, admitted=True)
+        result = self.coordinator.submit(submission, sender=pid, admitted=True)
         if result.refusal is not None:
             refusal = result.rejected[0]
             self._refuse(sent, refusal.code.value, refusal.detail, primary=primary, journaled=True,
@@ -106,6 +100,26 @@ class LabReplies:
                      f"{', identical resend' if result.replayed else ''})")
         if result.rejected and not result.replayed:
             self.console(rejection_line(submission.round_id, pid, result.rejected, len(submission.trajectories)))
+
+    def _open_submission(self, sent: _Sent, item: bytes, primary: bool) -> Submission | None:
+        """The envelope (a registered key, a valid signature, signed by the participant whose node
+        sent it), then decoding; None when refused (answered here)."""
+        pid = sent.participant_id
+        try:
+            body, kid = open_envelope(item, self.membership.keys(), DOMAIN_SUBMIT, PayloadType.SUBMISSION)
+            signer = self.membership.owner(kid)
+        except WireError as exc:
+            self._refuse(sent, str(exc.code), exc.message, primary=primary)
+            return None
+        if signer != pid:  # checked before decoding: nothing signed by another lab is parsed for this node
+            self._refuse(sent, ErrorCode.IDENTITY_MISMATCH.value,
+                         f"envelope signed with the key of {signer}, sent by the node of {pid}", primary=primary)
+            return None
+        try:  # more trajectories than a full plan are refused before any is built (T8, security.md S4)
+            return decode_submission(body, max_trajectories=self.coordinator.max_trajectories)
+        except WireError as exc:
+            self._refuse(sent, str(exc.code), exc.message, primary=primary)
+            return None
 
     def _final_report(self, sent: _Sent, submission: Submission, primary: bool) -> None:
         pid = sent.participant_id

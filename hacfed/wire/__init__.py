@@ -14,9 +14,13 @@ deterministic (map keys sorted): the same object always gives the same bytes, wh
 hashes stable and makes the receipt of an identical resend byte-identical (security.md S3).
 
 Decoding is the validation boundary (security.md T8, T9, S4), in this order: size cap before
-parsing, parse, protocol version, canonical encoding (no unknown or duplicate fields), the expected
-message kind, closed enums, required sub-messages and settings present, then the domain
-dataclasses' own `__post_init__` checks. Every failure becomes a `WireError` with a closed code, never a protobuf traceback.
+parsing, parse, protocol version, the expected message kind, for a submission the lengths of the
+repeated fields a peer could blow up within the size cap (SIZE: its trajectories against the
+receiver's `max_trajectories`, `MAX_PROMPT_MESSAGES` per prompt, `MAX_REPORT_METRICS`; the same
+two caps hold for every trajectory and report decoded), canonical encoding (no unknown or duplicate
+fields), closed enums, required sub-messages and settings present, then the domain dataclasses'
+own `__post_init__` checks. Nothing is built before its count is checked. Every failure becomes a
+`WireError` with a closed code, never a protobuf traceback.
 
 No module outside this package imports the generated `*_pb2` code (tests/unit/test_import_boundary.py
 checks it). The local relay service (`hacfed.v1.ParticipantRelay/Exchange`) carries serialized
@@ -54,6 +58,8 @@ from hacfed.wire.types import (
     GRPC_STATUS,
     MAX_DELIVERY_ITEMS,
     MAX_MESSAGE_BYTES,
+    MAX_PROMPT_MESSAGES,
+    MAX_REPORT_METRICS,
     NONCE_BYTES,
     PROTOCOL_VERSION,
     Delivery,
@@ -69,7 +75,8 @@ from hacfed.wire.types import (
 )
 
 __all__ = [
-    "CONTENT_HASH_BYTES", "GRPC_STATUS", "MAX_DELIVERY_ITEMS", "MAX_MESSAGE_BYTES", "NONCE_BYTES", "PROTOCOL_VERSION",
+    "CONTENT_HASH_BYTES", "GRPC_STATUS", "MAX_DELIVERY_ITEMS", "MAX_MESSAGE_BYTES", "MAX_PROMPT_MESSAGES",
+    "MAX_REPORT_METRICS", "NONCE_BYTES", "PROTOCOL_VERSION",
     "Delivery", "ErrorCode", "ErrorReply", "LabReply", "PayloadType", "RawEnvelope", "Rejection", "SubmissionReceipt",
     "SubmissionRefusal", "WireError",
     "decode_delivery", "decode_envelope", "decode_error", "decode_lab_reply", "decode_receipt", "decode_refusal",

@@ -3,8 +3,11 @@
 Shared by both sides, inside the `hacfed.wire` family (the only modules that import generated
 `*_pb2` code). `fill_*(m, obj)` writes a domain object into a protobuf message in place (no copies
 of large pools); `read_*(m)` builds the domain object back, checking closed enums and required
-sub-messages, and leaves the semantic checks to the dataclasses' own `__post_init__`. Framing,
-size and canonical-encoding checks are `hacfed.wire.framing`.
+sub-messages, and leaves the semantic checks to the dataclasses' own `__post_init__`. A repeated
+field a peer could blow up (a prompt's messages, a report's metrics) is counted on the protobuf
+message before any entry of it is built (`_check_count`); `count_submission` counts all of a
+submission's at once, right after parsing. Framing, size and canonical-encoding checks are
+`hacfed.wire.framing`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParam
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire.types import (
-    NONCE_BYTES, Delivery, ErrorCode, ErrorReply, LabReply, Rejection, SubmissionReceipt, SubmissionRefusal, WireError,
+    MAX_PROMPT_MESSAGES, MAX_REPORT_METRICS, NONCE_BYTES, Delivery, ErrorCode, ErrorReply, LabReply, Rejection,
+    SubmissionReceipt, SubmissionRefusal, WireError,
 )
 
 # ---- enum tables ---------------------------------------------------------------------------------
@@ -52,6 +56,13 @@ def _from_enum(table: Mapping[int, str], value: int, what: str) -> str:
 def _require(message: Message, name: str, what: str) -> None:
     if not message.HasField(name):
         raise WireError(ErrorCode.SCHEMA, f"{what}.{name} is missing")
+
+
+def _check_count(count: int, cap: int | None, what: str) -> None:
+    """A repeated field's length on the parsed message, before any of its entries is built: 10^5
+    entries fit in a few MiB and would cost seconds of Python objects (security.md S4)."""
+    if cap is not None and count > cap:
+        raise WireError(ErrorCode.SIZE, f"{what} holds {count} entries, more than the {cap} allowed")
 
 
 # ---- domain -> protobuf (fill a message in place; no copies of large pools) ---------------------
@@ -170,6 +181,7 @@ def read_chat(m: Any) -> ChatMessage:
 
 
 def read_trajectory(m: Any) -> Trajectory:
+    _check_count(len(m.prompt), MAX_PROMPT_MESSAGES, f"trajectory {m.trajectory_id!r} prompt")
     lp = m.source_logp_sum
     if not math.isfinite(lp) or lp > LOGP_EPS:
         raise WireError(
@@ -225,10 +237,22 @@ def read_update(m: Any) -> RoundUpdate:
 
 
 def read_report(m: Any) -> StepReport:
+    _check_count(len(m.metrics), MAX_REPORT_METRICS, "StepReport.metrics")
     return StepReport(
         participant_id=m.participant_id, round_id=m.round_id, metrics=dict(m.metrics),
         eval_accuracy=m.eval_accuracy if m.HasField("eval_accuracy") else None,
     )
+
+
+def count_submission(m: Any, max_trajectories: int | None = None) -> None:
+    """Every repeated field of a parsed submission against its cap, before anything else costly: the
+    canonical re-serialization of 10^5 metrics alone takes longer than parsing them. max_trajectories:
+    the most the receiver takes in one submission (None: no cap on their number)."""
+    _check_count(len(m.trajectories), max_trajectories, "Submission.trajectories")
+    for t in m.trajectories:
+        _check_count(len(t.prompt), MAX_PROMPT_MESSAGES, f"trajectory {t.trajectory_id!r} prompt")
+    if m.HasField("report"):
+        _check_count(len(m.report.metrics), MAX_REPORT_METRICS, "StepReport.metrics")
 
 
 def read_submission(m: Any) -> Submission:

@@ -1,4 +1,4 @@
-"""Framing and the decoding boundary: size cap, parse, version, canonical encoding, message kind.
+"""Framing and the decoding boundary: size cap, parse, version, message kind, counts, canonical encoding.
 
 Shared by both sides, inside the `hacfed.wire` family. Every payload travels in a `WireMessage`
 frame holding the protocol version and exactly one message; the `Envelope` that carries it signed
@@ -16,9 +16,9 @@ from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
 from hacfed.wire.convert import (
-    fill_batch, fill_delivery, fill_error, fill_lab_reply, fill_plan, fill_receipt, fill_refusal, fill_report,
-    fill_submission, fill_trajectory, fill_update, read_batch, read_delivery, read_error, read_lab_reply, read_plan,
-    read_receipt, read_refusal, read_report, read_submission, read_trajectory, read_update,
+    count_submission, fill_batch, fill_delivery, fill_error, fill_lab_reply, fill_plan, fill_receipt, fill_refusal,
+    fill_report, fill_submission, fill_trajectory, fill_update, read_batch, read_delivery, read_error, read_lab_reply,
+    read_plan, read_receipt, read_refusal, read_report, read_submission, read_trajectory, read_update,
 )
 from hacfed.wire.types import (
     MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Delivery, ErrorCode, ErrorReply, LabReply, RawEnvelope, SubmissionReceipt,
@@ -64,7 +64,12 @@ def _encode(body: str, kind: type, fill: Callable[[Any, Any], None], obj: Any) -
     return frame.SerializeToString(deterministic=True)
 
 
-def _decode(body: str, build: Callable[[Any], Any], data: object, max_bytes: int) -> Any:
+def _decode(
+    body: str, build: Callable[[Any], Any], data: object, max_bytes: int,
+    count: Callable[[Any], None] | None = None,
+) -> Any:
+    """count: checks the parsed message's repeated fields against their caps (raising SIZE) before
+    the canonical re-serialization and before anything is built."""
     raw = _check_size(data, max_bytes)
     frame = pb.WireMessage()
     try:
@@ -73,10 +78,12 @@ def _decode(body: str, build: Callable[[Any], Any], data: object, max_bytes: int
         raise WireError(ErrorCode.SCHEMA, f"not a valid hacfed message: {exc}") from exc
     if frame.version != PROTOCOL_VERSION:
         raise WireError(ErrorCode.VERSION, f"protocol version {frame.version}, this build speaks {PROTOCOL_VERSION}")
-    _require_canonical(frame, raw, "message")
     kind = frame.WhichOneof("body")
     if kind != body:
         raise WireError(ErrorCode.SCHEMA, f"expected a {body} message, got {kind or 'an empty frame'}")
+    if count is not None:
+        count(getattr(frame, body))
+    _require_canonical(frame, raw, "message")
     try:
         return build(getattr(frame, body))
     except (ValueError, TypeError) as exc:
@@ -106,8 +113,13 @@ def encode_submission(submission: Submission) -> bytes:
     return _encode("submission", Submission, fill_submission, submission)
 
 
-def decode_submission(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> Submission:
-    return _decode("submission", read_submission, data, max_bytes)
+def decode_submission(
+    data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES, max_trajectories: int | None = None,
+) -> Submission:
+    """max_trajectories: the most trajectories the receiver takes in one submission (the coordinator:
+    a full plan, prompts x G); more, like too many prompt messages or report metrics, is refused
+    with SIZE right after parsing, before any trajectory is built."""
+    return _decode("submission", read_submission, data, max_bytes, lambda m: count_submission(m, max_trajectories))
 
 
 def encode_step_report(report: StepReport) -> bytes:

@@ -16,6 +16,11 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # per-message cap (security.md T8, S5)
 NONCE_BYTES = 16
 CONTENT_HASH_BYTES = 32
 MAX_DELIVERY_ITEMS = 64  # answers in one Delivery, resends in one LabReply: the rest waits its turn
+# Repeated fields a peer could make huge within the byte cap: each is counted on the parsed message,
+# before any of its entries is built (security.md S4). A planned prompt holds one or two messages, a
+# lab's StepReport a few metrics.
+MAX_PROMPT_MESSAGES = 64  # chat messages in one trajectory's prompt
+MAX_REPORT_METRICS = 256  # metrics in one StepReport
 
 
 class ErrorCode(StrEnum):

@@ -9,8 +9,9 @@ Order, cheapest first (security.md T8): the caps of `limits` (the Flower driver 
 limit and the byte quota with `admit` before it verifies or decodes anything; the trajectory quota
 comes right after decoding), then the whole-submission gates (identity, run, size, identical
 resend, nonce reuse, registration, quarantine, round state, one submission per round), and only
-then validation and reward re-verification (`validation`). Every refusal is journaled and audited;
-a recorded submission returns only after its COMMIT (the ACK point, R2).
+then validation and reward re-verification (`validation`). Every refusal is journaled and audited
+under the authenticated sender, never under the id a submission claims (S10); a recorded submission
+returns only after its COMMIT (the ACK point, R2).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ log = logging.getLogger("hacfed.server.coordinator")
 class SubmissionIntake:
     """The submission half of `Coordinator` (see the module docstring)."""
 
+    @property
+    def max_trajectories(self) -> int:
+        """The most trajectories one submission may carry: a full plan, prompts x G. A transport
+        that decodes bytes passes it to the decoder, which refuses more before building any (T8)."""
+        return self.cfg.prompts_per_round * self.cfg.group_size
+
     def admit(self, participant_id: str, n_bytes: int) -> Rejection | None:
         """The caps a transport applies to `n_bytes` of raw input from an authenticated participant
         BEFORE it verifies or decodes anything: one token of its rate limit and its byte quota for
@@ -52,7 +59,8 @@ class SubmissionIntake:
     def submit(self, sub: Submission, sender: str | None = None, *, admitted: bool = False) -> SubmissionResult:
         """Judge and journal one submission; returns only after the journal commit (the ACK point).
 
-        sender: the authenticated identity the transport verified (mTLS / envelope key), if any.
+        sender: the authenticated identity the transport verified (mTLS / envelope key), if any;
+        a refusal is journaled under it (else under the id the submission claims).
         admitted: the transport already applied `admit` to this submission's raw bytes.
         An identical resend returns the stored result and receipt; nothing is written twice.
         """
@@ -64,9 +72,8 @@ class SubmissionIntake:
                 if isinstance(gate, SubmissionResult):
                     return gate
                 if isinstance(gate, Rejection):  # (a NamedTuple: test it before the plain tuple)
-                    pid = safe_text(sub.participant_id) if isinstance(sub, Submission) else None
                     rid = sub.round_id if isinstance(sub, Submission) and isinstance(sub.round_id, int) else None
-                    self._journal_refusal(pid, rid, gate)
+                    self._journal_refusal(_refused_sender(sub, sender), rid, gate)
                     return SubmissionResult((), (gate,), None)
                 n_bytes, digest = gate
                 with self._audited():
@@ -111,7 +118,7 @@ class SubmissionIntake:
             return problem
         if sub.run_id != self.cfg.run_id:
             return Rejection(None, ErrorCode.WRONG_RUN, f"run {safe_text(sub.run_id)} != {self.cfg.run_id}")
-        too_big = quick_size_rejection(sub, self.cfg.prompts_per_round * self.cfg.group_size, self.cfg.max_submission_bytes)
+        too_big = quick_size_rejection(sub, self.max_trajectories, self.cfg.max_submission_bytes)
         if too_big is not None:
             return too_big
         n_bytes, digest = submission_digest(sub)
@@ -211,3 +218,12 @@ class SubmissionIntake:
             except AuditError:
                 return self._closed_rejection()
             return None
+
+
+def _refused_sender(sub: object, sender: str | None) -> str | None:
+    """Whose record a gate refusal goes on: the authenticated sender, so that a lab claiming another
+    lab's id refuses itself, not that lab (S10); without one (an in-process caller that authenticated
+    nothing), the id the submission claims."""
+    if sender is not None:
+        return safe_text(sender)
+    return safe_text(sub.participant_id) if isinstance(sub, Submission) else None

@@ -32,10 +32,10 @@ from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
 from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.tasks.base import Task
 from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory
+from hacfed.wire.types import MAX_REPORT_METRICS  # one cap: the wire refuses more before building them
 
 MAX_ID_CHARS = 128
 MAX_POLICY_VERSION = 2**62  # stays a SQLite INTEGER
-MAX_REPORT_METRICS = 256
 REWARD_TOLERANCE = 1e-6
 
 

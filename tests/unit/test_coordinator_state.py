@@ -83,6 +83,29 @@ def test_submission_gates(coord, tmp_path):
     assert small.submit(big).refusal == ErrorCode.SIZE
 
 
+def test_a_gate_refusal_is_journaled_and_audited_under_the_authenticated_sender(tmp_path, clock):
+    """S10: b claiming to be a, or sending garbage, is refused on b's own record; a's record stays
+    clean (the hostile corpus found such refusals journaled under the claimed id)."""
+    from hacfed.server.audit import AuditLog
+
+    cfg = make_config(tmp_path)
+    coord = Coordinator(cfg, TASK, Journal(cfg.journal_path, audit=AuditLog(cfg.audit_path, clock=clock)), clock=clock)
+    coord.register("a")
+    coord.register("b")
+    plan = coord.open_round(0)
+    claims_a = scripted_submission(plan, "a")
+    assert coord.submit(claims_a, sender="b").refusal == ErrorCode.IDENTITY_MISMATCH
+    assert coord.submit("not a submission", sender="b").refusal == ErrorCode.SCHEMA  # type: ignore[arg-type]
+    assert coord.submit(dataclasses.replace(claims_a, run_id="other-run")).refusal == ErrorCode.WRONG_RUN  # no sender
+    with coord.journal._lock:
+        rows = [tuple(r) for r in coord.journal._db.execute("SELECT participant_id, code FROM rejections ORDER BY rowid")]
+    assert rows == [("b", ErrorCode.IDENTITY_MISMATCH.value), ("b", ErrorCode.SCHEMA.value),
+                    ("a", ErrorCode.WRONG_RUN.value)]  # unauthenticated (in-process): the claimed id
+    lines = [json.loads(x) for x in coord.cfg.audit_path.read_text().splitlines()]
+    assert [(x["participant"], x["code"]) for x in lines if x["kind"] == "reject"] == rows
+    assert coord.submit(claims_a, sender="a").recorded  # a itself is still welcome
+
+
 def test_late_and_stale_rounds(coord):
     plan0 = coord.open_round(0)
     accepted = coord.submit(scripted_submission(plan0, "a"))

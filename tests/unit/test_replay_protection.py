@@ -113,7 +113,8 @@ def test_a_resend_flood_is_refused_before_decoding_and_the_other_lab_goes_on(tmp
     import hacfed.server.replies as driver_module
 
     real_decode = driver_module.decode_submission
-    monkeypatch.setattr(driver_module, "decode_submission", lambda body: decoded.append(1) or real_decode(body))
+    monkeypatch.setattr(driver_module, "decode_submission",
+                        lambda body, **kw: decoded.append(1) or real_decode(body, **kw))
     payloads = fed.driver.next_round({1: "lab-a", 2: "lab-b"})  # round 0 opens: an update for each lab
     plan = fed.driver.coordinator.plan_for(0)
     flood = [seal(encode_submission(scripted_submission(plan, "lab-a", nonce=secrets.token_hex(16))),

@@ -271,6 +271,44 @@ def test_refused_submission_is_answered_and_not_asked_again(tmp_path: Path) -> N
     assert fed.driver.journal.round(0).close_reason == "deadline"
 
 
+class PaddingParticipant(ScriptedParticipant):
+    """Sends its scripted samples ten times over (new ids): more trajectories than a full plan."""
+
+    def step(self, update, before_checkpoint=None):
+        sub = super().step(update)
+        padded = tuple(dataclasses.replace(t, trajectory_id=f"{t.trajectory_id}#{i}")
+                       for i in range(10) for t in sub.trajectories)
+        sub = dataclasses.replace(sub, trajectories=padded)
+        if before_checkpoint is not None:
+            before_checkpoint(sub)
+        return sub
+
+
+def test_more_trajectories_than_a_full_plan_are_refused_before_any_is_built(tmp_path: Path, monkeypatch) -> None:
+    """S4: the driver gives the decoder the most one submission may carry (prompts x G), so a
+    padded one is refused with SIZE before a single trajectory of it becomes an object (10^5 of
+    them cost the ServerApp seconds), journaled under its sender; the other lab is judged as usual."""
+    from hacfed.wire import convert
+
+    fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b", participant=PaddingParticipant("lab-b"))
+    payloads = fed.driver.next_round(fed.identified())
+    replies = {node: fed.nodes[node][1].handle(payload) for node, payload in payloads.items()}
+    built: list[str] = []
+    real = convert.read_trajectory
+    monkeypatch.setattr(convert, "read_trajectory", lambda m: (built.append(m.source_id), real(m))[1])
+    for node, reply in replies.items():
+        fed.driver.on_reply(node, reply)
+    full_plan = fed.driver.coordinator.max_trajectories
+    assert built == ["lab-a"] * full_plan  # lab-a's submission only: nothing of lab-b's was built
+    refused = [line for line in fed.lines if "round 0 lab-b: REFUSED HACFED-E-SIZE" in line]
+    assert refused and f"holds {10 * full_plan} entries, more than the {full_plan} allowed" in refused[0]
+    with sqlite3.connect(fed.driver.cfg.journal_path) as db:
+        assert db.execute("SELECT participant_id, code FROM rejections").fetchall() == [("lab-b", "HACFED-E-SIZE")]
+    assert fed.driver.coordinator.has_submitted("lab-a", 0) and not fed.driver.coordinator.has_submitted("lab-b", 0)
+
+
 def test_failed_participant_is_retried_after_the_interval_and_rejoins(tmp_path: Path) -> None:
     clock = FakeClock()
     fed = Federation(tmp_path, clock)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from concurrent import futures
 
@@ -298,6 +299,54 @@ def test_oversize_is_rejected_before_parsing() -> None:
     assert _code(wire.decode_submission, data, max_bytes=len(data) - 1) == ErrorCode.SIZE
     # 17 MiB of garbage against the default 16 MiB cap: refused on size, not on content.
     assert _code(wire.decode_submission, b"\xff" * (17 * 1024 * 1024)) == ErrorCode.SIZE
+
+
+def _counting_builders(monkeypatch) -> list[str]:
+    """What hacfed.wire.convert builds from here on: a name per trajectory, chat message and report."""
+    from hacfed.wire import convert
+
+    built: list[str] = []
+    for name in ("read_trajectory", "read_chat", "StepReport"):
+        real = getattr(convert, name)
+        monkeypatch.setattr(convert, name, lambda *a, real=real, name=name, **k: (built.append(name), real(*a, **k))[1])
+    return built
+
+
+def test_repeated_fields_over_their_caps_are_refused_before_any_entry_is_built(monkeypatch) -> None:
+    """10^5 entries of a repeated field fit in a few MiB and cost seconds to build (security.md S4):
+    each is counted on the parsed message first and refused with SIZE, building nothing."""
+    built = _counting_builders(monkeypatch)
+    five = wire.encode_submission(Submission("run-1", "lab-a", 2, (T,) * 5, SUB.report, SUB.nonce))
+    assert wire.decode_submission(five, max_trajectories=5).trajectories == (T,) * 5
+    assert wire.decode_submission(five).trajectories == (T,) * 5  # no cap unless the receiver sets one
+    built.clear()
+    with pytest.raises(WireError, match="Submission.trajectories holds 5 entries, more than the 4 allowed") as info:
+        wire.decode_submission(five, max_trajectories=4)
+    assert info.value.code == ErrorCode.SIZE and built == []
+
+    frame = pb.WireMessage.FromString(wire.encode_submission(SUB))
+    prompt = frame.submission.trajectories[0].prompt
+    for _ in range(wire.MAX_PROMPT_MESSAGES - len(prompt)):
+        prompt.add(role=pb.ROLE_USER, content="q")
+    back = wire.decode_submission(frame.SerializeToString(deterministic=True))
+    assert len(back.trajectories[0].prompt) == wire.MAX_PROMPT_MESSAGES
+    prompt.add(role=pb.ROLE_USER, content="q")
+    built.clear()
+    assert _code(wire.decode_submission, frame.SerializeToString(deterministic=True)) == ErrorCode.SIZE and built == []
+    alone = pb.WireMessage(version=wire.PROTOCOL_VERSION)
+    alone.trajectory.CopyFrom(frame.submission.trajectories[0])
+    built.clear()  # the same cap for a trajectory alone (or in a pool, a batch)
+    assert _code(wire.decode_trajectory, alone.SerializeToString(deterministic=True)) == ErrorCode.SIZE
+    assert "read_chat" not in built
+
+    report = StepReport("lab-a", 1, {f"m{i}": 1.0 for i in range(wire.MAX_REPORT_METRICS)})
+    frame = pb.WireMessage.FromString(wire.encode_submission(dataclasses.replace(SUB, trajectories=(), report=report)))
+    assert wire.decode_submission(frame.SerializeToString(deterministic=True)).report == report
+    frame.submission.report.metrics["one-more"] = 1.0
+    built.clear()
+    assert _code(wire.decode_submission, frame.SerializeToString(deterministic=True)) == ErrorCode.SIZE and built == []
+    one_more = dataclasses.replace(report, metrics={**report.metrics, "one-more": 1.0})
+    assert _code(wire.decode_step_report, wire.encode_step_report(one_more)) == ErrorCode.SIZE  # a report alone too
 
 
 def test_other_message_kinds_and_garbage_are_rejected() -> None:
