@@ -53,7 +53,8 @@ def load_model(spec: str, *, device: str | torch.device = "cpu", dtype: str | to
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
     torch_dtype = _parse_dtype(dtype)
-    if not progress or not sys.stderr.isatty():
+    progress = progress and sys.stderr.isatty()  # a warm-up's bar in a log file is only clutter
+    if not progress:
         # transformers' per-load "Loading weights" bars only clutter logs and non-interactive output
         from transformers.utils import logging as hf_logging
 

@@ -43,3 +43,26 @@ def test_a_users_own_setting_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     assert progress.bars_only_on_a_terminal() is False
     assert os.environ["TQDM_DISABLE"] == "0" and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_a_preset_warm_up_draws_its_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch, tty: bool) -> None:
+    """`load_model` of a preset that is not built yet hands the warm-up `progress` = on a terminal
+    (a `hacfed sim` run logged to a file showed the warm-up's bar, which passes `disable` itself)."""
+    from hacfed.models import loading
+
+    seen = []
+
+    def fake_ensure_built(spec, *, progress):
+        seen.append(progress)
+        raise _Stop
+
+    monkeypatch.setattr(loading, "ensure_built", fake_ensure_built)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+    with pytest.raises(_Stop):
+        loading.load_model("tiny-llama")
+    assert seen == [tty]
