@@ -1,0 +1,103 @@
+"""A short soak of the real federation: the coordinator's memory and file descriptors stay bounded
+(issue 9; security.md S4's "RSS grows < 50 MiB and the fd count returns to baseline").
+
+hacfed-server and two labs on loopback run tiny rounds back to back for SOAK_S seconds (longer on a
+slow machine, until MIN_ROUNDS rounds have closed, within MAX_SOAK_S). Every SAMPLE_S, psutil sums
+the resident memory and the open file descriptors of every process of the coordinator's tree
+(hacfed-server, SuperLink, SuperExec, ServerApp, `flwr run`). The baseline is the median of the
+first samples, taken once round 1 has closed (every process started, every import done); the end is
+the median of the last samples. Growth must stay under generous bounds (RSS 64 MiB and a slope
+under 16 MiB/min, 16 fds, 2 processes), with rounds really completing all along; and, as
+security.md R8 asks, nothing is refused and every rollout a lab holds a receipt for is in the
+journal exactly once. The numbers are printed (`-s`).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+
+import psutil
+import pytest
+
+from tests.faults.conftest import TRACE, Federation
+
+pytestmark = pytest.mark.slow
+
+SOAK_S = 60.0  # at least; longer until MIN_ROUNDS rounds have closed (a slow machine), at most MAX_SOAK_S
+MAX_SOAK_S = 180.0
+MIN_ROUNDS = 4
+SAMPLE_S = 1.5
+WINDOW = 8  # samples in the baseline and in the end
+MAX_RSS_GROWTH_MIB = 64.0
+MAX_FD_GROWTH = 16
+MAX_PROC_GROWTH = 2
+MAX_RSS_SLOPE_MIB_MIN = 16.0  # security.md R8 asks < 1 MiB/min over 10 minutes; a minute's slope is noisy
+CLOSED = re.compile(r"round \d+ closed \(quorum\)")
+
+
+def _sample(root: int) -> dict[str, tuple[float, int]]:
+    """RSS (MiB) and open fds of `root` and each of its descendants, by "name pid"."""
+    out = {}
+    tree = psutil.Process(root)
+    for proc in [tree, *tree.children(recursive=True)]:
+        try:
+            with proc.oneshot():
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    out[f"{proc.name()} {proc.pid}"] = (proc.memory_info().rss / 2**20, proc.num_fds())
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _by_name(sample: dict[str, tuple[float, int]]) -> dict[str, int]:
+    return {name.split()[0]: fds for name, (_, fds) in sample.items()}
+
+
+def test_soak_keeps_the_coordinators_memory_and_fds_bounded(federation: Federation) -> None:
+    fed = federation
+    fed.configure(rounds=1000, expected=2, minimum=2, deadline_s=120, run_id="faults-soak")
+    server = fed.start(("lab-a", "lab-b"))
+    fed.console(server, r"round 1 closed", timeout=300)
+    samples: list[dict[str, tuple[float, int]]] = []
+    times: list[float] = []
+    started, before = time.monotonic(), len(CLOSED.findall(server.text()))
+    while (elapsed := time.monotonic() - started) < SOAK_S or len(CLOSED.findall(server.text())) - before < MIN_ROUNDS:
+        assert elapsed < MAX_SOAK_S, f"fewer than {MIN_ROUNDS} rounds in {MAX_SOAK_S:.0f}s:\n{server.text()[-3000:]}"
+        assert server.popen.poll() is None, server.text()[-3000:]
+        times.append(time.monotonic() - started)
+        samples.append(_sample(server.popen.pid))
+        time.sleep(SAMPLE_S)
+    rounds = len(CLOSED.findall(server.text())) - before
+    server.stop()
+    assert server.popen.returncode == 0, server.text()[-3000:]
+    assert "hacfed-server: stopped (SystemExit)" in server.text()
+
+    assert len(samples) >= 3 * WINDOW
+    rss = [sum(r for r, _ in s.values()) for s in samples]
+    fds = [sum(f for _, f in s.values()) for s in samples]
+    procs = [len(s) for s in samples]
+    base = (statistics.median(rss[:WINDOW]), statistics.median(fds[:WINDOW]), statistics.median(procs[:WINDOW]))
+    end = (statistics.median(rss[-WINDOW:]), statistics.median(fds[-WINDOW:]), statistics.median(procs[-WINDOW:]))
+    slope = statistics.linear_regression(times, rss).slope * 60.0
+    report = (f"soak {times[-1]:.0f}s, {len(samples)} samples, {rounds} rounds closed meanwhile; coordinator "
+              f"tree: RSS {base[0]:.1f} -> {end[0]:.1f} MiB (max {max(rss):.1f}, slope {slope:+.2f} MiB/min), "
+              f"fds {base[1]:.0f} -> {end[1]:.0f} "
+              f"(max {max(fds)}), processes {base[2]:.0f} -> {end[2]:.0f} (max {max(procs)})")
+    print(f"\n{report}\nfds by process, first and last sample: {_by_name(samples[0])} -> {_by_name(samples[-1])}")
+    assert rounds >= MIN_ROUNDS, report  # the federation was really working while sampled
+    assert end[0] - base[0] < MAX_RSS_GROWTH_MIB, report
+    assert end[1] - base[1] <= MAX_FD_GROWTH, report
+    assert end[2] - base[2] <= MAX_PROC_GROWTH, report
+    assert max(rss) - base[0] < 2 * MAX_RSS_GROWTH_MIB, report
+    assert slope < MAX_RSS_SLOPE_MIB_MIN, report
+
+    # -- R8: every good rollout accepted exactly once, nothing refused
+    assert fed.rows("SELECT participant_id, round_id, code FROM rejections") == []
+    assert fed.integrity() == "ok"
+    per_round = fed.rows("SELECT participant_id, round_id, COUNT(*) FROM trajectories "
+                         "GROUP BY participant_id, round_id")
+    assert per_round and {n for _, _, n in per_round} == {2 * 2}
+    fed.check_receipts_in_journal(["lab-a", "lab-b"], complete=False)  # the last receipts may not have arrived
+    assert not TRACE.search(server.text())
