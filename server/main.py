@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-on-first-use", action="store_true", default=None,
                         help="DEVELOPMENT ONLY, needs --insecure: register the key of any unknown participant "
                              "(default: off)")
+    parser.add_argument("--dashboard", metavar="HOST:PORT",
+                        help="serve a read-only live dashboard (participants, round progress, reward / P-hat / "
+                             "accuracy curves, rejections, time split) at http://HOST:PORT/; loopback only unless "
+                             "--dashboard-public; from another machine use ssh -L 8080:127.0.0.1:8080 "
+                             "coordinator-host (default: [server] dashboard, else off)")
+    parser.add_argument("--dashboard-public", action="store_true", default=None,
+                        help="allow --dashboard on a non-loopback address: anyone who can reach it sees the page, "
+                             "which has no authentication (default: off)")
     return parser
 
 
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
     flags = {"state_dir": args.state_dir, "listen": args.listen, "insecure": args.insecure, "tls_cert": args.tls_cert,
              "tls_key": args.tls_key, "tls_ca": args.tls_ca, "keys_dir": args.keys_dir,
-             "metrics_out": args.metrics_out, "trust_on_first_use": args.trust_on_first_use}
+             "metrics_out": args.metrics_out, "trust_on_first_use": args.trust_on_first_use,
+             "dashboard": args.dashboard, "dashboard_public": args.dashboard_public}
     try:
         cfg = load_server_config(args.config, args.sets, flags)
         from hacfed.server.runner import run_server

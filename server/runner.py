@@ -26,7 +26,7 @@ from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
 from hacfed.server.config import ServerConfig
 from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
 from hacfed.server.driver_settings import (
-    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, DriverSettings, process_start_ticks,
+    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, STATUS_FILE, DriverSettings, process_start_ticks,
 )
 from hacfed.server.node_auth import BINDINGS_FILE, CONNECTION as ADMIN_CONNECTION, FlwrCli, NodeAuthSync
 from hacfed.server.registry import load_registry
@@ -231,6 +231,25 @@ def start_link_on_known_port(server: Server, port: int) -> SuperLink:
     return link
 
 
+def start_dashboard_of(cfg: ServerConfig):  # noqa: ANN201 - RunningDashboard | None
+    """`--dashboard`: the read-only page in a thread of this process (hacfed.server.dashboard)."""
+    if cfg.server.dashboard is None:
+        return None
+    from hacfed.server.dashboard.bind import parse_dashboard_address
+    from hacfed.server.dashboard.reader import DashboardSources
+    from hacfed.server.dashboard.serve import start_dashboard
+
+    address = parse_dashboard_address(cfg.server.dashboard, public=cfg.server.dashboard_public)
+    c = cfg.coordinator
+    sources = DashboardSources(journal=Path(c.journal_path), metrics=cfg.metrics_out, keys_dir=cfg.keys_dir,
+                               status=cfg.state_dir / STATUS_FILE, run_id=c.run_id, rounds=c.rounds,
+                               round_deadline_s=c.round_deadline_s, expected_participants=c.expected_participants)
+    dashboard = start_dashboard(address, sources)
+    exposure = "PUBLIC, no authentication" if address.public else "loopback"
+    say(f"dashboard: {dashboard.url} (read-only, {exposure})")
+    return dashboard
+
+
 def run_server(cfg: ServerConfig) -> int:
     """The whole life of hacfed-server; SIGTERM / SIGINT stop every child and return 0."""
     check_before_writing(cfg)
@@ -251,7 +270,12 @@ def run_server(cfg: ServerConfig) -> int:
                 mode = ("plaintext, loopback, no SuperNode authentication: development only" if server.tls is None
                         else "TLS, SuperNode authentication")
                 say(f"ready: Fleet API on {link.fleet_address} ({mode}); state in {state}")
-                code = server.serve()
+                dashboard = start_dashboard_of(cfg)
+                try:
+                    code = server.serve()
+                finally:
+                    if dashboard is not None:
+                        dashboard.stop()
             forget_children(state)
             return code
         except (KeyboardInterrupt, SystemExit) as stop:

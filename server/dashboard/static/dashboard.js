@@ -1,0 +1,119 @@
+// hacfed dashboard: polls /api/state every 2 s and redraws. Everything shown is set with
+// textContent, never parsed as markup: participant ids, codes and errors come from other organizations.
+"use strict";
+(function () {
+  const POLL_MS = 2000;
+  const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
+  const PARTS = ["rollout", "training", "eval", "exchange", "coordinator"];
+  const charts = {};
+
+  function el(id) { return document.getElementById(id); }
+  function fmt(v, digits) { return v === null || v === undefined ? "-" : Number(v).toFixed(digits); }
+  function cell(row, text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (cls) td.className = cls;
+    row.appendChild(td);
+    return td;
+  }
+  function fillTable(id, rows, render) {
+    const body = el(id).querySelector("tbody");
+    const fresh = document.createElement("tbody");
+    for (const r of rows) { const tr = document.createElement("tr"); render(tr, r); fresh.appendChild(tr); }
+    body.replaceWith(fresh);
+  }
+
+  function drawRound(round, runId) {
+    el("run-id").textContent = runId ? "run " + runId : "";
+    const cur = round.current;
+    if (!cur) { el("round-text").textContent = "no round opened yet"; return; }
+    const done = round.done ? " — federation finished" : "";
+    el("round-text").textContent = "round " + cur.id + " (" + round.closed + " of " + round.total +
+      " closed): " + cur.state + (cur.close_reason ? " (" + cur.close_reason + ")" : "") + done;
+    const bar = el("round-progress");
+    bar.max = Math.max(cur.deadline_s, 1e-9);
+    bar.value = Math.min(cur.elapsed_s, cur.deadline_s);
+    el("round-detail").textContent = fmt(cur.elapsed_s, 1) + " s of the " + fmt(cur.deadline_s, 0) +
+      " s deadline" + (cur.state === "OPEN" ? ", " + fmt(cur.remaining_s, 0) + " s left" : "") +
+      "; submitted: " + cur.submitted.length + (cur.expected ? " of " + cur.expected : "") +
+      (cur.submitted.length ? " (" + cur.submitted.join(", ") + ")" : "") +
+      (cur.extensions ? "; deadline extended " + cur.extensions + "x" : "");
+  }
+
+  function drawParticipants(list) {
+    fillTable("participants", list, function (tr, p) {
+      tr.dataset.participant = p.id;
+      cell(tr, p.id);
+      cell(tr, p.connected ? "yes" : (p.joined ? "no (seen " + fmt(p.last_seen_s, 0) + " s ago)" : "not joined"),
+           p.connected ? "yes" : "no");
+      cell(tr, p.fingerprint || (p.registered ? "?" : "not registered"));
+      cell(tr, String(p.strikes), p.strikes ? "num bad" : "num");
+      cell(tr, p.quarantined ? "yes (round " + p.quarantined_round + ")" : "no", p.quarantined ? "bad" : "no");
+      cell(tr, p.submitted_this_round ? "submitted" : "-");
+      cell(tr, String(p.accepted), "num");
+      cell(tr, String(p.rejected), p.rejected ? "num bad" : "num");
+      cell(tr, fmt(p.reward, 2), "num");
+      cell(tr, fmt(p.capability, 2), "num");
+    });
+  }
+
+  function drawCounts(c) {
+    el("counts-text").textContent = "accepted " + c.accepted + ", rejected " + c.rejected +
+      (c.rejected ? " (" + Object.keys(c.codes).map(function (k) { return k + " x" + c.codes[k]; }).join(", ") + ")" : "");
+    fillTable("codes", c.by_lab, function (tr, r) {
+      cell(tr, r.id === null ? "(unauthenticated)" : r.id);
+      cell(tr, r.code);
+      cell(tr, String(r.n), "num");
+    });
+  }
+
+  function chart(id, names, xs, ys, yLabel, range) {
+    const key = id + "|" + names.join(",");
+    const data = [xs].concat(ys);
+    const holder = el(id);
+    if (charts[id] && charts[id].key === key) { charts[id].plot.setData(data); return; }
+    if (charts[id]) charts[id].plot.destroy();
+    const series = [{ label: "round" }].concat(names.map(function (n, i) {
+      return { label: n, stroke: PALETTE[i % PALETTE.length], width: 2, spanGaps: true,
+               points: { show: true, size: 5 } };
+    }));
+    const opts = { width: 640, height: 240, series: series,
+                   scales: { x: { time: false }, y: range ? { range: range } : {} },
+                   axes: [{ label: "round" }, { label: yLabel }] };
+    charts[id] = { key: key, plot: new uPlot(opts, data, holder) };
+    holder.dataset.series = String(names.length);
+  }
+
+  function drawCharts(curves, times) {
+    const labs = curves.labs;
+    const pick = function (m) { return labs.map(function (l) { return curves[m][l]; }); };
+    chart("chart-reward", labs, curves.rounds, pick("reward"), "mean reward", [0, 1]);
+    chart("chart-capability", labs, curves.rounds, pick("capability"), "P̂", [0, 1]);
+    chart("chart-eval", labs, curves.rounds, pick("eval_accuracy"), "accuracy", [0, 1]);
+    chart("chart-times", PARTS, times.rounds, PARTS.map(function (p) { return times[p]; }), "seconds", null);
+    for (const id of ["chart-reward", "chart-capability", "chart-eval"]) el(id).dataset.points = String(curves.rounds.length);
+    el("chart-times").dataset.points = String(times.rounds.length);
+  }
+
+  function draw(s) {
+    const err = el("error");
+    err.hidden = !s.error;
+    err.textContent = s.error || "";
+    if (!s.round) return;
+    drawRound(s.round, s.run_id);
+    drawParticipants(s.participants);
+    drawCounts(s.counts);
+    drawCharts(s.curves, s.times);
+    el("updated").textContent = "updated " + new Date(s.now * 1000).toLocaleTimeString();
+    document.body.dataset.round = s.round.current ? String(s.round.current.id) : "";
+  }
+
+  function poll() {
+    fetch("/api/state", { cache: "no-store" })
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(draw)
+      .catch(function (e) { const err = el("error"); err.hidden = false; err.textContent = "poll failed: " + e.message; })
+      .finally(function () { setTimeout(poll, POLL_MS); });
+  }
+  poll();
+})();
