@@ -38,6 +38,8 @@ class ClientConfig:
     stay: keep serving after the coordinator closed the run (default: exit 0 then).
     idle_poll_s: SuperNode poll interval.
     keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back.
+    tensorboard: a directory for TensorBoard event files of every step's metrics; wandb: a W&B
+    project for them (hacfed.metrics_sinks; the lab's own STATE/metrics.jsonl is always written).
 
     Everything a user can get wrong is checked here, before hacfed-client creates any file: the
     model spec (`hacfed.model_spec`), addresses, ids, and that the key and CA files exist and parse."""
@@ -60,6 +62,8 @@ class ClientConfig:
     stay: bool = False
     idle_poll_s: float = 0.5
     keep_checkpoints: int = 3
+    tensorboard: Path | None = None
+    wandb: str | None = None
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
     config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
 
@@ -71,7 +75,7 @@ class ClientConfig:
         server_host, port = split_host_port(self.server, "ClientConfig.server")
         if port == 0:
             _bad("server", self.server, "the coordinator's HOST:PORT with a port in 1-65535")
-        for name in ("state_dir", "coordinator_key", "tls_ca", "config_dir"):
+        for name in ("state_dir", "coordinator_key", "tls_ca", "config_dir", "tensorboard"):
             value = getattr(self, name)
             if value is not None:
                 if not isinstance(value, (str, Path)) or not str(value):
@@ -113,6 +117,7 @@ class ClientConfig:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
             _bad("keep_checkpoints", self.keep_checkpoints, "an integer >= 2")
+        self._check_metrics_sinks()
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))
@@ -120,6 +125,18 @@ class ClientConfig:
             check_model_spec(self.model)
         except ValueError as exc:
             raise ValueError(f"ClientConfig.model: {exc}") from None
+
+    def _check_metrics_sinks(self) -> None:
+        from hacfed.metrics_sinks import require_tensorboard, require_wandb
+
+        if self.tensorboard is not None:
+            if self.tensorboard.exists() and not self.tensorboard.is_dir():
+                _bad("tensorboard", str(self.tensorboard), "a directory for TensorBoard event files (it is a file)")
+            require_tensorboard()
+        if self.wandb is not None:
+            if not isinstance(self.wandb, str) or not self.wandb.strip():
+                _bad("wandb", self.wandb, "a W&B project name")
+            require_wandb()
 
     def participant_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stay", action="store_true", default=None,
                         help="keep serving after the coordinator closed the run (default: off: exit 0 once the "
                              "coordinator has recorded this lab's final report)")
+    parser.add_argument("--tensorboard", metavar="DIR", help="also write every step's metrics (the keys of "
+                        "STATE/metrics.jsonl) as TensorBoard event files here; needs the tensorboard package "
+                        "(default: none)")
+    parser.add_argument("--wandb", metavar="PROJECT", help="also log every step's metrics to this Weights & Biases "
+                        "project; needs the wandb package (not installed by hacfed); WANDB_MODE=offline etc. are "
+                        "honoured (default: none)")
     parser.add_argument("--exit-when-done", action="store_true", help=argparse.SUPPRESS)  # the default now; kept
     # so older scripts keep working
     return parser
@@ -79,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 NAMES = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
          "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
-         "stay")
+         "stay", "tensorboard", "wandb")
 REPLAY_SERVER = "127.0.0.1:1"  # replay talks to nobody: --server may be left out (a valid placeholder address)
 
 

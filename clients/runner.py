@@ -37,9 +37,11 @@ from hacfed.clients.supernode import SuperNode, start_supernode
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
+from hacfed.metrics_sinks import MetricsLogger, open_logger, step_row
 from hacfed.procs import ProcessError, ProcessSupervisor
 
 FALSIFY_ENV = "HACFED_TEST_FALSIFY_REWARDS"  # test-only: claim the opposite of every reward
+METRICS_FILE = "metrics.jsonl"  # the lab's own rows (hacfed.metrics_sinks.step_row), read by `hacfed report`
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
 _STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
 
@@ -115,8 +117,10 @@ def connect_failure(log_tail: str, state_dir: Path) -> tuple[str, float]:
 
 
 class Client:
-    def __init__(self, cfg: ClientConfig) -> None:
+    def __init__(self, cfg: ClientConfig, metrics: MetricsLogger | None = None) -> None:
         self.cfg = cfg
+        self.metrics = metrics  # the lab's own rows: STATE/metrics.jsonl, --tensorboard, --wandb
+        self._metrics_failed = False
         self.final_offset: int | None = None  # SuperNode log size when the final answer was handed over
         self.final_answered = threading.Event()
         self.node: SuperNode | None = None
@@ -130,6 +134,19 @@ class Client:
         report = answered.submission.report if answered.submission is not None else None
         if answered.final and report is not None and report.eval_accuracy is not None:
             self.final_accuracy = report.eval_accuracy
+        if report is not None and not answered.cached:
+            self.log_step(answered.update.hacpo.mode, report, answered.final)
+
+    def log_step(self, mode: str, report, final: bool) -> None:  # noqa: ANN001 - a hacfed.messages.StepReport
+        """The step's row to the lab's sinks; a sink that fails is said once and never stops the lab."""
+        if self.metrics is None or self._metrics_failed:
+            return
+        try:
+            self.metrics.write(step_row(self.cfg.participant_id, report.round_id, mode, self.cfg.seed,
+                                        dict(report.metrics), report.eval_accuracy, final))
+        except Exception as exc:  # noqa: BLE001 - visibility must not cost the federation a round
+            self._metrics_failed = True
+            say(f"could not write this lab's metrics ({type(exc).__name__}: {exc}); not logging them any more")
 
     def on_finished(self) -> None:
         """The coordinator's final acknowledgement: the run is over for this lab (its final report
@@ -260,7 +277,11 @@ def run_client(cfg: ClientConfig) -> int:
     if participant.last_round is not None:
         say(f"resumed from checkpoint: last plan rolled out was round {participant.last_round} "
             f"(policy version {participant.policy_version})")
-    client = Client(cfg)
+    metrics = open_logger(jsonl=state / METRICS_FILE, tensorboard_dir=cfg.tensorboard, wandb_project=cfg.wandb,
+                          run_name=cfg.participant_id)
+    if cfg.tensorboard is not None:
+        say(f"TensorBoard event files in {cfg.tensorboard} (tensorboard --logdir {cfg.tensorboard})")
+    client = Client(cfg, metrics)
     service = ParticipantService(participant, task, private_key, coordinator_key, state / "service", cheat=cheat,
                                  on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
     server, port = serve_participant(service.handle)
@@ -276,4 +297,5 @@ def run_client(cfg: ClientConfig) -> int:
         return 0
     finally:
         server.stop(5.0).wait()
+        metrics.close()
         lock.close()

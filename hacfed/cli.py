@@ -1,4 +1,5 @@
-"""`hacfed` command line: `hacfed models build NAME`, `hacfed sim ...`, `hacfed demo ...`, `hacfed bench modes ...`.
+"""`hacfed` command line: `hacfed models build NAME`, `hacfed sim ...`, `hacfed demo ...`, `hacfed bench modes ...`,
+`hacfed report RUN_DIR`.
 
 Thin: parses arguments first, imports heavy modules only inside the chosen subcommand.
 """
@@ -84,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hacfed.experiments import bench_modes  # torch-free at import
 
     bench_modes.add_parser(sub)
+    from hacfed import run_report_html  # torch-free; matplotlib loads only to draw
+
+    run_report_html.add_parser(sub)
     return parser
 
 
@@ -106,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from hacfed.experiments import bench_modes
 
         return bench_modes.run_from_args(args)
+    if args.command == "report":
+        from hacfed import run_report_html
+
+        return run_report_html.run_from_args(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse only admits the ones above
 
 

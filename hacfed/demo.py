@@ -49,6 +49,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--state-dir", default=None, help="where servers, labs and logs live (default: a temp dir, removed)")
     p.add_argument("--metrics-out", default="runs/demo-metrics.jsonl", help="JSONL metrics (default %(default)s)")
     p.add_argument("--plot", default="runs/demo-accuracy.png", help="PNG plot of accuracy per round (default %(default)s)")
+    p.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="each lab writes TensorBoard event files to DIR/<lab id> (hacfed-client --tensorboard)")
     p.add_argument("--insecure", action="store_true",
                    help="plaintext without SuperNode authentication (development only; the default is TLS with "
                         "certificates and lab keys generated into the state dir)")
@@ -64,6 +66,13 @@ def run_from_args(args: Any) -> int:
             problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.eval_every < 0 or not args.lr > 0:
         problems.append(f"--eval-every must be >= 0 and --lr > 0, got {args.eval_every} / {args.lr}")
+    if getattr(args, "tensorboard", None):
+        from hacfed.metrics_sinks import MissingPackage, require_tensorboard
+
+        try:
+            require_tensorboard()
+        except MissingPackage as exc:
+            problems.append(str(exc))
     if problems:
         for p in problems:
             print(f"hacfed demo: error: {p}", file=sys.stderr)
@@ -127,7 +136,8 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
                 sup.start(
                     [str(bindir / "hacfed-client"), "--model", name, "--server", address, "--participant-id", pid,
                      "--state-dir", str(root / pid), "--coordinator-key", str(coordinator_keys.public), *client_tls,
-                     "--lr", str(args.lr)],
+                     "--lr", str(args.lr),
+                     *(["--tensorboard", str(Path(args.tensorboard).resolve() / pid)] if args.tensorboard else [])],
                     env=env, log_path=root / f"{pid}.log", name=pid,
                 )
             code = _follow(root / "server.log", server)

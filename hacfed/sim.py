@@ -224,6 +224,8 @@ def add_parser(sub: Any) -> None:
                    help="override one HacpoConfig setting, e.g. --hacpo alpha=2 (repeatable)")
     p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temporary directory)")
     p.add_argument("--metrics-out", default=None, help="write the JSON Lines metrics (README) here")
+    p.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="also write every row as TensorBoard scalars, one subdirectory per agent (needs tensorboard)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
@@ -255,11 +257,30 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    on_row, close_sinks = _tensorboard_rows(Path(args.tensorboard), participant_ids(agents)) if args.tensorboard \
+        else (None, lambda: None)
     t0 = time.perf_counter()
-    rows = run_sim(cfg, metrics_out, progress=not args.quiet and sys.stderr.isatty())
+    try:
+        rows = run_sim(cfg, metrics_out, progress=not args.quiet and sys.stderr.isatty(), on_row=on_row)
+    finally:
+        close_sinks()
     print(summary_table(rows))
     print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s" + (f"; metrics in {metrics_out}" if metrics_out else ""))
     return 0
+
+
+def _tensorboard_rows(root: Path, ids: Sequence[str]) -> tuple[Callable[[dict], None], Callable[[], None]]:
+    """(on_row, close): each agent's rows to `root/<agent>` (hacfed.metrics_sinks, the JSONL keys as tags)."""
+    from hacfed.metrics_sinks import open_logger, require_tensorboard
+
+    require_tensorboard()  # a MissingPackage (ValueError): one line, exit 2, before any model loads
+    loggers = {pid: open_logger(tensorboard_dir=root / pid) for pid in ids}
+
+    def close() -> None:
+        for logger in loggers.values():
+            logger.close()
+
+    return (lambda row: loggers[row["agent"]].write(row)), close
 
 
 def parse_hacpo_overrides(items: Sequence[str]) -> dict:

@@ -1,0 +1,175 @@
+"""The charts of `hacfed report`: each one a function that draws on a matplotlib Axes.
+
+The HTML report (hacfed.run_report_html) gives each chart a figure of its own; the PNG report puts
+the run-wide ones on one grid. Drawing on a given Axes keeps the two from diverging. Which charts a
+run gets depends on what its rows logged (`charts_for`): a run without cross samples (a single lab,
+`gspo`) has no ratio charts, one without a journal no rejection codes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hacfed.run_report import (
+    QUANTILES, RunData, capability_ratios, cross_stats, ratio_quantile_samples, series,
+)
+
+Draw = Callable[[Any], None]  # draws on one matplotlib Axes
+
+
+@dataclass(frozen=True)
+class Chart:
+    title: str
+    caption: str  # what the reader sees, and what it is computed from
+    draw: Draw
+
+
+def _finish(ax: Any, title: str, xlabel: str, ylabel: str, legend: bool = True) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _plot_series(ax: Any, points: list[tuple[int, float]], **style: Any) -> None:
+    if points:
+        ax.plot([p[0] for p in points], [p[1] for p in points], **style)
+
+
+def draw_metric(data: RunData, key: str, ylabel: str, final: bool) -> Draw:
+    def draw(ax: Any) -> None:
+        for agent in data.agents:
+            _plot_series(ax, series(data.rows, agent, key, final=final), marker="o", markersize=3, label=agent)
+        _finish(ax, ylabel + " per lab", "round", ylabel)
+    return draw
+
+
+def draw_lab_curves(data: RunData, agent: str) -> Draw:
+    def draw(ax: Any) -> None:
+        _plot_series(ax, series(data.rows, agent, "eval_accuracy", final=True), marker="o", label="held-out accuracy")
+        _plot_series(ax, series(data.rows, agent, "eval_pass1", final=True), marker="s", label="sampled pass@1")
+        _plot_series(ax, series(data.rows, agent, "reward_mean"), marker=".", alpha=0.8, label="mean reward")
+        _plot_series(ax, series(data.rows, agent, "capability"), linestyle="--", label="capability P̂")
+        _finish(ax, f"{agent}: accuracy, reward and P̂", "round", "value")
+    return draw
+
+
+def draw_omega(data: RunData) -> Draw:
+    def draw(ax: Any) -> None:
+        for (learner, source), points in sorted(capability_ratios(data.rows, data.agents).items()):
+            _plot_series(ax, points, marker=".", label=f"{learner} ← {source}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_yscale("log")
+        _finish(ax, "capability ratio ω = P̂_source / P̂_learner", "round", "ω (log scale)")
+    return draw
+
+
+def draw_cross_over_time(data: RunData, agent: str) -> Draw:
+    def draw(ax: Any) -> None:
+        for source, stats in sorted(cross_stats(data.rows, agent).items()):
+            mid = stats.get("ratio_p50", [])
+            if not mid:
+                continue
+            (line,) = ax.plot([p[0] for p in mid], [p[1] for p in mid], marker=".", label=f"{source} p50")
+            low, high = dict(stats.get("ratio_p10", [])), dict(stats.get("ratio_p90", []))
+            band = [r for r, _ in mid if r in low and r in high]
+            if band:
+                ax.fill_between(band, [low[r] for r in band], [high[r] for r in band], color=line.get_color(),
+                                alpha=0.2, label=f"{source} p10–p90")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_yscale("log")
+        _finish(ax, f"{agent}: importance ratio of each source's samples", "round", "ratio (log scale)")
+    return draw
+
+
+def draw_cross_hist(data: RunData, agents: list[str]) -> Draw:
+    def draw(ax: Any) -> None:
+        groups = [(f"{agent} ← {source} {q.removeprefix('ratio_')}", values)
+                  for agent in agents for source, by_q in sorted(ratio_quantile_samples(data.rows, agent).items())
+                  for q, values in by_q.items() if q in QUANTILES]
+        logs = [[math.log10(v) for v in values if v > 0] for _, values in groups]
+        every = [v for vs in logs for v in vs]
+        if every:
+            lo, hi = min(every), max(every)
+            bins = [lo + (hi - lo + 1e-9) * i / 20 for i in range(21)]
+            for (label, _), values in zip(groups, logs):
+                ax.hist(values, bins=bins, histtype="step", linewidth=1.4, label=label)
+        ax.axvline(0.0, color="grey", linewidth=0.8)
+        _finish(ax, "cross-sample ratios: per-round p10 / p50 / p90", "log10 ratio", "rounds")
+    return draw
+
+
+def draw_codes(data: RunData) -> Draw:
+    def draw(ax: Any) -> None:
+        labels, counts = [], []
+        for kind, table in (("rejected", data.rejections), ("refused", data.refusals)):
+            for agent in sorted(table):
+                for code, n in sorted(table[agent].items()):
+                    labels.append(f"{agent} {kind} {code.removeprefix('HACFED-E-')}")
+                    counts.append(n)
+        ax.barh(range(len(counts)), counts, color="tab:red")
+        ax.set_yticks(range(len(counts)), labels, fontsize=7)
+        ax.invert_yaxis()
+        _finish(ax, "rejections by error code (journal)", "count", "", legend=False)
+    return draw
+
+
+def draw_accepted(data: RunData) -> Draw:
+    def draw(ax: Any) -> None:
+        for agent in data.agents:
+            _plot_series(ax, series(data.rows, agent, "accepted"), marker=".", label=f"{agent} accepted")
+            rejected = series(data.rows, agent, "rejected")
+            if any(v for _, v in rejected):
+                _plot_series(ax, rejected, marker="x", linestyle=":", label=f"{agent} rejected")
+        _finish(ax, "trajectories accepted / rejected per round", "round", "trajectories")
+    return draw
+
+
+def has(data: RunData, key: str) -> bool:
+    return any(series(data.rows, agent, key, final=True) for agent in data.agents)
+
+
+def overview_charts(data: RunData) -> list[Chart]:
+    """The run-wide charts, in reading order (both report formats)."""
+    charts = []
+    if has(data, "eval_accuracy"):
+        charts.append(Chart("Held-out accuracy", "Greedy accuracy on held-out problems on evaluation rounds and "
+                            "after the final pool (`eval_accuracy`).", draw_metric(data, "eval_accuracy",
+                                                                                  "held-out accuracy", True)))
+    if has(data, "reward_mean"):
+        charts.append(Chart("Reward", "Mean verified reward of each lab's own rollouts per round (`reward_mean`).",
+                            draw_metric(data, "reward_mean", "mean reward", False)))
+    if has(data, "capability"):
+        charts.append(Chart("Capability P̂", "The coordinator's capability estimate of each lab after each round "
+                            "(`capability`).", draw_metric(data, "capability", "capability P̂", False)))
+    if capability_ratios(data.rows, data.agents):
+        charts.append(Chart("Capability ratios", "ω = clip(P̂_source / P̂_learner, 0.1, 10) (Eq. 10) from the logged "
+                            "P̂, per learner ← source: the weight of a source's samples in the learner's update.",
+                            draw_omega(data)))
+    with_cross = [a for a in data.agents if ratio_quantile_samples(data.rows, a)]
+    if with_cross:
+        charts.append(Chart("Cross-ratio histogram", "Distribution over rounds of the importance-ratio quantiles "
+                            "p10/p50/p90 each update logged per source (`train/cross/SOURCE/ratio_p*`); per-sample "
+                            "ratios are not logged.", draw_cross_hist(data, with_cross)))
+    if has(data, "accepted"):
+        charts.append(Chart("Accepted and rejected", "Trajectories the coordinator accepted and rejected per lab and "
+                            "round (`accepted`, `rejected`).", draw_accepted(data)))
+    if data.rejections or data.refusals:
+        charts.append(Chart("Rejections by code", "From the coordinator's journal: rejected trajectories and refused "
+                            "submissions, by HACFED-E code.", draw_codes(data)))
+    return charts
+
+
+def lab_charts(data: RunData, agent: str) -> list[Chart]:
+    charts = [Chart(f"{agent}: curves", "Held-out accuracy, mean reward and capability of this lab.",
+                    draw_lab_curves(data, agent))]
+    if cross_stats(data.rows, agent).keys() and ratio_quantile_samples(data.rows, agent):
+        charts.append(Chart(f"{agent}: cross ratios over time", "Per source: median importance ratio (line) and "
+                            "p10–p90 (band) of the samples this lab trained on.", draw_cross_over_time(data, agent)))
+        charts.append(Chart(f"{agent}: cross-ratio histogram", "This lab's per-round ratio quantiles per source.",
+                            draw_cross_hist(data, [agent])))
+    return charts
