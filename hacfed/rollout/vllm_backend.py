@@ -15,13 +15,22 @@ agree at temperature 1. Only the tokenizer's EOS stops a sample (`ignore_eos` pl
 `stop_token_ids`), so extra EOS ids listed in a checkpoint's generation config do not cut samples
 the transformers engine would continue.
 
+dtype "auto" means the checkpoint's own dtype (its config.json), not vLLM's "auto", which serves a
+float32 checkpoint in float16: the published log-prob summaries would then come from a rounded
+copy of the policy the trainer scores in float32. `reload()` shuts the old engine down and frees
+its GPU memory before the new one allocates its share (`gpu_memory_utilization` is a fraction of
+the whole GPU, so two live engines of 0.5 do not fit).
+
     engine = VllmRollout("checkpoints/tiny-qwen2")
     groups = engine.generate(None, tokenizer, prompts, num_samples=8, seed=0)
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import gc
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from hacfed.rollout.hf import Completion, special_token_ids, validate_generate_args
 from hacfed.trajectory import ChatMessage, render_prompt_ids
@@ -38,14 +47,59 @@ def _import_vllm() -> Any:
     return vllm
 
 
+_DTYPE_NAMES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",
+                "half": "float16"}
+
+
+def checkpoint_dtype(config: Mapping[str, Any]) -> str | None:
+    """The weights' dtype named in a transformers config.json ("dtype", or the older "torch_dtype")."""
+    value = config.get("dtype", config.get("torch_dtype"))
+    if not isinstance(value, str):
+        return None
+    return _DTYPE_NAMES.get(value.removeprefix("torch."))
+
+
+def resolve_dtype(checkpoint_dir: str, dtype: str) -> str:
+    """`dtype`, with "auto" replaced by the checkpoint's own dtype when its config names one."""
+    if dtype != "auto":
+        return dtype
+    try:
+        config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return dtype  # vLLM reports a missing or broken checkpoint itself
+    if not isinstance(config, dict):
+        return dtype
+    return checkpoint_dtype(config) or dtype
+
+
+def shutdown_engine(llm: Any) -> None:
+    """Stop a vLLM engine's worker process (the V1 engine core), which holds its GPU memory."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    shutdown = getattr(core, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+
+
+def _free_cuda_cache() -> None:
+    gc.collect()  # an engine running in this process (V0, or V1 in-process) is freed here
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class VllmRollout:
     """A vLLM engine over one checkpoint directory; see the module docstring for its contract."""
 
     def __init__(self, checkpoint_dir: str, *, dtype: str = "auto", gpu_memory_utilization: float = 0.5,
                  enforce_eager: bool = False, **engine_kwargs: Any) -> None:
         self._vllm = _import_vllm()
+        self._dtype = dtype
         self._engine_args = dict(
-            model=str(checkpoint_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+            model=str(checkpoint_dir), dtype=resolve_dtype(str(checkpoint_dir), dtype),
+            gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager, **engine_kwargs,
         )
         self._llm = self._vllm.LLM(**self._engine_args)
@@ -54,7 +108,11 @@ class VllmRollout:
         """Rebuild the engine from `checkpoint_dir` (default: the same folder, re-read from disk)."""
         if checkpoint_dir is not None:
             self._engine_args["model"] = str(checkpoint_dir)
-        del self._llm
+        self._engine_args["dtype"] = resolve_dtype(self._engine_args["model"], self._dtype)
+        old, self._llm = self._llm, None
+        shutdown_engine(old)
+        del old
+        _free_cuda_cache()
         self._llm = self._vllm.LLM(**self._engine_args)
 
     def _sampling_params(self, *, num_samples: int, max_new_tokens: int, temperature: float, top_p: float,

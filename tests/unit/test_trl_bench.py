@@ -1,0 +1,121 @@
+"""bench/trl_step.py's pure parts: the two sides configured alike, the summary, the missing-TRL message."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hacfed.clients.participant import ParticipantConfig
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "trl_step.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("trl_step_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _sides(bench, s, **trl_overrides):
+    trl_args = SimpleNamespace(**{**bench.trl_config_kwargs(s, "out"), **trl_overrides})
+    return bench.hacfed_hacpo(s), ParticipantConfig(**bench.hacfed_participant_kwargs(s)), trl_args
+
+
+def test_default_settings_are_the_issue_batch(bench):
+    s = bench.BenchSettings()
+    assert (s.prompts, s.group_size, s.updates, s.model) == (16, 8, 2, "tiny-llama")
+    assert (s.completions_per_round, s.minibatch) == (128, 64)
+
+
+def test_both_sides_configured_alike(bench):
+    s = bench.BenchSettings(prompts=4, group_size=4, updates=4, max_new_tokens=12, rounds=2)
+    hacpo, participant, trl_args = _sides(bench, s)
+    assert bench.mismatches(s, hacpo, participant, trl_args) == []
+    assert hacpo.mode == "gspo" and hacpo.kl_coef == 0.0
+    assert trl_args.max_steps == (s.warmup + s.rounds) * s.updates  # one TRL round per hacfed round
+    assert trl_args.per_device_train_batch_size * trl_args.steps_per_generation == 16
+
+
+@pytest.mark.parametrize("override, named", [
+    (dict(loss_type="dapo"), "sequence-mean loss"),
+    (dict(importance_sampling_level="token"), "sequence-level ratio"),
+    (dict(epsilon=0.2), "clip low (TRL)"),
+    (dict(beta=0.04), "KL (TRL beta)"),
+    (dict(steps_per_generation=1), "updates per round (TRL)"),
+    (dict(num_generations=4), "G (TRL)"),
+    (dict(lr_scheduler_type="linear"), "constant lr (TRL)"),
+    (dict(top_k=50), "top_k off (TRL)"),
+    (dict(use_vllm=True), "no vLLM (TRL)"),
+])
+def test_a_differing_trl_setting_is_named(bench, override, named):
+    s = bench.BenchSettings()
+    problems = bench.mismatches(s, *_sides(bench, s, **override))
+    assert len(problems) >= 1 and any(p.startswith(named) for p in problems), problems
+
+
+def test_a_differing_hacfed_setting_is_named(bench):
+    s = bench.BenchSettings()
+    hacpo, participant, trl_args = _sides(bench, s)
+    from hacfed.hacpo_config import HacpoConfig
+
+    problems = bench.mismatches(s, HacpoConfig(mode="gspo"), participant, trl_args)  # default kl_coef 0.001
+    assert problems == ["KL (hacfed kl_coef): 0.001, want 0.0"]
+
+
+def test_real_grpo_config_matches_when_trl_is_installed(bench, tmp_path):
+    trl = pytest.importorskip("trl")  # bench-only dependency: skipped in the test environment
+    s = bench.BenchSettings()
+    args = trl.GRPOConfig(**bench.trl_config_kwargs(s, str(tmp_path)))
+    hacpo, participant, _ = _sides(bench, s)
+    assert bench.mismatches(s, hacpo, participant, args) == []
+
+
+def test_settings_refuse_an_uneven_split(bench):
+    with pytest.raises(ValueError, match=r"prompts x group_size \(15\) must split into 2"):
+        bench.BenchSettings(prompts=5, group_size=3)
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
+        bench.BenchSettings(rounds=0)
+
+
+def test_summarize_rates_and_ratios(bench):
+    out = bench.summarize([1.0, 2.0, 4.0], [2.0, 2.0, 2.0], 128)
+    assert out["hacfed_completions_per_s"] == pytest.approx(64.0)  # median 2.0 s
+    assert out["trl_completions_per_s"] == pytest.approx(64.0)
+    assert out["ratio"] == pytest.approx(1.0)
+    assert out["ratio_per_round"] == pytest.approx([2.0, 1.0, 0.5])
+    assert out["ratio_median"] == pytest.approx(1.0)
+    text = bench.format_summary({**out, "cpu": bench.summarize([1.0], [1.5], 128)})
+    assert "hacfed / TRL = 1.00x" in text and "by process CPU time" in text and "= 1.50x" in text
+
+
+def test_summarize_refuses_unpaired_rounds(bench):
+    with pytest.raises(ValueError, match="same number"):
+        bench.summarize([1.0], [1.0, 2.0], 8)
+    with pytest.raises(ValueError, match="> 0"):
+        bench.summarize([0.0], [1.0], 8)
+
+
+def test_round_problems_are_distinct_and_seeded(bench):
+    from hacfed.tasks.arithmetic import ArithmeticTask
+
+    s = bench.BenchSettings(prompts=4, group_size=2, rounds=3, warmup=1)
+    rounds = bench.round_problems(s, ArithmeticTask())
+    ids = [p.prompt_id for r in rounds for p in r]
+    assert [len(r) for r in rounds] == [4, 4, 4, 4] and len(set(ids)) == 16
+    assert ids == [p.prompt_id for r in bench.round_problems(s, ArithmeticTask()) for p in r]
+
+
+def test_missing_trl_is_a_clear_message_and_exit_2(bench, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "trl", None)  # makes `import trl` raise ImportError
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--rounds", "1"])
+    assert exc.value.code == 2
+    assert "pip install -e '.[bench]'" in capsys.readouterr().err
