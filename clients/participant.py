@@ -55,6 +55,7 @@ class ParticipantConfig:
     checkpoint_dir: str | None = None
     keep_checkpoints: int = 3  # how many rounds back a purge can roll this lab back (hacfed-client replay)
     rollout_backend: Literal["hf", "vllm"] = "hf"
+    nproc: int = 1  # data-parallel processes training this model (hacfed.clients.distributed)
 
     def __post_init__(self) -> None:
         if not self.participant_id or not isinstance(self.participant_id, str):
@@ -72,6 +73,11 @@ class ParticipantConfig:
         keep = self.keep_checkpoints
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             raise ValueError(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
+        from hacfed.clients.distributed import check_nproc
+
+        check_nproc(self.nproc)
+        if self.nproc > 1 and self.rollout_backend != "hf":
+            raise ValueError(f"nproc {self.nproc} needs rollout_backend 'hf', got {self.rollout_backend!r}")
 
 
 @dataclass
@@ -98,6 +104,7 @@ class Participant:
         self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
         self._own: dict[str, Trajectory] = {}  # own trajectories of the last rollout, with local ids
         self._vllm = None
+        self._ranks: Any = None  # hacfed.clients.distributed.RankGroup when training data-parallel
         if cfg.checkpoint_dir:
             self._maybe_resume(Path(cfg.checkpoint_dir))
         if cfg.rollout_backend == "vllm":
@@ -111,7 +118,17 @@ class Participant:
 
         # Progress bars (a first-use warm-up, weight loading) only on a terminal, never in logs.
         loaded = load_model(cfg.model, device=cfg.device, progress=sys.stderr.isatty())
-        return cls(cfg, loaded.model, loaded.tokenizer, task)
+        participant = cls(cfg, loaded.model, loaded.tokenizer, task)
+        if cfg.nproc > 1:  # after a resume, so the other ranks start from the restored state
+            from hacfed.clients.distributed import start_ranks
+
+            participant.attach_ranks(start_ranks(cfg.nproc, [participant]))
+        return participant
+
+    def attach_ranks(self, ranks: Any) -> None:
+        """Train and roll out data-parallel with `ranks` (a started `RankGroup` holding replicas of
+        this participant); evaluation and checkpoints stay in this process (rank 0)."""
+        self._ranks = ranks
 
     @property
     def participant_id(self) -> str:
@@ -180,10 +197,13 @@ class Participant:
         return submission
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
-        metrics = train_on_pool(
-            self.model, self.tokenizer, self.optimizer, self._reference, update,
-            learner=self.participant_id, own=self._own, capabilities=self.capabilities, cfg=self.cfg,
-        )
+        if self._ranks is not None:
+            metrics = self._ranks.train(self, update)
+        else:
+            metrics = train_on_pool(
+                self.model, self.tokenizer, self.optimizer, self._reference, update,
+                learner=self.participant_id, own=self._own, capabilities=self.capabilities, cfg=self.cfg,
+            )
         if metrics.get("num_updates", 0) > 0:
             self.policy_version += 1
         if self._vllm is not None:
@@ -200,11 +220,14 @@ class Participant:
 
     def rollout(self, plan: RoundPlan) -> tuple[Trajectory, ...]:
         """G samples per planned prompt at the plan's sampling settings; rewards are local claims."""
-        out = rollout_plan(
-            self.model, self.tokenizer, self.task, plan, participant_id=self.participant_id,
-            policy_version=self.policy_version, base_seed=self.cfg.seed, batch_size=self.cfg.rollout_batch_size,
-            vllm=self._vllm,
-        )
+        if self._ranks is not None:  # each rank samples its share of the prompts (whole groups)
+            out = self._ranks.rollout(self, plan)
+        else:
+            out = rollout_plan(
+                self.model, self.tokenizer, self.task, plan, participant_id=self.participant_id,
+                policy_version=self.policy_version, base_seed=self.cfg.seed, batch_size=self.cfg.rollout_batch_size,
+                vllm=self._vllm,
+            )
         self._own = {t.trajectory_id: t for t in out}
         return out
 

@@ -25,6 +25,7 @@ from hacfed.messages import RoundUpdate
 from hacfed.trajectory import Trajectory
 
 if TYPE_CHECKING:
+    from hacfed.clients.distributed import Shards
     from hacfed.clients.participant import ParticipantConfig
 
 Reference = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -55,8 +56,10 @@ def prepare_training(model: Any, cfg: ParticipantConfig) -> tuple[Any, Reference
 def train_on_pool(
     policy: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, reference: Reference, update: RoundUpdate,
     *, learner: str, own: Mapping[str, Trajectory], capabilities: Mapping[str, float], cfg: ParticipantConfig,
+    shards: Shards | None = None,
 ) -> dict[str, float]:
-    """One HACPO update of `policy` on the update's pool, with `learner` as k; returns its metrics."""
+    """One HACPO update of `policy` on the update's pool, with `learner` as k; returns its metrics.
+    With `shards`, this rank's part of a data-parallel update (`hacfed.clients.distributed`)."""
     # Own samples keep the exact sampled ids from our rollout (the pool carries text only).
     # The pool's reward is the coordinator's verified one; only the ids come from the local cache.
     pool = [with_local_ids(t, own, learner) for t in update.pool]
@@ -65,6 +68,7 @@ def train_on_pool(
     agents = update.participants or tuple(sorted({t.source_id for t in pool}))
     return hacpo_update(
         policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo, settings,
+        shards=shards,
     )
 
 

@@ -8,6 +8,12 @@ Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `hacfed.c
         mean log π over the ratio tokens -> hacpo_policy_loss(..., update_index=m)
         + kl_coef · k3 KL on own samples against the reference policy
         backward, clip grad norm, optimizer step
+
+With `shards` (data-parallel ranks, `hacfed.clients.distributed`) every rank builds the same views
+and advantages over the whole pool, scores its share of the old log-probs (all-gathered), and
+computes each minibatch's loss on its contiguous row shard, rescaled to the minibatch's global
+normalisation (sequences, tokens for grpo, own sequences for the KL) so that DDP's averaged
+gradient is the one-process gradient; the metrics are recomputed from the gathered rows.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -26,6 +32,9 @@ from hacfed.algorithm import (
 )
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView, Trajectory, build_training_view
+
+if TYPE_CHECKING:
+    from hacfed.clients.distributed import Shards
 
 log = logging.getLogger("hacfed.clients.update")
 
@@ -112,11 +121,13 @@ def hacpo_update(
     capabilities: Mapping[str, float],
     cfg: HacpoConfig,
     settings: UpdateSettings,
+    shards: Shards | None = None,
 ) -> dict[str, float]:
     """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
 
     `reference()` is a context manager yielding the reference model for the KL term (for LoRA:
-    the same model with the adapter disabled); None or kl_coef == 0 skips the KL.
+    the same model with the adapter disabled); None or kl_coef == 0 skips the KL. `shards`: this
+    rank's part of a data-parallel update (module docstring); every rank must call with the same pool.
     """
     ordered = order_pool(pool, learner, agent_order, cfg)
     views, skipped = build_views(ordered, learner, tokenizer, settings)
@@ -135,31 +146,39 @@ def hacpo_update(
     # rollout engine, whose kernels may differ), so own ratios start at exactly 1. EOS-only samples
     # of other agents have no source summary and use the learner's own old log-prob too; so do all
     # of them in mode "sapo", which treats peers' text as the learner's own samples.
-    old_tokens = _old_token_logps(model, views, pad_id, learner, cfg)
+    old_tokens = _old_token_logps(model, views, pad_id, learner, cfg, shards)
     by_bytes = torch.tensor([_per_byte(v, learner, cfg) for v in views], dtype=torch.bool)
     source_norm = _source_norms(views, old_tokens, by_bytes)
     use_kl = reference is not None and cfg.kl_coef > 0
 
+    trainee = shards.wrap(model) if shards is not None else model  # DDP averages the gradients
     model.train()
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     cross_log: list[tuple[str, float, float, bool]] = []  # (source, ratio, advantage, carries gradient)
     for m, start in enumerate(range(0, len(views), settings.minibatch_size)):
-        idx = slice(start, start + settings.minibatch_size)
+        full = views[start:start + settings.minibatch_size]
+        # This rank's rows [lo, hi) of the minibatch (all of it in one process). A rank without
+        # rows still runs one forward and backward, scaled by 0, because DDP reduces in backward.
+        lo, hi = shards.bounds(len(full)) if shards is not None else (0, len(full))
+        first = start + (lo if hi > lo else 0)
+        idx = slice(first, first + max(hi - lo, 1))
         batch = views[idx]
-        logp, mask = sequence_logprobs(model, [v.prompt_ids for v in batch], [v.response_ids for v in batch], pad_id)
+        logp, mask = sequence_logprobs(trainee, [v.prompt_ids for v in batch], [v.response_ids for v in batch], pad_id)
         is_self = torch.tensor([v.is_self for v in batch], dtype=torch.bool, device=device)
         if cfg.mode == "grpo":
-            old = _pad_rows([old_tokens[i] for i in range(start, start + len(batch))], logp.shape[1], device)
+            old = _pad_rows([old_tokens[i] for i in range(idx.start, idx.stop)], logp.shape[1], device)
             ratio_mask = _ratio_mask(logp, batch) * mask
             loss, metrics = grpo_token_loss(logp, old, ratio_mask, advantages[idx].to(device), cfg)
+            local_count = float(ratio_mask.sum())  # DAPO's token-level normalisation
         else:
             learner_norm = _learner_norms(logp, batch, by_bytes[idx].to(device))  # (b,)
             loss, metrics = hacpo_policy_loss(
                 learner_norm, source_norm[idx].to(device), advantages[idx].to(device), is_self,
                 omega[idx].to(device), m, cfg,
             )
-            cross_log.extend(_cross_diagnostics(batch, learner_norm, source_norm[idx], advantages[idx], m, cfg))
+            local_count = float(len(batch))  # sequence-level mean (order_pool left only included samples)
+        kl_part = None
         if use_kl and bool(is_self.any()):
             own = is_self.nonzero().squeeze(1)
             with torch.no_grad(), reference() as ref_model:
@@ -167,9 +186,19 @@ def hacpo_update(
                     ref_model, [batch[i].prompt_ids for i in own.tolist()], [batch[i].response_ids for i in own.tolist()], pad_id
                 )
             width = ref_logp.shape[1]  # the longest own response; wider columns are masked for own rows
-            kl = kl_k3(logp[own][:, :width], ref_logp.to(device), mask[own][:, :width])
-            loss = loss + cfg.kl_coef * kl
-            metrics["kl"] = float(kl.detach())
+            kl_part = kl_k3(logp[own][:, :width], ref_logp.to(device), mask[own][:, :width])
+        if shards is None:
+            if cfg.mode != "grpo":
+                cross_log.extend(_cross_diagnostics(batch, learner_norm, source_norm[idx], advantages[idx], m, cfg))
+            if kl_part is not None:
+                loss = loss + cfg.kl_coef * kl_part
+                metrics["kl"] = float(kl_part.detach())
+        else:
+            loss, metrics = _shard_loss(
+                shards, cfg, m, full, start, hi > lo, loss, metrics, local_count,
+                learner_norm.detach().cpu() if cfg.mode != "grpo" else None, kl_part,
+                int(is_self.sum()) if hi > lo else 0, source_norm, advantages, omega, cross_log,
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
@@ -194,6 +223,40 @@ def hacpo_update(
     return out
 
 
+def _shard_loss(shards: Shards, cfg: HacpoConfig, m: int, full: Sequence[TrainingView], start: int, has_rows: bool,
+                loss: Tensor, metrics: dict[str, float], local_count: float, learner_norm: Tensor | None,
+                kl_part: Tensor | None, own_local: int, source_norm: Tensor, advantages: Tensor, omega: Tensor,
+                cross_log: list) -> tuple[Tensor, dict[str, float]]:
+    """One rank's loss of a data-parallel minibatch, scaled to the global normalisation, and the
+    minibatch's metrics as one process computes them (from every rank's gathered rows)."""
+    from hacfed.clients.distributed import global_scale
+
+    if not has_rows:
+        local_count, own_local, kl_part = 0.0, 0, None
+        learner_norm = learner_norm[:0] if learner_norm is not None else None
+    kl_sum = float(kl_part.detach()) * own_local if kl_part is not None else 0.0
+    parts = shards.all_gather((local_count, learner_norm, kl_sum, own_local, metrics if has_rows else None,
+                               kl_part is not None))
+    global_count = sum(p[0] for p in parts)
+    own_global = sum(p[3] for p in parts)
+    scaled = loss * global_scale(local_count, global_count, shards.world)
+    if kl_part is not None:
+        scaled = scaled + cfg.kl_coef * kl_part * global_scale(own_local, own_global, shards.world)
+    idx = slice(start, start + len(full))
+    if cfg.mode == "grpo":  # token-weighted means of each rank's token-level metrics
+        out = {"num_self": sum(p[4]["num_self"] for p in parts if p[4]), "num_cross": 0.0}
+        for key in ("loss", "self_ratio_mean", "self_clip_frac"):
+            out[key] = sum(p[4][key] * p[0] for p in parts if p[4]) / global_count
+    else:
+        full_norm = torch.cat([p[1] for p in parts])
+        is_self = torch.tensor([v.is_self for v in full], dtype=torch.bool)
+        _, out = hacpo_policy_loss(full_norm, source_norm[idx], advantages[idx], is_self, omega[idx], m, cfg)
+        cross_log.extend(_cross_diagnostics(full, full_norm, source_norm[idx], advantages[idx], m, cfg))
+    if any(p[5] for p in parts):  # the minibatch has own samples and the KL is on
+        out["kl"] = sum(p[2] for p in parts) / own_global
+    return scaled, out
+
+
 def _per_byte(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
     """xhacpo's tokenizer-invariant ratio applies to cross samples with a source summary."""
     return (
@@ -207,10 +270,18 @@ def _needs_own_old(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
 
 
 def _old_token_logps(model: Any, views: Sequence[TrainingView], pad_id: int, learner: str,
-                     cfg: HacpoConfig) -> list[Tensor | None]:
-    """Per view, the learner's current (pre-update) log-probs of its ratio tokens, where needed."""
+                     cfg: HacpoConfig, shards: Shards | None = None) -> list[Tensor | None]:
+    """Per view, the learner's current (pre-update) log-probs of its ratio tokens, where needed;
+    with `shards` each rank scores its share and the shares are all-gathered."""
     out: list[Tensor | None] = [None] * len(views)
     wanted = [i for i, v in enumerate(views) if _needs_own_old(v, learner, cfg)]
+    if shards is not None:
+        lo, hi = shards.bounds(len(wanted))
+        mine = _old_token_logps(model, [views[i] for i in wanted[lo:hi]], pad_id, learner, cfg) if hi > lo else []
+        for part in shards.all_gather([(wanted[lo + j], t) for j, t in enumerate(mine)]):
+            for i, t in part:
+                out[i] = t
+        return out
     with torch.no_grad():
         for start in range(0, len(wanted), 256):
             chunk = wanted[start:start + 256]
