@@ -293,9 +293,10 @@ class Journal(JournalReads):
                 (r.participant_id, r.round_id, r.content_hash, r.nonce, r.n_bytes, r.received_at),
             )
             seq = int(cur.lastrowid)
+            encoded: dict = {}  # each distinct prompt encoded once (trajectory_row)
             db.executemany(
                 "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                [trajectory_row(seq, r.round_id, a) for a in r.accepted],
+                [trajectory_row(seq, r.round_id, a, encoded) for a in r.accepted],
             )
             db.executemany(
                 "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, at) "

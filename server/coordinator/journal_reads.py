@@ -33,15 +33,20 @@ class JournalReads:
                 "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx",
                 (round_id,),
             ).fetchall()
-        return tuple(trajectory_from_row(r) for r in rows)
+        parsed: dict[str, tuple] = {}
+        return tuple(trajectory_from_row(r, parsed) for r in rows)
 
     def submitters(self, round_id: int) -> dict[str, int]:
         """participant -> number of accepted trajectories, for everyone with a recorded submission."""
         with self._lock:
+            # Counted through the round index (a trajectory's round is its submission's): joining on
+            # submission_seq alone made SQLite build a temporary index over every trajectory of the
+            # run at each call, which grew with the journal (bench/coordinator_scale.py).
             rows = self._db.execute(
-                "SELECT s.participant_id, COUNT(t.trajectory_id) FROM submissions s "
-                "LEFT JOIN trajectories t ON t.submission_seq = s.seq WHERE s.round_id=? GROUP BY s.participant_id",
-                (round_id,),
+                "SELECT s.participant_id, COALESCE(SUM(c.n), 0) FROM submissions s LEFT JOIN "
+                "(SELECT submission_seq, COUNT(*) AS n FROM trajectories WHERE round_id=? GROUP BY submission_seq) c "
+                "ON c.submission_seq = s.seq WHERE s.round_id=? GROUP BY s.participant_id",
+                (round_id, round_id),
             ).fetchall()
         return {r[0]: int(r[1]) for r in rows}
 

@@ -200,9 +200,18 @@ def participant_record(row: sqlite3.Row) -> ParticipantRecord:
     )
 
 
-def trajectory_row(seq: int, round_id: int, a: AcceptedTrajectory) -> tuple:
+def trajectory_row(
+    seq: int, round_id: int, a: AcceptedTrajectory, encoded: dict[tuple[ChatMessage, ...], str] | None = None,
+) -> tuple:
+    """The row of an accepted trajectory. `encoded`: prompts already encoded by this insert, reused
+    (a group's G samples carry the same prompt, so a submission has only prompts-per-round
+    distinct ones); the JSON is the same either way."""
     t = a.trajectory
-    prompt = json.dumps([m.as_dict() for m in t.prompt], ensure_ascii=False)
+    prompt = None if encoded is None else encoded.get(t.prompt)
+    if prompt is None:
+        prompt = json.dumps([m.as_dict() for m in t.prompt], ensure_ascii=False)
+        if encoded is not None:
+            encoded[t.prompt] = prompt
     return (
         t.trajectory_id, seq, t.source_id, round_id, t.prompt_id, a.prompt_pos, a.idx, prompt, t.response_text,
         float(t.reward), float(a.claimed_reward), float(t.source_logp_sum), t.source_token_count, t.finish_reason,
@@ -210,13 +219,21 @@ def trajectory_row(seq: int, round_id: int, a: AcceptedTrajectory) -> tuple:
     )
 
 
-def trajectory_from_row(row: sqlite3.Row) -> Trajectory:
+def trajectory_from_row(row: sqlite3.Row, parsed: dict[str, tuple[ChatMessage, ...]] | None = None) -> Trajectory:
+    """The trajectory of a row. `parsed`: prompts already read by this query, shared (every lab of a
+    round answers the same prompts, so a pool of N labs holds each prompt once, not N x G times)."""
+    text = row["prompt_json"]
+    prompt = None if parsed is None else parsed.get(text)
+    if prompt is None:
+        prompt = tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(text))
+        if parsed is not None:
+            parsed[text] = prompt
     return Trajectory(
         trajectory_id=row["trajectory_id"],
         prompt_id=row["prompt_id"],
         source_id=row["participant_id"],
         policy_version=row["policy_version"],
-        prompt=tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(row["prompt_json"])),
+        prompt=prompt,
         response_text=row["response_text"],
         reward=row["reward"],
         source_logp_sum=row["source_logp_sum"],

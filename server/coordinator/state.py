@@ -238,8 +238,8 @@ class Coordinator(SubmissionIntake):
                 record = self.journal.round(pool_round)
                 if record is None or record.state == "OPEN":
                     raise CoordinatorStateError(f"round {pool_round} must be closed before its pool is published")
-                if pool_round not in self._pools:
-                    self._pools[pool_round] = self.journal.pool(pool_round)
+                if pool_round not in self._pools:  # only the latest: memory does not grow with the rounds
+                    self._pools = {pool_round: self.journal.pool(pool_round)}
                 pool = self._pools[pool_round]
                 capabilities = {pid: 1.0 for pid in active} | dict(record.capabilities or {})
             next_plan = None

@@ -205,10 +205,20 @@ def _judge_group(
                 rejected.append(Rejection(t.trajectory_id, ErrorCode.GROUP_REJECTED, detail))
         return [], rejected
     accepted = [
-        AcceptedTrajectory(dataclasses.replace(t.without_local_ids(), reward=v), float(t.reward), pos, idx)
+        AcceptedTrajectory(_with_reward(t.without_local_ids(), v), float(t.reward), pos, idx)
         for idx, ((t, _), v) in enumerate(zip(samples, verified))
     ]
     return accepted, []
+
+
+def _with_reward(t: Trajectory, reward: float) -> Trajectory:
+    """`t` carrying the verified `reward`. When its claim already is exactly that float (the usual
+    case for an accepted sample: honest labs claim the 0.0 or 1.0 their own verifier gave), `t`
+    itself: `dataclasses.replace` would build an equal copy and re-run every check of
+    `Trajectory.__post_init__`, a tenth of a sample's judging time (bench/coordinator_scale.py)."""
+    if type(t.reward) is float and t.reward == reward and math.copysign(1.0, t.reward) == math.copysign(1.0, reward):
+        return t
+    return dataclasses.replace(t, reward=reward)
 
 
 def _verified_reward(task: Task, problem: Any, t: Trajectory) -> float:

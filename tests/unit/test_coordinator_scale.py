@@ -7,8 +7,10 @@ consistent with each other (no assertion on how fast anything is).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -70,3 +72,90 @@ def test_bad_sizes_are_refused_with_the_name_of_the_setting(bench) -> None:
     with pytest.raises(ValueError, match="ScaleConfig.rounds"):
         bench.ScaleConfig(labs=2, rounds=1)
     assert bench.main(["--labs", "4,x"]) == 2
+
+
+# ---- the coordinator hot spots the bench found: same results, less work -----------------------------
+
+OLD_SUBMITTERS = ("SELECT s.participant_id, COUNT(t.trajectory_id) FROM submissions s "
+                  "LEFT JOIN trajectories t ON t.submission_seq = s.seq WHERE s.round_id=? GROUP BY s.participant_id")
+
+
+def _two_rounds(tmp_path: Path):
+    """A journal with two closed rounds: an honest lab, a cheat whose falsified groups are rejected,
+    a lab with nothing accepted (every sample a wrong reward), then a purge of the cheat's round 1."""
+    from tests.unit.test_coordinator_fakes import make_coordinator, scripted_submission, scripted_trajectories
+
+    coord = make_coordinator(tmp_path, rounds=2, expected_participants=3, min_participants=1, max_strikes=99)
+    for pid in ("a", "b", "c"):
+        coord.register(pid)
+    for round_id in range(2):
+        plan = coord.open_round(round_id)
+        coord.submit(scripted_submission(plan, "a"))
+        coord.submit(scripted_submission(plan, "b", falsify=1))
+        lies = [dataclasses.replace(t, reward=1.0 - t.reward) for t in scripted_trajectories(plan, "c")]
+        coord.submit(scripted_submission(plan, "c", trajectories=lies))
+        coord.close_round("quorum")
+    coord.journal.purge("b", 1, 0.0, "test")
+    return coord
+
+
+def test_submitters_counts_as_the_join_over_every_trajectory_did(tmp_path: Path) -> None:
+    coord = _two_rounds(tmp_path)
+    for round_id in (0, 1, 2):
+        old = {r[0]: int(r[1]) for r in coord.journal._db.execute(OLD_SUBMITTERS, (round_id,))}
+        assert coord.journal.submitters(round_id) == old
+    assert coord.journal.submitters(0) == {"a": 6, "b": 3, "c": 0}  # b lost the falsified group, c everything
+    statements: list[str] = []
+    coord.journal._db.set_trace_callback(statements.append)
+    coord.journal.submitters(1)
+    coord.journal._db.set_trace_callback(None)
+    plan = [r[-1] for r in coord.journal._db.execute("EXPLAIN QUERY PLAN " + statements[-1])]
+    # through the round index, not a temporary index built over every trajectory of the run
+    assert any("trajectories_round" in step for step in plan), plan
+    assert not any(step.startswith("SEARCH t USING AUTOMATIC") for step in plan), plan
+
+
+def test_pool_rows_share_each_prompt_and_equal_fresh_parses(tmp_path: Path) -> None:
+    from hacfed.server.coordinator.journal_schema import trajectory_from_row
+
+    coord = _two_rounds(tmp_path)
+    pool = coord.journal.pool(0)
+    coord.journal._db.row_factory = sqlite3.Row
+    rows = coord.journal._db.execute(
+        "SELECT * FROM trajectories WHERE round_id=0 AND purged=0 ORDER BY participant_id, prompt_pos, idx").fetchall()
+    assert pool == tuple(trajectory_from_row(r) for r in rows) and len(pool) == 9
+    assert len({id(t.prompt) for t in pool}) == len({t.prompt_id for t in pool}) == 2  # one tuple per prompt
+    assert [t.source_id for t in coord.journal.pool(1)] == ["a"] * 6  # the purge still applies
+
+
+def test_trajectory_rows_are_the_same_with_the_prompt_cache() -> None:
+    from hacfed.server.coordinator.journal_schema import trajectory_row
+    from hacfed.server.coordinator.validation import AcceptedTrajectory
+    from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_trajectories
+    from hacfed.server.coordinator.plan import make_plan
+
+    plan = make_plan(make_config(Path("unused")), TASK, 0)
+    accepted = [AcceptedTrajectory(t, t.reward, i // 3, i % 3) for i, t in enumerate(scripted_trajectories(plan, "a"))]
+    cache: dict = {}
+    assert [trajectory_row(7, 0, a, cache) for a in accepted] == [trajectory_row(7, 0, a) for a in accepted]
+    assert len(cache) == len(plan.prompts)
+
+
+def test_an_accepted_claim_is_kept_only_when_it_already_is_the_verified_float() -> None:
+    from hacfed.server.coordinator.validation import _with_reward
+    from hacfed.trajectory import ChatMessage, Trajectory
+
+    t = Trajectory("t", "p", "a", 0, (ChatMessage("user", "q"),), "1", 1.0, -1.0, 1, "stop")
+    assert _with_reward(t, 1.0) is t
+    for claim, verified in ((1, 1.0), (-0.0, 0.0), (0.9999999, 1.0)):
+        out = _with_reward(dataclasses.replace(t, reward=claim), verified)
+        assert type(out.reward) is float and repr(out.reward) == repr(verified) and out == dataclasses.replace(t, reward=verified)
+
+
+def test_the_coordinator_keeps_only_the_latest_pool_in_memory(tmp_path: Path) -> None:
+    coord = _two_rounds(tmp_path)
+    first = coord.make_update(1)
+    assert len(first.pool) == 9 and first.pool_round == 0
+    coord.make_update(2)
+    assert list(coord._pools) == [1]
+    assert coord.make_update(1).pool == first.pool  # an older pool is read back from the journal
