@@ -17,6 +17,7 @@ import html
 import io
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -57,7 +58,12 @@ def chart_png(chart: Chart, size: tuple[float, float] = (5.2, 3.4)) -> bytes:
 def _figure(chart: Chart) -> str:
     data = base64.b64encode(chart_png(chart)).decode("ascii")
     return (f'<figure><img alt="{html.escape(chart.title)}" src="data:image/png;base64,{data}">'
-            f"<figcaption><b>{html.escape(chart.title)}</b>: {html.escape(chart.caption)}</figcaption></figure>")
+            f"<figcaption><b>{html.escape(chart.title)}</b>: {_code(html.escape(chart.caption))}</figcaption></figure>")
+
+
+def _code(text: str) -> str:
+    """`key` in a caption as <code>key</code> (captions name the metrics keys they plot)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -129,3 +129,31 @@ def test_sim_tensorboard_without_the_package_exits_2(monkeypatch: pytest.MonkeyP
     code = main(["sim", "--agents", "tiny-llama", "--rounds", "1", "--tensorboard", str(tmp_path / "tb")])
     err = capsys.readouterr().err
     assert code == 2 and "--tensorboard needs the tensorboard package" in err
+
+
+def test_wandb_sink_logs_the_same_scalars_at_step_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against a stand-in `wandb` module (hacfed does not install wandb): project, run name, and
+    log(scalars, step=round) with the JSONL keys."""
+    import sys
+    import types
+
+    calls: list[tuple] = []
+
+    class Run:
+        def log(self, data: dict, step: int) -> None:
+            calls.append(("log", data, step))
+
+        def finish(self) -> None:
+            calls.append(("finish",))
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: calls.append(("init", kw)) or Run()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "wandb" else real(n, *a))
+    logger = open_logger(wandb_project="hacfed-test", run_name="lab-a")
+    logger.write(ROWS[1])
+    logger.close()
+    assert calls[0] == ("init", {"project": "hacfed-test", "name": "lab-a", "config": {}})
+    assert calls[1] == ("log", scalar_items(ROWS[1]), 1) and "train/cross/lab-b/ratio_p50" in calls[1][1]
+    assert calls[2] == ("finish",)
