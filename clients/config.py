@@ -38,6 +38,7 @@ class ClientConfig:
     stay: keep serving after the coordinator closed the run (default: exit 0 then).
     idle_poll_s: SuperNode poll interval.
     keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back.
+    nproc: data-parallel processes training the model (hacfed.clients.distributed); rank 0 is hacfed-client.
     tensorboard: a directory for TensorBoard event files of every step's metrics; wandb: a W&B
     project for them (hacfed.metrics_sinks; the lab's own STATE/metrics.jsonl is always written).
 
@@ -62,6 +63,7 @@ class ClientConfig:
     stay: bool = False
     idle_poll_s: float = 0.5
     keep_checkpoints: int = 3
+    nproc: int = 1
     tensorboard: Path | None = None
     wandb: str | None = None
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
@@ -118,6 +120,10 @@ class ClientConfig:
         if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
             _bad("keep_checkpoints", self.keep_checkpoints, "an integer >= 2")
         self._check_metrics_sinks()
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
+            _bad("nproc", self.nproc, "an integer in 1..64")
+        if self.nproc > 1 and self.rollout_backend != "hf":
+            _bad("nproc", self.nproc, "1 with rollout_backend 'vllm' (a vLLM engine is one process)")
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))
@@ -142,7 +148,7 @@ class ClientConfig:
         """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""
         out: dict[str, Any] = {"finetune": self.finetune, "device": self.device, "rollout_backend": self.rollout_backend,
                                "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints"),
-                               "keep_checkpoints": self.keep_checkpoints}
+                               "keep_checkpoints": self.keep_checkpoints, "nproc": self.nproc}
         optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,
                     "eval_problems": self.eval_problems, "minibatch_size": self.minibatch_size}
         out.update({k: v for k, v in optional.items() if v is not None})

@@ -38,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -156,12 +156,25 @@ class _Rank:
 class RankGroup:
     """Rank 0's side: starts the other ranks, sends them each command, gathers their results."""
 
-    def __init__(self, ranks: list[_Rank], shards: Shards, timeout_s: float) -> None:
+    def __init__(self, ranks: list[_Rank], shards: Shards, timeout_s: float,
+                 on_failure: Callable[[RankFailure], None] | None = None) -> None:
         self._ranks = ranks
         self.shards = shards
         self.timeout_s = timeout_s
         self._closed = False
+        self._on_failure = on_failure
         atexit.register(self.close)
+        if on_failure is not None:  # a rank that dies while the lab waits for its next round
+            threading.Thread(target=self._watch, name="hacfed-rank-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._closed:
+            if self._dead():
+                time.sleep(0.5)  # close() may be stopping them right now
+                if not self._closed:
+                    self._report(self._failure("waiting for the next round"))
+                return
+            time.sleep(1.0)
 
     @property
     def world(self) -> int:
@@ -176,8 +189,16 @@ class RankGroup:
             time.sleep(0.5)
             dead = self._dead()
         who = "; ".join(r.describe() for r in dead) or f"no rank exited ({exc})"
-        return RankFailure(f"data-parallel training failed while {doing}: {who}; stopping the lab "
-                           "(run the same command to resume from the last checkpoint)")
+        failure = RankFailure(f"data-parallel training failed while {doing}: {who}; stopping the lab "
+                              "(run the same command to resume from the last checkpoint)")
+        if doing != "waiting for the next round":
+            self._report(failure)
+        return failure
+
+    def _report(self, failure: RankFailure) -> None:
+        on_failure, self._on_failure = self._on_failure, None  # once, from whichever thread saw it first
+        if on_failure is not None:
+            on_failure(failure)
 
     def _command(self, doing: str, payload: Any) -> None:
         if self._closed:
@@ -246,6 +267,14 @@ class RankGroup:
             dist.destroy_process_group()
 
 
+def stop_this_process(failure: RankFailure) -> None:
+    """hacfed-client's reaction to a failed rank: say why, then stop the way Ctrl-C or SIGTERM does
+    (its supervisor ends the SuperNode, and the ranks are closed at exit), instead of answering
+    every later round with an error."""
+    print(f"hacfed-client: error: {failure}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pid, sig)  # each rank leads its own process group (start_new_session)
@@ -265,9 +294,12 @@ def _uses_cuda(participants: Sequence[Participant]) -> bool:
 
 
 def start_ranks(nproc: int, participants: Sequence[Participant], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                python: str = sys.executable) -> RankGroup:
+                python: str = sys.executable, on_failure: Callable[[RankFailure], None] | None = None) -> RankGroup:
     """Start ranks 1..nproc-1 with replicas of `participants` (their current weights, reference and
-    optimizer state, so a resumed lab continues exactly), and join them in one process group."""
+    optimizer state, so a resumed lab continues exactly), and join them in one process group.
+
+    on_failure(failure) runs when a rank is found dead (also between rounds, watched every second),
+    before the failing call raises; None: only the call raises."""
     check_nproc(nproc)
     if nproc < 2:
         raise ValueError("start_ranks needs nproc >= 2 (one process trains without torch.distributed)")
@@ -316,7 +348,7 @@ def start_ranks(nproc: int, participants: Sequence[Participant], *, timeout_s: f
     finally:
         handoff.unlink(missing_ok=True)
         handoff_dir.rmdir()
-    return RankGroup(ranks, shards, timeout_s)
+    return RankGroup(ranks, shards, timeout_s, on_failure)
 
 
 def _wait_ready(store: Any, ranks: list[_Rank], timeout_s: float) -> None:

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--minibatch-size", type=int, help="samples per optimizer step (default: prompts x G / 2, "
                         "half of one source's samples: the paper's two updates per source)")
     parser.add_argument("--seed", type=int, help="local seed for sampling and initialisation (default: 0)")
+    parser.add_argument("--nproc", type=int, help="processes that train this lab's model data-parallel "
+                        "(torch.distributed DDP: gloo on CPU, NCCL on CUDA, one device per process); this process is "
+                        "rank 0 and alone talks to the coordinator (default: 1)")
     parser.add_argument("--stay", action="store_true", default=None,
                         help="keep serving after the coordinator closed the run (default: off: exit 0 once the "
                              "coordinator has recorded this lab's final report)")
@@ -85,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 NAMES = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
          "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
-         "stay", "tensorboard", "wandb")
+         "stay", "tensorboard", "wandb", "nproc")
 REPLAY_SERVER = "127.0.0.1:1"  # replay talks to nobody: --server may be left out (a valid placeholder address)
 
 

@@ -120,9 +120,9 @@ class Participant:
         loaded = load_model(cfg.model, device=cfg.device, progress=sys.stderr.isatty())
         participant = cls(cfg, loaded.model, loaded.tokenizer, task)
         if cfg.nproc > 1:  # after a resume, so the other ranks start from the restored state
-            from hacfed.clients.distributed import start_ranks
+            from hacfed.clients.distributed import start_ranks, stop_this_process
 
-            participant.attach_ranks(start_ranks(cfg.nproc, [participant]))
+            participant.attach_ranks(start_ranks(cfg.nproc, [participant], on_failure=stop_this_process))
         return participant
 
     def attach_ranks(self, ranks: Any) -> None:

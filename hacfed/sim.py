@@ -52,6 +52,7 @@ class SimConfig:
     state_dir: str | None = None
     eval_split: str = "test"
     eval_sampled: bool = False
+    nproc: int = 1  # data-parallel processes per agent's training and rollouts (hacfed.clients.distributed)
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -66,6 +67,8 @@ class SimConfig:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every!r}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
+            raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
 
 
 def participant_ids(agents: Sequence[str]) -> list[str]:
@@ -130,6 +133,13 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
             eval_sampled=cfg.eval_sampled,
         )
         endpoints.append(_Recorder(Participant(pcfg, loaded.model, loaded.tokenizer, task)))
+    ranks = None
+    if cfg.nproc > 1:  # one process group for all agents: every rank holds a replica of each
+        from hacfed.clients.distributed import start_ranks
+
+        ranks = start_ranks(cfg.nproc, [ep.inner for ep in endpoints])
+        for ep in endpoints:
+            ep.inner.attach_ranks(ranks)
 
     rows: list[dict] = []
     out = open(metrics_out, "w") if metrics_out else None
@@ -175,6 +185,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         bar.close()
         if out:
             out.close()
+        if ranks is not None:
+            ranks.close()
     return rows
 
 
@@ -227,6 +239,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="also write every row as TensorBoard scalars, one subdirectory per agent (needs tensorboard)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="data-parallel processes for each agent's training and rollouts (torch.distributed: gloo on "
+                        "CPU, NCCL on CUDA); 2 or more start child processes, each with OMP_NUM_THREADS=1 unless set")
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
@@ -237,6 +252,11 @@ def run_from_args(args: Any) -> int:
     except ValueError as exc:  # a bad option or model spec: a message, not a traceback
         print(f"hacfed sim: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a data-parallel rank died (--nproc): its name and exit, not a traceback
+        if type(exc).__name__ != "RankFailure":
+            raise
+        print(f"hacfed sim: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
@@ -246,7 +266,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         eval_problems=args.eval_problems, learning_rate=args.lr, finetune=args.finetune,
         task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
-        hacpo_overrides=parse_hacpo_overrides(args.hacpo),
+        hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

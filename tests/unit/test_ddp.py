@@ -73,6 +73,25 @@ def test_nproc_is_checked() -> None:
         ParticipantConfig("a", "tiny-llama", nproc=2, rollout_backend="vllm")
 
 
+def test_client_nproc_flag_reaches_the_participant_and_bad_values_exit_2(tmp_path, capsys) -> None:
+    from hacfed.clients.config import load_client_config
+    from hacfed.clients.main import main
+    from hacfed.keys import ensure_key_pair
+
+    key = ensure_key_pair(tmp_path / "server", "coordinator").public
+    argv = ["--participant-id", "lab-a", "--model", "tiny-llama", "--server", "127.0.0.1:9092", "--state-dir",
+            str(tmp_path / "lab-a"), "--coordinator-key", str(key), "--insecure"]
+    flags = {"participant_id": "lab-a", "model": "tiny-llama", "server": "127.0.0.1:9092",
+             "state_dir": str(tmp_path / "lab-a"), "coordinator_key": str(key), "insecure": True, "nproc": 2}
+    kwargs = load_client_config(None, flags).participant_kwargs()
+    assert kwargs["nproc"] == 2 and ParticipantConfig("lab-a", "tiny-llama", **kwargs).nproc == 2
+    assert main([*argv, "--nproc", "0"]) == 2
+    assert "ClientConfig.nproc must be an integer in 1..64, got 0" in capsys.readouterr().err
+    assert main([*argv, "--nproc", "2", "--rollout-backend", "vllm"]) == 2
+    assert "rollout_backend 'vllm'" in capsys.readouterr().err
+    assert not (tmp_path / "lab-a").exists()  # refused before any file was created
+
+
 # --- 2 ranks vs 1 process ----------------------------------------------------------------------
 
 
