@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py            # needs: pip install -e '.[bench]'
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --rounds 5 --json runs/trl-step.json
+    OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --task chain --model chain-llama --max-new-tokens 40
 
 One round of each side = one rollout of P prompts x G completions and U optimizer updates on them:
 
@@ -40,11 +41,25 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
+TASKS = ("add2", "chain")
+
+
+def make_task(name: str) -> Any:
+    if name == "chain":
+        from hacfed.tasks.chain import ChainTask
+
+        return ChainTask()
+    from hacfed.tasks.arithmetic import ArithmeticTask
+
+    return ArithmeticTask()
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     """What both sides share; every field reaches both (see `mismatches`)."""
 
     model: str = "tiny-llama"
+    task: str = "add2"  # add2: 2-digit addition (2-4 token answers); chain: worked 3-term chains (20-40)
     prompts: int = 16
     group_size: int = 8
     updates: int = 2
@@ -62,6 +77,8 @@ class BenchSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         if (self.prompts * self.group_size) % self.updates:
@@ -267,13 +284,12 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     from hacfed.models.loading import load_model
-    from hacfed.tasks.arithmetic import ArithmeticTask
     from hacfed.trajectory import messages_as_dicts
 
     torch.set_num_threads(1)
     # transformers' deprecation notices about TRL's gradient-checkpointing calls, once per step
     warnings.filterwarnings("ignore", category=FutureWarning)
-    task = ArithmeticTask()
+    task = make_task(s.task)
     rounds = round_problems(s, task)
     hacfed = HacfedSide(s, task)
     loaded = load_model(s.model, progress=False)  # a second copy of the same weights for TRL
@@ -337,6 +353,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchSettings, str | None]:
     d = BenchSettings()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=d.model, help=f"hacfed model preset (default {d.model})")
+    ap.add_argument("--task", default=d.task, choices=TASKS, help=f"default {d.task} (chain: use a chain-* model)")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per round (default {d.prompts})")
     ap.add_argument("--group-size", type=int, default=d.group_size, help=f"G (default {d.group_size})")
     ap.add_argument("--updates", type=int, default=d.updates, help=f"optimizer updates per round (default {d.updates})")
@@ -347,7 +364,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchSettings, str | None]:
     ap.add_argument("--json", default=None, help="also write the summary to this JSON file")
     a = ap.parse_args(argv)
     try:
-        s = BenchSettings(model=a.model, prompts=a.prompts, group_size=a.group_size, updates=a.updates,
+        s = BenchSettings(model=a.model, task=a.task, prompts=a.prompts, group_size=a.group_size, updates=a.updates,
                           max_new_tokens=a.max_new_tokens, rounds=a.rounds, warmup=a.warmup, seed=a.seed)
     except ValueError as exc:
         ap.error(str(exc))

@@ -146,9 +146,13 @@ def hacpo_update(
     # rollout engine, whose kernels may differ), so own ratios start at exactly 1. EOS-only samples
     # of other agents have no source summary and use the learner's own old log-prob too; so do all
     # of them in mode "sapo", which treats peers' text as the learner's own samples.
-    old_tokens = _old_token_logps(model, views, pad_id, learner, cfg, shards)
+    # Minibatch 0 trains on the pre-update policy, so in one process its training forward (detached)
+    # gives those old log-probs: only the later minibatches are scored ahead (ranks score all rows).
+    in_loop = min(settings.minibatch_size, len(views)) if shards is None else 0
+    deferred = [i for i in range(in_loop) if _needs_own_old(views[i], learner, cfg)]
+    old_tokens = _old_token_logps(model, views, pad_id, learner, cfg, shards, skip=in_loop)
     by_bytes = torch.tensor([_per_byte(v, learner, cfg) for v in views], dtype=torch.bool)
-    source_norm = _source_norms(views, old_tokens, by_bytes)
+    source_norm = _source_norms(views, old_tokens, by_bytes, pending=set(deferred))
     use_kl = reference is not None and cfg.kl_coef > 0
 
     trainee = shards.wrap(model) if shards is not None else model  # DDP averages the gradients
@@ -166,6 +170,9 @@ def hacpo_update(
         batch = views[idx]
         logp, mask = sequence_logprobs(trainee, [v.prompt_ids for v in batch], [v.response_ids for v in batch], pad_id)
         is_self = torch.tensor([v.is_self for v in batch], dtype=torch.bool, device=device)
+        if m == 0:  # the deferred rows are rows of this minibatch (one process: idx starts at 0)
+            for i in deferred:
+                old_tokens[i] = logp[i, : views[i].ratio_token_count].detach().float().cpu()
         if cfg.mode == "grpo":
             old = _pad_rows([old_tokens[i] for i in range(idx.start, idx.stop)], logp.shape[1], device)
             ratio_mask = _ratio_mask(logp, batch) * mask
@@ -173,6 +180,8 @@ def hacpo_update(
             local_count = float(ratio_mask.sum())  # DAPO's token-level normalisation
         else:
             learner_norm = _learner_norms(logp, batch, by_bytes[idx].to(device))  # (b,)
+            if m == 0 and deferred:  # the same token mean _source_norms takes: own ratios exactly 1
+                source_norm[deferred] = learner_norm.detach().cpu()[deferred]
             loss, metrics = hacpo_policy_loss(
                 learner_norm, source_norm[idx].to(device), advantages[idx].to(device), is_self,
                 omega[idx].to(device), m, cfg,
@@ -270,11 +279,12 @@ def _needs_own_old(view: TrainingView, learner: str, cfg: HacpoConfig) -> bool:
 
 
 def _old_token_logps(model: Any, views: Sequence[TrainingView], pad_id: int, learner: str,
-                     cfg: HacpoConfig, shards: Shards | None = None) -> list[Tensor | None]:
+                     cfg: HacpoConfig, shards: Shards | None = None, skip: int = 0) -> list[Tensor | None]:
     """Per view, the learner's current (pre-update) log-probs of its ratio tokens, where needed;
-    with `shards` each rank scores its share and the shares are all-gathered."""
+    with `shards` each rank scores its share and the shares are all-gathered. The first `skip`
+    views are left None (the caller scores them in its first training forward)."""
     out: list[Tensor | None] = [None] * len(views)
-    wanted = [i for i, v in enumerate(views) if _needs_own_old(v, learner, cfg)]
+    wanted = [i for i, v in enumerate(views) if i >= skip and _needs_own_old(v, learner, cfg)]
     if shards is not None:
         lo, hi = shards.bounds(len(wanted))
         mine = _old_token_logps(model, [views[i] for i in wanted[lo:hi]], pad_id, learner, cfg) if hi > lo else []
@@ -292,11 +302,15 @@ def _old_token_logps(model: Any, views: Sequence[TrainingView], pad_id: int, lea
     return out
 
 
-def _source_norms(views: Sequence[TrainingView], old_tokens: Sequence[Tensor | None], by_bytes: Tensor) -> Tensor:
-    """(N,) the "old" side of each sample's sequence log-ratio, in the unit the ratio uses."""
+def _source_norms(views: Sequence[TrainingView], old_tokens: Sequence[Tensor | None], by_bytes: Tensor,
+                  pending: set[int] = frozenset()) -> Tensor:
+    """(N,) the "old" side of each sample's sequence log-ratio, in the unit the ratio uses; rows in
+    `pending` are NaN until the caller fills them."""
     out = torch.empty(len(views))
     for i, v in enumerate(views):
-        if old_tokens[i] is not None:
+        if i in pending:
+            out[i] = math.nan
+        elif old_tokens[i] is not None:
             out[i] = old_tokens[i].mean()
         elif bool(by_bytes[i]):
             out[i] = v.source_logp_sum / v.text_bytes

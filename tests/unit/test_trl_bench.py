@@ -83,6 +83,8 @@ def test_settings_refuse_an_uneven_split(bench):
         bench.BenchSettings(prompts=5, group_size=3)
     with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
         bench.BenchSettings(rounds=0)
+    with pytest.raises(ValueError, match=r"task must be one of \['add2', 'chain'\], got 'gsm8k'"):
+        bench.BenchSettings(task="gsm8k")
 
 
 def test_summarize_rates_and_ratios(bench):
@@ -103,14 +105,14 @@ def test_summarize_refuses_unpaired_rounds(bench):
         bench.summarize([0.0], [1.0], 8)
 
 
-def test_round_problems_are_distinct_and_seeded(bench):
-    from hacfed.tasks.arithmetic import ArithmeticTask
-
-    s = bench.BenchSettings(prompts=4, group_size=2, rounds=3, warmup=1)
-    rounds = bench.round_problems(s, ArithmeticTask())
+@pytest.mark.parametrize("task", ["add2", "chain"])
+def test_round_problems_are_distinct_and_seeded(bench, task):
+    s = bench.BenchSettings(task=task, prompts=4, group_size=2, rounds=3, warmup=1)
+    rounds = bench.round_problems(s, bench.make_task(task))
     ids = [p.prompt_id for r in rounds for p in r]
     assert [len(r) for r in rounds] == [4, 4, 4, 4] and len(set(ids)) == 16
-    assert ids == [p.prompt_id for r in bench.round_problems(s, ArithmeticTask()) for p in r]
+    assert ids == [p.prompt_id for r in bench.round_problems(s, bench.make_task(task)) for p in r]
+    assert type(bench.make_task(task)).__name__ == {"add2": "ArithmeticTask", "chain": "ChainTask"}[task]
 
 
 def test_missing_trl_is_a_clear_message_and_exit_2(bench, monkeypatch, capsys):
@@ -119,3 +121,39 @@ def test_missing_trl_is_a_clear_message_and_exit_2(bench, monkeypatch, capsys):
         bench.main(["--rounds", "1"])
     assert exc.value.code == 2
     assert "pip install -e '.[bench]'" in capsys.readouterr().err
+
+
+def test_local_step_scores_old_logprobs_ahead_only_for_later_minibatches(monkeypatch):
+    """The speed-up the bench measures: minibatch 0 trains on the pre-update policy, so its old
+    log-probs come from its own training forward; only minibatches 1.. are scored ahead."""
+    import torch
+
+    from hacfed.clients import update
+    from hacfed.clients.participant import Participant
+    from hacfed.hacpo_config import HacpoConfig
+    from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
+    from hacfed.models.zoo import build_untrained
+    from hacfed.tasks.arithmetic import ArithmeticTask
+
+    task = ArithmeticTask()
+    model, tok = build_untrained("tiny-llama", seed=0)
+    p = Participant(ParticipantConfig("a", "tiny-llama", minibatch_size=4, learning_rate=1e-3), model, tok, task)
+    hacpo = HacpoConfig(mode="gspo", kl_coef=0.0)
+    problems = task.train_problems()[:2]
+    plan = RoundPlan("run", 0, tuple(PlannedPrompt(q.prompt_id, q.messages) for q in problems), 4,
+                     SamplingParams(max_new_tokens=6), hacpo)
+    trajectories = p.rollout(plan)
+    pool = tuple(type(t)(**{**t.without_local_ids().__dict__, "reward": float(i % 2)}) for i, t in enumerate(trajectories))
+    calls = []
+    real = update.sequence_logprobs
+
+    def counting(model, prompts, responses, pad_id):
+        calls.append((len(prompts), torch.is_grad_enabled()))
+        return real(model, prompts, responses, pad_id)
+
+    monkeypatch.setattr(update, "sequence_logprobs", counting)
+    before = [x.detach().clone() for x in p.model.parameters()]
+    metrics = p.train_on_pool(RoundUpdate("run", 0, pool, {}, None, ("a",), hacpo))
+    assert calls == [(4, False), (4, True), (4, True)]  # old log-probs of rows 4..7 only, then 2 minibatches
+    assert metrics["num_updates"] == 2.0 and all(v == v for v in metrics.values())  # no NaN left behind
+    assert any(not torch.equal(a, b) for a, b in zip(before, p.model.parameters()))
