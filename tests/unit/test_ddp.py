@@ -104,17 +104,17 @@ def params(p: Participant) -> torch.Tensor:
     return torch.cat([x.detach().flatten() for x in p.model.parameters() if x.requires_grad])
 
 
-def mixed_pool(mode: str):
+def mixed_pool(mode: str, finetune: str = "full"):
     """A pool of both agents' rollouts with rewards forced to vary (non-zero advantages)."""
-    a, b = make("a", "tiny-llama"), make("b", "tiny-gpt2")
+    a, b = make("a", "tiny-llama", finetune=finetune), make("b", "tiny-gpt2")
     first = RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0, mode=mode), ("a", "b"))
     sa, sb = a.step(first), b.step(first)
     pool = [type(t)(**{**t.__dict__, "reward": float((i * 7) % 3 == 0)}) for i, t in enumerate(sa.trajectories + sb.trajectories)]
     return a, tuple(pool)
 
 
-def compare(mode: str, minibatch: int | None, updates: int) -> None:
-    a, pool = mixed_pool(mode)
+def compare(mode: str, minibatch: int | None, updates: int, finetune: str) -> None:
+    a, pool = mixed_pool(mode, finetune)
     if minibatch:
         a.cfg = dataclasses.replace(a.cfg, minibatch_size=minibatch)
     twin = copy.deepcopy(a)  # same weights, optimizer, reference and own-sample cache
@@ -144,13 +144,14 @@ def compare(mode: str, minibatch: int | None, updates: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, minibatch, updates", [
-    ("hacpo", None, 2),  # sequence-level loss, own + cross samples, KL; minibatch 8 -> shards 4 + 4
-    ("grpo", 5, 2),  # token-level loss; shards 3 + 2, so each rank's own token count differs
-    ("xhacpo", 1, 1),  # one-sample minibatches: rank 1 has no rows and must still join every backward
+@pytest.mark.parametrize("mode, minibatch, updates, finetune", [
+    ("hacpo", None, 2, "full"),  # sequence-level loss, own + cross samples, KL; minibatch 8 -> shards 4 + 4
+    ("grpo", 5, 2, "full"),  # token-level loss; shards 3 + 2, so each rank's own token count differs
+    ("xhacpo", 1, 1, "full"),  # one-sample minibatches: rank 1 has no rows and must still join every backward
+    ("hacpo", 7, 1, "lora"),  # only the adapter trains; the reference is the policy with it disabled
 ])
-def test_two_ranks_train_like_one_process(mode: str, minibatch: int | None, updates: int) -> None:
-    compare(mode, minibatch, updates)
+def test_two_ranks_train_like_one_process(mode: str, minibatch: int | None, updates: int, finetune: str) -> None:
+    compare(mode, minibatch, updates, finetune)
 
 
 @pytest.mark.slow
