@@ -46,6 +46,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--eval-every", type=int, default=10, help="greedy held-out evaluation every K rounds (0: only at the end)")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dashboard", metavar="HOST:PORT", default=None,
+                   help="hacfed-server --dashboard: the live read-only page at http://HOST:PORT/ (loopback only)")
     p.add_argument("--state-dir", default=None, help="where servers, labs and logs live (default: a temp dir, removed)")
     p.add_argument("--metrics-out", default="runs/demo-metrics.jsonl", help="JSONL metrics (default %(default)s)")
     p.add_argument("--plot", default="runs/demo-accuracy.png", help="PNG plot of accuracy per round (default %(default)s)")
@@ -72,6 +74,13 @@ def run_from_args(args: Any) -> int:
         try:
             require_tensorboard()
         except MissingPackage as exc:
+            problems.append(str(exc))
+    if getattr(args, "dashboard", None):
+        from hacfed.server.dashboard.bind import parse_dashboard_address
+
+        try:
+            parse_dashboard_address(args.dashboard)
+        except ValueError as exc:
             problems.append(str(exc))
     if problems:
         for p in problems:
@@ -127,7 +136,7 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
         with ProcessSupervisor(grace_s=10) as sup:
             server = sup.start(
                 [str(bindir / "hacfed-server"), "--config", str(config), *server_tls, "--listen", "127.0.0.1:0",
-                 "--metrics-out", str(metrics_out)],
+                 "--metrics-out", str(metrics_out), *(["--dashboard", args.dashboard] if args.dashboard else [])],
                 env=env, log_path=root / "server.log", name="hacfed-server",
             )
             address = _wait_ready(root / "server.log", server, timeout_s=300)

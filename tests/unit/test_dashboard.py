@@ -71,6 +71,16 @@ def test_hacfed_server_refuses_a_public_dashboard_in_one_line_before_any_file(tm
     assert not state.exists()
 
 
+def test_hacfed_demo_refuses_a_public_dashboard_before_starting_anything(tmp_path, capsys):
+    from hacfed.cli import main
+
+    state = tmp_path / "demo"
+    code = main(["demo", "--dashboard", "0.0.0.0:8080", "--state-dir", str(state)])
+    err = capsys.readouterr().err
+    assert code == 2 and "hacfed demo: error: --dashboard" in err and "not a loopback" in err
+    assert not state.exists()
+
+
 # -- a real journal -------------------------------------------------------------------------------
 
 

@@ -40,6 +40,15 @@
       (cur.extensions ? "; deadline extended " + cur.extensions + "x" : "");
   }
 
+  function drawSplit(times) {
+    const n = times.rounds.length;
+    if (!n) { el("round-split").textContent = ""; return; }
+    const i = n - 1;
+    el("round-split").textContent = "last timed round " + times.rounds[i] + ": " + fmt(times.wall[i], 1) + " s = " +
+      PARTS.map(function (p) { return p + " " + fmt(times[p][i], 1); }).join(" + ") +
+      (times.slowest[i] ? " (slowest: " + times.slowest[i] + ")" : "");
+  }
+
   function drawParticipants(list) {
     fillTable("participants", list, function (tr, p) {
       tr.dataset.participant = p.id;
@@ -60,7 +69,8 @@
   function drawCounts(c) {
     el("counts-text").textContent = "accepted " + c.accepted + ", rejected " + c.rejected +
       (c.rejected ? " (" + Object.keys(c.codes).map(function (k) { return k + " x" + c.codes[k]; }).join(", ") + ")" : "");
-    fillTable("codes", c.by_lab, function (tr, r) {
+    const rows = c.by_lab.length ? c.by_lab : [{ id: "-", code: "no rejections", n: 0 }];
+    fillTable("codes", rows, function (tr, r) {
       cell(tr, r.id === null ? "(unauthenticated)" : r.id);
       cell(tr, r.code);
       cell(tr, String(r.n), "num");
@@ -79,7 +89,7 @@
     }));
     const opts = { width: 640, height: 240, series: series,
                    scales: { x: { time: false }, y: range ? { range: range } : {} },
-                   axes: [{ label: "round" }, { label: yLabel }] };
+                   axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500] }, { label: yLabel }] };
     charts[id] = { key: key, plot: new uPlot(opts, data, holder) };
     holder.dataset.series = String(names.length);
   }
@@ -104,6 +114,7 @@
     drawParticipants(s.participants);
     drawCounts(s.counts);
     drawCharts(s.curves, s.times);
+    drawSplit(s.times);
     el("updated").textContent = "updated " + new Date(s.now * 1000).toLocaleTimeString();
     document.body.dataset.round = s.round.current ? String(s.round.current.id) : "";
   }

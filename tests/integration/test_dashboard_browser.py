@@ -1,0 +1,133 @@
+"""`hacfed demo --dashboard`: a real federation with the live page, loaded in headless Chromium.
+
+While the rounds run, Chromium loads the page, lets it poll (`--virtual-time-budget`), and dumps
+the DOM: a participants row per lab, a round number >= 1 and four uPlot charts with points. Then a
+screenshot, which must be a real picture (many colours); `HACFED_UPDATE_DOCS_IMG=1` copies it to
+docs/img/dashboard.png. Ctrl-C then stops the demo and every process it started, the dashboard's
+thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh installs
+Debian's `chromium` as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+HACFED = str(Path(sys.executable).parent / "hacfed")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+LABS = ("lab-a-llama", "lab-b-gpt2")
+_URL = re.compile(r"dashboard: (http://127\.0\.0\.1:\d+/)")
+
+
+def _leftovers(state: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["status", "cmdline"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if str(state) in cmd or any(str(state) in v for v in proc.environ().values()):
+                found.append(cmd[:120])
+        except psutil.Error:
+            continue
+    return found
+
+
+def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """Headless Chromium with its profile, home and caches in the test's temp dir."""
+    home = tmp / "chromium-home"
+    home.mkdir(exist_ok=True)
+    env = dict(os.environ, HOME=str(home), XDG_CONFIG_HOME=str(home / "config"), XDG_CACHE_HOME=str(home / "cache"))
+    cmd = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={home / 'profile'}",
+           "--no-first-run", "--disable-breakpad", "--disable-extensions", "--disable-sync",
+           "--window-size=1400,1800", "--virtual-time-budget=8000", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, start_new_session=True)
+
+
+def _get_state(url: str) -> dict:
+    with urllib.request.urlopen(url + "api/state", timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/bootstrap.sh apt-installs "
+                                             "Debian's chromium when run as root)")
+def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
+    state = tmp_path / "state"
+    demo = subprocess.Popen(
+        [HACFED, "demo", "--agents", "tiny-llama,tiny-gpt2", "--prompts-per-round", "2", "--group-size", "4",
+         "--eval-every", "2", "--rounds", "200", "--state-dir", str(state), "--metrics-out", str(tmp_path / "m.jsonl"),
+         "--plot", str(tmp_path / "p.png"), "--dashboard", "127.0.0.1:0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(demo.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        url, deadline = None, time.monotonic() + 900
+        while url is None and demo.poll() is None and time.monotonic() < deadline:
+            found = _URL.search("".join(lines))
+            url = found.group(1) if found else None
+            time.sleep(0.2)
+        assert url, "".join(lines)[-3000:]
+        live = {}
+        while time.monotonic() < deadline and demo.poll() is None:  # at least rounds 0 and 1 closed
+            live = _get_state(url)
+            if live["round"]["closed"] >= 2 and set(live["curves"]["labs"]) == set(LABS):
+                break
+            time.sleep(1)
+        assert live.get("round", {}).get("closed", 0) >= 2, "".join(lines)[-3000:]
+        assert {p["id"] for p in live["participants"] if p["connected"]} == set(LABS)
+
+        dom = _chromium(tmp_path, "--dump-dom", url)
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        for lab in LABS:
+            assert f'data-participant="{lab}"' in html, html[-3000:]
+        shown = re.search(r'<body[^>]*data-round="(\d+)"', html)
+        assert shown and int(shown.group(1)) >= 1, html[:2000]
+        assert html.count('class="uplot') >= 4  # the four charts were drawn
+        points = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="(chart-[a-z]+)"[^>]*data-points="(\d+)"', html)}
+        assert set(points) == {"chart-reward", "chart-capability", "chart-eval", "chart-times"}, points
+        assert all(n >= 2 for n in points.values()), points
+        assert "poll failed" not in html
+
+        shot = tmp_path / "dashboard.png"
+        result = _chromium(tmp_path, f"--screenshot={shot}", url)
+        assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+        data = shot.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 30_000
+        from PIL import Image
+
+        with Image.open(shot) as image:
+            assert image.size == (1400, 1800)
+            colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colours is not None and len(colours) > 200  # text, tables and coloured curves, not a blank page
+        if os.environ.get("HACFED_UPDATE_DOCS_IMG") == "1":
+            shutil.copyfile(shot, ROOT / "docs" / "img" / "dashboard.png")
+
+        demo.send_signal(signal.SIGINT)
+        demo.wait(timeout=300)
+        assert demo.returncode == 130
+        time.sleep(1)
+        assert _leftovers(state) == []
+        with pytest.raises(OSError):
+            _get_state(url)  # the dashboard stopped with hacfed-server
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
