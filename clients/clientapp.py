@@ -1,7 +1,9 @@
 """hacfed's Flower ClientApp: a stateless, torch-free relay to the resident participant.
 
-Runs on a lab's side: Flower runs this in a fresh `flwr-clientapp` process per message (started
-by the lab's SuperNode's `flower-superexec`), so it keeps no state and imports nothing heavy.
+Runs on a lab's side, in the lab's SuperNode process: hacfed's resident ClientApp runner
+(`hacfed.clients.clientapp_runner`) calls it for every message. It keeps no state and imports nothing
+heavy, which is what makes that safe, and also lets stock Flower run it in a fresh `flwr-clientapp`
+process per message (`HACFED_CLIENTAPP_ISOLATION=subprocess`, `hacfed.clients.supernode`).
 
 Message types (sent by the coordinator's `hacfed.server.serverapp`):
 - `query.hello`: names the participant (the SuperNode's node config `participant-id`) and

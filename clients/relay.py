@@ -1,11 +1,13 @@
-"""The bytes relay between Flower's ephemeral ClientApp and the resident participant process.
+"""The bytes relay between Flower's stateless ClientApp and the resident participant process.
 
 Runs on a lab's side, in two processes: `serve_participant` inside hacfed-client (the resident
-participant's local gRPC service), `relay_content` / `hello_content` inside each `flwr-clientapp`
-process that the lab's SuperNode starts (`hacfed.clients.clientapp`).
+participant's local gRPC service), `relay_content` / `hello_content` inside the lab's SuperNode
+process, where hacfed's ClientApp runner calls the ClientApp (`hacfed.clients.clientapp`; with
+stock Flower's isolation, in a fresh `flwr-clientapp` process per message).
 
-Why: Flower starts a fresh ClientApp process for every message, so models cannot live
-there. The ClientApp only moves opaque bytes: it takes `content["hacfed"]["payload"]`,
+Why: the model must not live in the SuperNode (nor in a ClientApp process that stock Flower starts
+per message), and the SuperNode process should stay small and torch-free. The ClientApp only moves
+opaque bytes: it takes `content["hacfed"]["payload"]`,
 calls the participant's local gRPC service `/hacfed.v1.ParticipantRelay/Exchange` on
 loopback (address from the SuperNode's `--node-config participant-address="127.0.0.1:P"`),
 and puts the reply bytes into the reply message. Bad input or an unreachable participant
@@ -14,7 +16,7 @@ crash. The gRPC handlers are generic with raw bytes (no codegen); the payload's 
 protobuf (the `Envelope`) is defined and parsed elsewhere. The record and config keys are
 shared with the coordinator's ServerApp in `hacfed.flower_protocol`.
 
-This module must stay torch-free: it runs in every ClientApp process.
+This module must stay torch-free: it runs in the SuperNode process (and in every `flwr-clientapp`).
 """
 
 from __future__ import annotations

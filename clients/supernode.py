@@ -1,34 +1,50 @@
-"""Start a lab's Flower SuperNode, with a shorter idle poll than stock Flower (hacfed-client's process).
+"""Start a lab's Flower SuperNode with hacfed's resident ClientApp runner and a shorter idle poll (hacfed-client's process).
 
 Runs in hacfed-client, which supervises the SuperNode as its child: the child is this module itself
 (`python -m hacfed.clients.supernode hacfed-supernode ...`), which runs the stock SuperNode with
-Flower's message cap lowered to hacfed's (`hacfed.flower_protocol.FLOWER_MAX_MESSAGE_BYTES`) and,
-unless `idle_poll_s` is None, a capped idle sleep and hacfed's reconnect backoff
-(`hacfed.clients.backoff`: 1 s x1.6, jitter, max 30 s, every attempt logged). Before the SuperNode starts, hacfed-client
-serves `hacfed.clients.relay.serve_participant(handler)` on 127.0.0.1. The coordinator's side
-(SuperLink, run submission) is `hacfed.server.superlink`.
+Flower's message cap lowered to hacfed's (`hacfed.flower_protocol.FLOWER_MAX_MESSAGE_BYTES`) and
+- with isolation "runner" (the default), Flower's `--isolation process` mode and, as a thread of the
+  same process, hacfed's ClientApp runner on its ClientAppIo API (`hacfed.clients.clientapp_runner`):
+  no `flower-superexec` polling every 1 s, no fresh `flwr-clientapp` process per message; isolation
+  "subprocess" (`$HACFED_CLIENTAPP_ISOLATION=subprocess`, for comparison) runs stock Flower's;
+- unless `idle_poll_s` is None, every sleep of the SuperNode loop capped (its fixed 3 s after an empty
+  pull, its 0.5 s while waiting for the reply; a reply from the runner ends the wait at once),
+  hacfed's reconnect backoff (`hacfed.clients.backoff`: 1 s x1.6, jitter, max 30 s, every attempt
+  logged) and a 20 ms first retry when it pulls a message's content that is still arriving
+  (`hacfed.flower_pulls`; Flower waits 1 s). These are the Flower internals still patched: flwr 1.32
+  has no option or environment variable for any of them (`tests/unit/test_flower_pins.py` fails on
+  an upgrade that changes them).
+Before the SuperNode starts, hacfed-client serves `hacfed.clients.relay.serve_participant(handler)`
+on 127.0.0.1. The coordinator's side (SuperLink, run submission) is `hacfed.server.superlink`.
 
 The exact command (with its own FLWR_HOME, FLWR_TELEMETRY_ENABLED=0, FLWR_DISABLE_UPDATE_CHECK=1,
 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1, this venv's bin first on PATH, in its own process
 group; the ClientAppIo port is read back from its log):
 
-    python -m hacfed.clients.supernode hacfed-supernode 0.5 16842752 \\
+    python -m hacfed.clients.supernode hacfed-supernode 0.5 16842752 runner \\
         --grpc-rere --superlink 127.0.0.1:9092 --clientappio-api-address 127.0.0.1:0 \\
-        --node-config NODE/node-config.toml --insecure      # or, with TLS and SuperNode auth:
+        --node-config NODE/node-config.toml --isolation process --insecure   # or, with TLS and SuperNode auth:
     #   --root-certificates ca.pem --auth-supernode-private-key STATE/supernode.key
     # node-config.toml:  participant-id = "lab-a"
     #                    participant-address = "127.0.0.1:50051"
-    # (`idle_poll_s=None`: "stock" instead of 0.5 keeps Flower's 3 s sleep and its reconnect backoff)
+    # (`idle_poll_s=None`: "stock" instead of 0.5 keeps Flower's 3 s sleep and its reconnect backoff;
+    #  isolation "subprocess": "subprocess" instead of "runner" and --isolation subprocess)
 
-Measured on 2 busy CPU cores, 2 SuperNodes, tiny payloads: one round trip takes ~5.0 s
-(median) with stock Flower and ~2.1-2.6 s with the 0.5 s SuperNode poll; what remains is the
-SuperNode's superexec (polls every 1 s) starting a fresh `flwr-clientapp` process per message.
+Where a message's time goes on this path (echo participants, 2 SuperNodes, 2 busy cores, one run
+each, poll 0.2 s): ~0.6-0.9 s per round trip with the runner against ~12 s with a fresh
+`flwr-clientapp` per message on the same loaded machine; the runner's own share is 30-90 ms. What is
+left is polling (the SuperNode's capped sleeps, the ServerApp's `poll-interval-s`) and, now and then,
+Flower's 1 s first retry when a message's content is pulled while its sender is still pushing it
+(docs/results.md, "Round time over Flower").
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,11 +53,26 @@ from types import ModuleType
 
 from hacfed.clients.backoff import install as install_backoff
 from hacfed.flower_protocol import FLOWER_MAX_MESSAGE_BYTES, ConfigValue, cap_flower_messages, to_toml
+from hacfed.flower_pulls import shorten_pull_retries
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor, flower_env, wait_for_log_line
 
 # SuperNode pull interval when idle (stock flwr: 3 s). Measured on 2 busy cores, 2 nodes:
 # ~5.0 s per round with stock Flower, ~2.1-2.6 s with 0.5 s.
 DEFAULT_IDLE_POLL_S = 0.5
+
+# How the SuperNode's ClientApp messages run (see the module docstring).
+RUNNER, SUBPROCESS = "runner", "subprocess"
+ISOLATION_ENV = "HACFED_CLIENTAPP_ISOLATION"
+_APPIO_LINE = "Starting ClientAppIo API on"  # flwr's log line naming the bound ClientAppIo address
+_REPLY_READY = threading.Event()  # set by the runner thread after each task (see `_speed_up`)
+
+
+def clientapp_isolation(env: Mapping[str, str]) -> str:
+    """`env[HACFED_CLIENTAPP_ISOLATION]`: "runner" (default) or "subprocess"; anything else is refused."""
+    value = env.get(ISOLATION_ENV, "").strip() or RUNNER
+    if value not in (RUNNER, SUBPROCESS):
+        raise ValueError(f"{ISOLATION_ENV} must be {RUNNER!r} or {SUBPROCESS!r}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -63,6 +94,7 @@ def start_supernode(
     auth_key: Path | None = None,
     clientappio_port: int = 0,
     idle_poll_s: float | None = DEFAULT_IDLE_POLL_S,
+    isolation: str | None = None,
     ready_timeout_s: float = 60.0,
 ) -> SuperNode:
     """Start `flower-supernode` and wait until it has registered with the SuperLink.
@@ -72,7 +104,9 @@ def start_supernode(
     ClientAppIo port, which is read back from its log. `idle_poll_s` replaces flwr's fixed
     3 s sleep between empty pulls (see `run_supernode`); None keeps the stock sleep.
     `auth_key`: the lab's SuperNode private key (`hacfed.enrolment`) for a SuperLink with SuperNode
-    authentication; the coordinator must have registered its public key.
+    authentication; the coordinator must have registered its public key. `isolation`: how ClientApp
+    messages run, `"runner"` (hacfed's resident runner, the default) or `"subprocess"` (stock Flower:
+    a SuperExec and a fresh `flwr-clientapp` per message); None reads `$HACFED_CLIENTAPP_ISOLATION`.
     """
     if insecure == (root_cert is not None):
         raise ValueError("pass insecure=True without root_cert, or insecure=False with root_cert")
@@ -84,14 +118,16 @@ def start_supernode(
     config_path.write_text(to_toml(node_config), encoding="utf-8")
     if idle_poll_s is not None and not idle_poll_s > 0:
         raise ValueError(f"idle_poll_s must be > 0 or None, got {idle_poll_s}")
+    isolation = clientapp_isolation(os.environ if isolation is None else {ISOLATION_ENV: isolation})
     program = [sys.executable, "-m", "hacfed.clients.supernode", "hacfed-supernode",
-               "stock" if idle_poll_s is None else repr(idle_poll_s), str(FLOWER_MAX_MESSAGE_BYTES)]
+               "stock" if idle_poll_s is None else repr(idle_poll_s), str(FLOWER_MAX_MESSAGE_BYTES), isolation]
     argv = [
         *program,
         "--grpc-rere",
         "--superlink", superlink_address,
         "--clientappio-api-address", f"127.0.0.1:{clientappio_port}",
         "--node-config", str(config_path),
+        "--isolation", "process" if isolation == RUNNER else "subprocess",
     ]
     argv += ["--insecure"] if root_cert is None else ["--root-certificates", str(root_cert)]
     if auth_key is not None:
@@ -109,17 +145,18 @@ def start_supernode(
     return SuperNode(proc, int(node.group(1)), appio.group(1), home)
 
 
-def run_supernode(idle_poll_s: float | None, max_message_bytes: int, argv: list[str]) -> None:
-    """Run `flower-supernode argv...` with its Fleet connection capped at `max_message_bytes` and,
-    unless `idle_poll_s` is None, every sleep of its main loop capped at `idle_poll_s` and hacfed's
-    reconnect backoff.
+def run_supernode(idle_poll_s: float | None, max_message_bytes: int, isolation: str, argv: list[str]) -> None:
+    """Run `flower-supernode argv...` with its Fleet connection capped at `max_message_bytes`, hacfed's
+    ClientApp runner on its ClientAppIo API (`isolation` "runner", with `--isolation process` in argv)
+    and, unless `idle_poll_s` is None, every sleep of its main loop capped at `idle_poll_s`, hacfed's
+    reconnect backoff and a 20 ms first retry for content still arriving (`hacfed.flower_pulls`).
 
     Why the sleep: flwr 1.32 sleeps a fixed 3 s after an empty pull, and since a SuperNode pulls
     right after pushing its reply, the next round's message almost always waits out that full
     sleep. There is no option for it, so this wraps the `time` module that
     `flwr.supernode.start_client_internal` sees. Why the cap: see
-    `hacfed.flower_protocol.cap_flower_messages`. The checks make a flwr upgrade that changes
-    either fail loudly instead of silently running with stock settings.
+    `hacfed.flower_protocol.cap_flower_messages`. The checks (and tests/unit/test_flower_pins.py)
+    make a flwr upgrade that changes either fail loudly instead of silently running with stock settings.
     """
     import flwr.supernode.start_client_internal as loop_module
     from flwr.supernode.cli import flower_supernode
@@ -127,8 +164,40 @@ def run_supernode(idle_poll_s: float | None, max_message_bytes: int, argv: list[
     cap_flower_messages(loop_module, [loop_module._init_connection], max_message_bytes)
     if idle_poll_s is not None:
         _speed_up(loop_module, idle_poll_s)
+        shorten_pull_retries(loop_module, [loop_module._pull_and_store_message])
+    if isolation == RUNNER:
+        _start_runner_when_serving()
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
+
+
+class _AppIoAddressWatch(logging.Handler):
+    """Starts hacfed's ClientApp runner once flwr logs the ClientAppIo API's bound address.
+
+    Why a log handler: the SuperNode binds the API (port 0: any free port) inside
+    `flower_supernode()`, which only returns when the node stops, and the bound address reaches the
+    outside only through that log line (the same line `start_supernode` reads from the log file).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.started = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.started or _APPIO_LINE not in str(record.msg) or not record.args:
+            return
+        from hacfed.clients.clientapp import app
+        from hacfed.clients.clientapp_runner import start_runner
+
+        self.started = True
+        # A finished task wakes the SuperNode loop from its (capped) sleep: it is waiting for that reply.
+        start_runner(str(record.args[-1]), app, on_task=lambda _outcome: _REPLY_READY.set())  # type: ignore[index]
+
+
+def _start_runner_when_serving() -> None:
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.addHandler(_AppIoAddressWatch())
 
 
 def _speed_up(loop_module: ModuleType, idle_poll_s: float) -> None:
@@ -144,7 +213,10 @@ def _speed_up(loop_module: ModuleType, idle_poll_s: float) -> None:
 
         @staticmethod
         def sleep(seconds: float) -> None:
-            time.sleep(min(seconds, idle_poll_s))
+            # Ends early when hacfed's runner has stored a reply (`_REPLY_READY`): the loop's wait for it
+            # (`time.sleep(0.5)` per check in flwr 1.32) then costs nothing; a stray wake only adds one pull.
+            if _REPLY_READY.wait(min(seconds, idle_poll_s)):
+                _REPLY_READY.clear()
 
     loop_module.time = _CappedSleepTime()  # type: ignore[assignment]
     # Reconnect with hacfed's backoff (1 s x1.6, jitter, max 30 s) and log every attempt (R5).
@@ -153,7 +225,8 @@ def _speed_up(loop_module: ModuleType, idle_poll_s: float) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4 or sys.argv[1] != "hacfed-supernode":
+    if len(sys.argv) < 5 or sys.argv[1] != "hacfed-supernode" or sys.argv[4] not in (RUNNER, SUBPROCESS):
         sys.exit("usage: python -m hacfed.clients.supernode hacfed-supernode SECONDS|stock MAX_BYTES "
-                 "[flower-supernode args]")
-    run_supernode(None if sys.argv[2] == "stock" else float(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+                 "runner|subprocess [flower-supernode args]")
+    run_supernode(None if sys.argv[2] == "stock" else float(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                  sys.argv[5:])

@@ -229,7 +229,8 @@ class RecordingDriver:
         self.open = False
 
     def finished(self) -> bool:
-        return self.round >= self.rounds and not self.open
+        held = self.hold_until is not None and not Path(self.hold_until).exists()
+        return self.round >= self.rounds and not self.open and not held
 
     def hello(self, node_id: int) -> bytes:
         return b"challenge"
@@ -342,6 +343,7 @@ class EchoDriver:
     def __init__(self, run_config: Mapping[str, object]) -> None:
         settings = json.loads(str(run_config["driver-config"]))
         self.rounds, self.expected, self.pad = settings["rounds"], settings["participants"], settings["pad"]
+        self.hold_until = settings.get("hold_until")  # a file: the run ends only once the test created it
         self.out = Path(str(run_config["state-dir"])) / "rounds.jsonl"
         self.round = 0
         self.open = False
@@ -351,7 +353,7 @@ class EchoDriver:
         self.started = 0.0
 
     def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
-        if len(participants) < self.expected:
+        if len(participants) < self.expected or self.round >= self.rounds:
             return None
         self.round += 1
         self.open, self.names, self.results = True, dict(participants), {}
@@ -382,7 +384,8 @@ class EchoDriver:
         self.open = False
 
     def finished(self) -> bool:
-        return self.round >= self.rounds and not self.open
+        held = self.hold_until is not None and not Path(self.hold_until).exists()
+        return self.round >= self.rounds and not self.open and not held
 
     def hello(self, node_id: int) -> bytes:
         return b"hello"
@@ -432,6 +435,9 @@ def _rounds(state_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (state_dir / "rounds.jsonl").read_text().splitlines()]
 
 
+HELLO_DOWN = r"hello to node \d+ failed: 'HACFED-E-PARTICIPANT-UNREACHABLE: 127\.0\.0\.1:1"
+
+
 @pytest.mark.slow
 def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
     from hacfed.clients.supernode import start_supernode
@@ -444,15 +450,26 @@ def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
         link = start_superlink(sup, tmp_path / "superlink", extra_env={"PYTHONPATH": str(REPO_ROOT)})
         addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
         addresses["lab-down"] = "127.0.0.1:1"  # nothing listens there: the relay must say so
-        # lab-a/lab-b poll every 0.5 s (hacfed's shim), lab-down runs the stock flower-supernode.
+        # lab-a/lab-b poll every 0.5 s (hacfed's shim) with hacfed's resident ClientApp runner; lab-down runs
+        # the stock flower-supernode: Flower's sleeps and a fresh flwr-clientapp per message.
         nodes = {
             name: start_supernode(sup, tmp_path / name, superlink_address=link.fleet_address,
                                   node_config={"participant-id": name, "participant-address": address},
-                                  idle_poll_s=None if name == "lab-down" else 0.5)
+                                  idle_poll_s=None if name == "lab-down" else 0.5,
+                                  isolation="subprocess" if name == "lab-down" else "runner")
             for name, address in addresses.items()
         }
+        release = tmp_path / "release"
         run = submit_run(sup, tmp_path / "cli", control_address=link.control_address,
-                         run_config=_run_config(tmp_path / "driver", rounds=2, participants=2, pad=pad))
+                         run_config=_run_config(tmp_path / "driver", rounds=2, participants=2, pad=pad,
+                                                hold_until=str(release)))
+        # lab-down (stock Flower, a fresh flwr-clientapp) may answer its hello after the fast labs finished
+        # both rounds: the run is held open until the ServerApp has logged that failed hello.
+        deadline = time.monotonic() + 300
+        log = run.process.log_path
+        while time.monotonic() < deadline and not (log.exists() and re.search(HELLO_DOWN, log.read_text("utf-8"))):
+            time.sleep(0.5)
+        release.touch()
         run_id, status = wait_for_run(run, timeout_s=300)
         stream = run.process.log_path.read_text(encoding="utf-8")
         # A second run on the same deployment whose driver cannot be built fails visibly
@@ -474,10 +491,18 @@ def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
             assert results[name]["ok"] is True, results[name]
             assert results[name]["head"].startswith(f"{name}:")
             assert results[name]["bytes"] == len(name) + 1 + payload_size
-    assert re.search(r"hello to node \d+ failed: 'HACFED-E-PARTICIPANT-UNREACHABLE: 127\.0\.0\.1:1", stream), stream
+    assert re.search(HELLO_DOWN, stream), stream
     assert sizes == {"lab-a": [len("hello"), len("round-1-lab-a|"), pad],
                      "lab-b": [len("hello"), len("round-1-lab-b|"), pad]}
-    # Every relay (a fresh flwr-clientapp process per message) reported torch not loaded.
+    # lab-a/lab-b ran every message (hello + 2 rounds) in their SuperNode's runner thread, no flwr-clientapp;
+    # lab-down's one hello went through stock Flower's flwr-clientapp.
+    for name in ("lab-a", "lab-b"):
+        node_log = (tmp_path / name / "supernode.log").read_text(encoding="utf-8")
+        assert len(re.findall(r"hacfed ClientApp runner: task \d+ \(\S+\) done", node_log)) == 3, node_log[-3000:]
+        assert "flwr-clientapp" not in node_log
+    down_log = (tmp_path / "lab-down" / "supernode.log").read_text(encoding="utf-8")
+    assert "flwr-clientapp" in down_log and "hacfed ClientApp runner" not in down_log
+    # Every relay (in the runner thread or a flwr-clientapp process) reported torch not loaded.
     relay_lines = re.findall(r"round \d+: node \d+ \((lab-[a-z]+)\) .*relay torch loaded: (\w+)", stream)
     assert sorted(name for name, _ in relay_lines) == sorted(["lab-a", "lab-b"] * 2)
     assert {flag for _, flag in relay_lines} == {"False"}
