@@ -36,15 +36,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
     from hacfed.clients.participant import Participant
+
     from hacfed.messages import RoundPlan, RoundUpdate
     from hacfed.trajectory import Trajectory
 
@@ -429,7 +431,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # rank 0 reports this rank's exit; the reason goes to stderr here
+    except Exception as exc:  # noqa: BLE001 - rank 0 reports this rank's exit; the reason goes to stderr here
         print(f"{tag}: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
 

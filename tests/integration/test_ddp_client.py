@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.test_federation_flower import Proc, _running_descendants, _still_running
+from tests.integration.test_federation_flower import (
+    Proc,
+    _running_descendants,
+    _still_running,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -14,9 +14,16 @@ import signal
 
 import pytest
 import torch
-
-from hacfed.clients.distributed import RankFailure, global_scale, rollout_seed, shard_bounds, start_ranks, sub_plan
+from hacfed.clients.distributed import (
+    RankFailure,
+    global_scale,
+    rollout_seed,
+    shard_bounds,
+    start_ranks,
+    sub_plan,
+)
 from hacfed.clients.participant import Participant, ParticipantConfig
+
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
 from hacfed.models.zoo import build_untrained
@@ -76,6 +83,7 @@ def test_nproc_is_checked() -> None:
 def test_client_nproc_flag_reaches_the_participant_and_bad_values_exit_2(tmp_path, capsys) -> None:
     from hacfed.clients.config import load_client_config
     from hacfed.clients.main import main
+
     from hacfed.keys import ensure_key_pair
 
     key = ensure_key_pair(tmp_path / "server", "coordinator").public
@@ -171,5 +179,26 @@ def test_two_ranks_roll_out_every_prompt_once_and_a_dead_rank_stops_the_lab() ->
         ranks._ranks[0].proc.wait()
         with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) exited with code -9"):
             p.train_on_pool(RoundUpdate("run", 2, pool, {"a": 0.5}, None, ("a",)))
+    finally:
+        ranks.close()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_during_training_fails_the_update_instead_of_hanging() -> None:
+    import threading
+
+    p = make("a", "tiny-llama")
+    ranks = start_ranks(2, [p], timeout_s=120)  # the bound if gloo did not notice the closed peer
+    try:
+        p.attach_ranks(ranks)
+        out = p.rollout(plan(0))
+        pool = tuple(type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(out))
+        victim = ranks._ranks[0].proc.pid
+        killer = threading.Timer(0.3, os.killpg, (victim, signal.SIGKILL))
+        killer.start()
+        with pytest.raises(RankFailure, match=rf"rank 1 \(pid {victim}\) exited with code -9"):
+            for r in range(50):  # many updates: the kill lands inside one
+                p.train_on_pool(RoundUpdate("run", r, pool, {"a": 0.5}, None, ("a",)))
+        killer.join()
     finally:
         ranks.close()
