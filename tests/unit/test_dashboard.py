@@ -277,3 +277,29 @@ def test_the_uvicorn_thread_serves_and_stops(federation):
     assert "hacfed-dashboard" not in {t.name for t in threading.enumerate()}
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(dashboard.url + "healthz", timeout=5)
+
+
+def test_hacfed_server_starts_the_dashboard_of_its_config_and_stops_it(tmp_path, federation):
+    from hacfed.server.config import load_server_config
+    from hacfed.server.runner import start_dashboard_of
+
+    state = Path(federation["sources"].journal).parent
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f'run_id = "test-run"\nrounds = 5\nprompts_per_round = 2\ngroup_size = 3\n'
+                      f'expected_participants = 2\nmin_participants = 1\nround_deadline_s = 100.0\n'
+                      f'state_dir = "{state}"\n[task]\nkind = "arithmetic"\ndigits = 2\n'
+                      f'[server]\ninsecure = true\ndashboard = "127.0.0.1:0"\n')
+    cfg = load_server_config(config)
+    dashboard = start_dashboard_of(cfg)
+    try:
+        with urllib.request.urlopen(dashboard.url + "api/state", timeout=30) as response:
+            data = json.loads(response.read())
+        assert data["run_id"] == "test-run" and data["round"]["total"] == 5 and data["round"]["closed"] == 2
+        assert {p["id"] for p in data["participants"]} == {"lab-a", "lab-b"}
+    finally:
+        dashboard.stop()
+    assert not dashboard.thread.is_alive()
+    with pytest.raises(ValueError, match="server.dashboard must be HOST:PORT"):
+        load_server_config(config, sets=['server.dashboard=""'])
+    config.write_text(config.read_text().replace('dashboard = "127.0.0.1:0"\n', ""))
+    assert start_dashboard_of(load_server_config(config)) is None  # off unless asked for
