@@ -471,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=8, help="G (default 8: 125 x 8 = 1,000 per lab)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per point (default 4; medians over 1..R-1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--nonplain-fraction", type=float, default=0.02,
+                        help="share of answers only math-verify decides, e.g. \\$72 (default 0.02)")
     parser.add_argument("--out", type=Path, help="write the JSON results here")
     parser.add_argument("--work-dir", type=Path, help="keep the journals here (default: a temporary folder)")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
@@ -490,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         counts = [int(x) for x in args.labs.split(",") if x.strip()]
         configs = [ScaleConfig(labs=n, prompts=args.prompts, group_size=args.group_size, rounds=args.rounds,
-                               seed=args.seed) for n in counts]
+                               seed=args.seed, nonplain_fraction=args.nonplain_fraction) for n in counts]
     except ValueError as exc:
         print(f"coordinator_scale: {exc}", file=sys.stderr)
         return 2
