@@ -596,3 +596,30 @@ def test_the_data_tasks_variant_loads_gsm8k_without_torch(tmp_path: Path) -> Non
     report = isolated_run([*coordinator_requirements(), *extra], tmp_path)
     assert report["data_task"] == "loaded", report
     assert {canonicalize_name(r.name) for r in extra} <= {canonicalize_name(d) for d in report["dists"]}
+
+
+def lab_torch_step(**build_args: str) -> subprocess.CompletedProcess[str]:
+    """The lab Dockerfile's torch RUN step under sh, with its ARG defaults and `build_args`, and
+    `pip` replaced by a function that prints its arguments (nothing is installed)."""
+    instructions = dockerfile_instructions(DEPLOY / "lab.Dockerfile")
+    [step] = [rest for ins, rest in instructions if ins == "RUN" and "VARIANT" in rest]
+    args = dict(rest.split("=", 1) for ins, rest in instructions if ins == "ARG" and rest != "PYTHON_IMAGE=python:3.11-slim-bookworm")
+    env = {**os.environ, **args, **build_args}
+    return subprocess.run(["sh", "-c", f'pip() {{ echo "pip $*"; }}; {step}'], env=env, capture_output=True, text=True)
+
+
+def test_lab_dockerfile_variant_selects_the_torch_index() -> None:
+    cpu = lab_torch_step()
+    assert cpu.returncode == 0 and cpu.stdout.split() == [
+        "pip", "install", "--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.13.0"], cpu
+    cuda = lab_torch_step(VARIANT="cuda")
+    assert cuda.stdout.split() == ["pip", "install", "--index-url", "https://pypi.org/simple", "torch==2.13.0"], cuda
+    custom = lab_torch_step(VARIANT="cuda", TORCH_INDEX_URL="https://download.pytorch.org/whl/cu128")
+    assert "https://download.pytorch.org/whl/cu128" in custom.stdout.split()
+    vllm = lab_torch_step(VARIANT="cuda", EXTRAS="vllm")  # vLLM brings its own torch
+    assert vllm.returncode == 0 and vllm.stdout == "", vllm
+    for bad, message in (({"VARIANT": "rocm"}, "VARIANT must be cpu or cuda, got 'rocm'"),
+                         ({"EXTRAS": "vllm"}, "EXTRAS=vllm needs VARIANT=cuda"),
+                         ({"EXTRAS": "lora"}, "EXTRAS must be empty or vllm, got 'lora'")):
+        refused = lab_torch_step(**bad)
+        assert refused.returncode == 2 and message in refused.stderr, (bad, refused)
