@@ -269,10 +269,17 @@ class RankGroup:
             dist.destroy_process_group()
 
 
+#: The failure that stopped this hacfed-client (set by `stop_this_process`): its exit code is 1, not
+#: the 0 of a Ctrl-C, so a scheduler (Slurm, Kubernetes) sees the lab failed.
+stopped_by: RankFailure | None = None
+
+
 def stop_this_process(failure: RankFailure) -> None:
     """hacfed-client's reaction to a failed rank: say why, then stop the way Ctrl-C or SIGTERM does
     (its supervisor ends the SuperNode, and the ranks are closed at exit), instead of answering
     every later round with an error."""
+    global stopped_by
+    stopped_by = failure
     print(f"hacfed-client: error: {failure}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
 

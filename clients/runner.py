@@ -23,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -294,7 +295,8 @@ def run_client(cfg: ClientConfig) -> int:
     except (KeyboardInterrupt, SystemExit) as stop:
         forget_children(state)
         say(f"stopped ({type(stop).__name__}); checkpoints kept in {state}: run the same command to resume")
-        return 0
+        distributed = sys.modules.get("hacfed.clients.distributed")
+        return 1 if getattr(distributed, "stopped_by", None) is not None else 0
     finally:
         server.stop(5.0).wait()
         metrics.close()
