@@ -11,8 +11,10 @@ Time split of round r (all seconds):
                submissions (re-verification), closing and journaling
   rollout, training, eval
                what the slowest participant (last reply) reported for its step
-  exchange     the rest: Flower transport (SuperNode polls, a fresh ClientApp process per message,
-               the relay), waiting for stragglers, and the participant's checkpoint write
+  exchange     the rest: Flower transport (SuperNode and ServerApp pulls, the SuperNode's resident
+               ClientApp runner thread, or a fresh `flwr-clientapp` per message with
+               HACFED_CLIENTAPP_ISOLATION=subprocess; the relay), waiting for stragglers, and the
+               participant's checkpoint write
 
 Rows use the keys of `hacfed sim` (round, agent, mode, seed, reward_mean, eval_accuracy when
 evaluated, accepted, rejected, capability, train/*) plus time_* and, after the run, rows with
