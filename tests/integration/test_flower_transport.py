@@ -229,8 +229,7 @@ class RecordingDriver:
         self.open = False
 
     def finished(self) -> bool:
-        held = self.hold_until is not None and not Path(self.hold_until).exists()
-        return self.round >= self.rounds and not self.open and not held
+        return self.round >= self.rounds and not self.open
 
     def hello(self, node_id: int) -> bytes:
         return b"challenge"
