@@ -14,7 +14,6 @@ the field and the bad value.
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,20 +21,11 @@ from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
-from hacfed.server.dashboard.bind import parse_dashboard_address
+from hacfed.server.dashboard.bind import is_loopback_host, parse_dashboard_address
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -82,7 +72,7 @@ class ServerSettings:
         if self.insecure:
             if any(tls):
                 raise ValueError("server.insecure: --insecure and the TLS files exclude each other; pass one of them")
-            if not is_loopback(host):
+            if not is_loopback_host(host):
                 raise ValueError(f"server.listen: --insecure binds loopback only (127.0.0.1, ::1, localhost), got "
                                  f"{self.listen!r}; use --tls-cert/--tls-key/--tls-ca to listen on other addresses")
         elif not all(tls):
