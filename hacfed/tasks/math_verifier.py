@@ -17,6 +17,18 @@ Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 
      and calls `math_verify.verify`. Timeouts, crashes and limits become
      "HACFED-E-VERIFIER-ABORT: ..." with reward 0.
 
+Worker verdicts are cached per verifier in a bounded LRU (`verdict_cache_entries`), keyed on exactly
+the request the worker sees: (stripped gold, stripped extracted answer). The worker's reply is a
+function of that request alone (its limits and math-verify are fixed per verifier), so a cached
+verdict is the one the worker would give again; a lab can only fill entries for its own answers,
+which hold their true verdicts, and evict others' (costing the coordinator round trips, not
+correctness). Aborts (timeout, crash, refusal, memory) may be transient and are never cached.
+One gap: math-verify catches `Exception` inside itself, MemoryError and RecursionError included,
+and answers "not equal", so such a failure would be cached like a real 0; step 3's caps bound
+what one answer can make it parse.
+Every lab answers the same prompts, so at the coordinator pairs repeat: in `bench/verifier_cache.py`
+at 64 labs, 1,305 items per round need the worker and 814 of them are distinct.
+
     with MathVerifier() as v:
         v.verify("72", "... so she sold \\boxed{72} clips.")   # Verdict(1.0, 'numeric match')
         v.verify("0.5", "\\boxed{\\frac{1}{2}}")             # Verdict(1.0, 'equivalent (math-verify)')
@@ -25,6 +37,8 @@ Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
@@ -45,13 +59,18 @@ _BOXED = "\\boxed"
 @dataclass(frozen=True)
 class MathVerifierConfig:
     """answer_mode: where the final answer is taken from ("boxed": last \\boxed{}; "last_number": the
-    last number in the text; "boxed_or_last_number": boxed if present, else the last number)."""
+    last number in the text; "boxed_or_last_number": boxed if present, else the last number).
+    verdict_cache_entries: most worker verdicts kept in the LRU cache (0: no cache). An entry holds
+    the gold, an answer of at most max_answer_chars and a reason of at most 100 chars: measured at
+    ~0.35 KB for GSM8K-sized answers and ~0.7 KB at the 200-char limit, so 22-43 MiB when full at
+    the default."""
 
     answer_mode: AnswerMode = "boxed"
     max_response_chars: int = 10_000
     max_answer_chars: int = 200
     max_nesting: int = 8
     numeric_fast_path: bool = True
+    verdict_cache_entries: int = 65_536
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
 
     def __post_init__(self) -> None:
@@ -61,6 +80,9 @@ class MathVerifierConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MathVerifierConfig.{name} must be an int >= 1, got {value!r}")
+        entries = self.verdict_cache_entries
+        if isinstance(entries, bool) or not isinstance(entries, int) or entries < 0:
+            raise ValueError(f"MathVerifierConfig.verdict_cache_entries must be an int >= 0 (0: off), got {entries!r}")
         if not isinstance(self.numeric_fast_path, bool):
             raise ValueError(f"MathVerifierConfig.numeric_fast_path must be a bool, got {self.numeric_fast_path!r}")
         if not isinstance(self.sandbox, SandboxLimits):
@@ -158,19 +180,113 @@ def precheck_response(response: object, config: MathVerifierConfig) -> str | Non
 
 # ----------------------------------------------------------------------------- caller side
 
+WorkerKey = tuple[str, str]  # (gold, answer) exactly as sent to the worker
+
+
+class VerdictCache:
+    """A bounded LRU map from a worker request (gold, answer) to its Verdict; thread-safe.
+
+    `max_entries` 0 stores nothing. Lookups refresh an entry; a store past the bound evicts the
+    least recently used one, so `len` never exceeds `max_entries`."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[WorkerKey, Verdict] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: WorkerKey) -> Verdict | None:
+        with self._lock:
+            verdict = self._entries.get(key)
+            if verdict is not None:
+                self._entries.move_to_end(key)
+            return verdict
+
+    def put(self, key: WorkerKey, verdict: Verdict) -> None:
+        if self.max_entries == 0:
+            return
+        with self._lock:
+            self._entries[key] = verdict
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
 
 class MathVerifier:
     """Scores responses against gold answers; hostile input gives reward 0 with a reason, never an exception.
 
     Thread-safe. The sandboxed worker starts on the first item that needs math-verify and is
-    killed by `close()`, by `with`, or at interpreter exit."""
+    killed by `close()`, by `with`, or at interpreter exit. Its verdicts are cached (module
+    docstring); `worker_calls` counts requests actually sent, `cache_hits` the items that needed
+    one but were answered without it."""
 
     def __init__(self, config: MathVerifierConfig | None = None) -> None:
         self.config = config if config is not None else MathVerifierConfig()
         self._worker = SandboxedWorker(WORKER_FACTORY, self.config.sandbox)
-        self.worker_calls = 0  # items that needed the sandboxed worker
+        self._cache = VerdictCache(self.config.verdict_cache_entries)
+        self.worker_calls = 0  # requests sent to the sandboxed worker
+        self.cache_hits = 0  # items for the worker answered without a request (cache, or a repeat in verify_many)
 
     def verify(self, gold: str, response: str) -> Verdict:
+        screened = self._screen(gold, response)
+        if isinstance(screened, Verdict):
+            return screened
+        cached = self._cache.get(screened)
+        if cached is not None:
+            self.cache_hits += 1
+            return cached
+        return self._verify_in_sandbox(screened)
+
+    def verify_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
+        """`verify` over (gold, response) pairs, in order, through the one worker.
+
+        Each distinct (gold, answer) the cache does not hold goes to the worker once per call, in
+        first-seen order; its repeats in the call share that verdict, an abort included (the next
+        call retries it). A bad gold answer raises before any item is sent."""
+        screened = [self._screen(gold, response) for gold, response in pairs]
+        decided: dict[WorkerKey, Verdict] = {}
+        verdicts: list[Verdict] = []
+        for item in screened:
+            if isinstance(item, Verdict):
+                verdicts.append(item)
+                continue
+            verdict = decided.get(item)
+            if verdict is None:
+                verdict = self._cache.get(item)
+            if verdict is None:
+                verdict = decided[item] = self._verify_in_sandbox(item)
+            else:
+                self.cache_hits += 1
+            verdicts.append(verdict)
+        return verdicts
+
+    @property
+    def cached_verdicts(self) -> int:
+        """Entries in the verdict cache now (at most `config.verdict_cache_entries`)."""
+        return len(self._cache)
+
+    @property
+    def network_isolated(self) -> bool:
+        """Whether the worker has no network but loopback (starts it if needed)."""
+        return self._worker.network_isolated
+
+    @property
+    def worker_starts(self) -> int:
+        return self._worker.starts
+
+    def close(self) -> None:
+        self._worker.close()
+
+    def __enter__(self) -> "MathVerifier":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _screen(self, gold: str, response: str) -> Verdict | WorkerKey:
+        """Steps 1-4 in process: the final Verdict, or the (gold, answer) request the worker must decide."""
         if not isinstance(gold, str) or not gold.strip():
             raise ValueError(f"MathVerifier.verify needs a non-empty gold answer string, got {gold!r}")
         refusal = precheck_response(response, self.config)
@@ -192,40 +308,23 @@ class MathVerifier:
             gold_number, answer_number = parse_plain_number(gold), parse_plain_number(answer)
             if gold_number is not None and answer_number is not None:
                 return Verdict(1.0, "numeric match") if gold_number == answer_number else Verdict(0.0, "wrong answer")
-        return self._verify_in_sandbox(gold.strip(), answer)
+        return gold.strip(), answer
 
-    def verify_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
-        """`verify` over (gold, response) pairs, in order, through the one worker."""
-        return [self.verify(gold, response) for gold, response in pairs]
-
-    @property
-    def network_isolated(self) -> bool:
-        """Whether the worker has no network but loopback (starts it if needed)."""
-        return self._worker.network_isolated
-
-    @property
-    def worker_starts(self) -> int:
-        return self._worker.starts
-
-    def close(self) -> None:
-        self._worker.close()
-
-    def __enter__(self) -> "MathVerifier":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _verify_in_sandbox(self, gold: str, answer: str) -> Verdict:
+    def _verify_in_sandbox(self, key: WorkerKey) -> Verdict:
+        """Ask the worker; cache its verdict unless the request aborted (those may be transient)."""
+        gold, answer = key
         self.worker_calls += 1
         try:
             result = self._worker.call({"gold": gold, "answer": answer})
         except SandboxAbort as e:
             return _abort(e.reason)
         if result.get("equal") is True:
-            return Verdict(1.0, "equivalent (math-verify)")
-        note = result.get("note")
-        return Verdict(0.0, "wrong answer" if note is None else str(note)[:100])
+            verdict = Verdict(1.0, "equivalent (math-verify)")
+        else:
+            note = result.get("note")
+            verdict = Verdict(0.0, "wrong answer" if note is None else str(note)[:100])
+        self._cache.put(key, verdict)
+        return verdict
 
 
 def _abort(reason: str) -> Verdict:
