@@ -6,22 +6,25 @@ of large pools); `read_*(m)` builds the domain object back, checking closed enum
 sub-messages, and leaves the semantic checks to the dataclasses' own `__post_init__`. A repeated
 field a peer could blow up (a prompt's messages, a report's metrics) is counted on the protobuf
 message before any entry of it is built (`_check_count`); `count_submission` counts all of a
-submission's at once, right after parsing. Framing, size and canonical-encoding checks are
-`hacfed.wire.framing`.
+submission's at once, right after parsing. The trajectories of one message (a submission, a
+pool, a batch) that carry equal prompts share one prompt tuple, built and checked once
+(`_SharedPrompts`). Framing, size and canonical-encoding checks are `hacfed.wire.framing`.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from google.protobuf.message import Message
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
-from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
+from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory, build_trajectory
 from hacfed.wire.types import (
     MAX_PROMPT_MESSAGES, MAX_REPORT_METRICS, NONCE_BYTES, Delivery, ErrorCode, ErrorReply, LabReply, Rejection,
     SubmissionReceipt, SubmissionRefusal, WireError,
@@ -188,13 +191,44 @@ def read_trajectory(m: Any) -> Trajectory:
             ErrorCode.LOGPROB_RANGE,
             f"trajectory {m.trajectory_id!r}: source_logp_sum must be finite and <= 0, got {lp!r}",
         )
-    return Trajectory(
-        trajectory_id=m.trajectory_id, prompt_id=m.prompt_id, source_id=m.source_id,
-        policy_version=m.policy_version, prompt=tuple(read_chat(c) for c in m.prompt),
-        response_text=m.response_text, reward=m.reward, source_logp_sum=lp,
-        source_token_count=m.source_token_count,
-        finish_reason=_from_enum(_FINISH_FROM_PB, m.finish_reason, f"trajectory {m.trajectory_id!r} finish_reason"),
+    return build_trajectory(
+        m.trajectory_id, m.prompt_id, m.source_id, m.policy_version, _read_prompt(m.prompt), m.response_text,
+        m.reward, lp, m.source_token_count,
+        _from_enum(_FINISH_FROM_PB, m.finish_reason, f"trajectory {m.trajectory_id!r} finish_reason"),
     )
+
+
+class _SharedPrompts(threading.local):
+    """The prompts read so far while one message's trajectories are built (None outside one):
+    (role, content) pairs -> the prompt tuple already built for them. A group's G samples, and in a
+    pool every lab's samples of a prompt, carry the same prompt; it is built (and checked) once and
+    shared, as an equal immutable tuple. It lives only while that message is read."""
+
+    table: dict[tuple[tuple[int, str], ...], tuple[ChatMessage, ...]] | None = None
+
+
+_SHARED = _SharedPrompts()
+
+
+@contextmanager
+def _sharing_prompts() -> Iterator[None]:
+    outer = _SHARED.table
+    _SHARED.table = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _SHARED.table = outer
+
+
+def _read_prompt(messages: Any) -> tuple[ChatMessage, ...]:
+    table = _SHARED.table
+    if table is None:
+        return tuple(read_chat(c) for c in messages)
+    key = tuple([(c.role, c.content) for c in messages])
+    prompt = table.get(key)
+    if prompt is None:
+        prompt = table[key] = tuple(read_chat(c) for c in messages)
+    return prompt
 
 
 def read_hacpo(m: Any) -> HacpoConfig:
@@ -228,7 +262,7 @@ def read_update(m: Any) -> RoundUpdate:
     return RoundUpdate(
         run_id=m.run_id,
         pool_round=m.pool_round if m.HasField("pool_round") else None,
-        pool=tuple(read_trajectory(t) for t in m.pool),
+        pool=_read_trajectories(m.pool),
         capabilities=dict(m.capabilities),
         next_plan=read_plan(m.next_plan) if m.HasField("next_plan") else None,
         participants=tuple(m.participants),
@@ -260,14 +294,20 @@ def read_submission(m: Any) -> Submission:
         raise WireError(ErrorCode.SCHEMA, f"Submission.nonce must be {NONCE_BYTES} bytes, got {len(m.nonce)}")
     return Submission(
         run_id=m.run_id, participant_id=m.participant_id, round_id=m.round_id,
-        trajectories=tuple(read_trajectory(t) for t in m.trajectories),
+        trajectories=_read_trajectories(m.trajectories),
         report=read_report(m.report) if m.HasField("report") else None,
         nonce=m.nonce.hex(), created_at_ms=m.created_at_ms,
     )
 
 
 def read_batch(m: Any) -> tuple[Trajectory, ...]:
-    return tuple(read_trajectory(t) for t in m.trajectories)
+    return _read_trajectories(m.trajectories)
+
+
+def _read_trajectories(messages: Any) -> tuple[Trajectory, ...]:
+    """`read_trajectory` of each, sharing equal prompts (`_SharedPrompts`)."""
+    with _sharing_prompts():
+        return tuple([read_trajectory(t) for t in messages])
 
 
 def read_receipt(m: Any) -> SubmissionReceipt:

@@ -10,8 +10,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hacfed.server.coordinator.journal_schema import trajectory_from_row
-from hacfed.trajectory import Trajectory
+from hacfed.trajectory import ChatMessage, Trajectory, build_trajectory
+
+# The columns `journal_schema.trajectory_from_row` reads, in `build_trajectory`'s argument order.
+_POOL_COLUMNS = (
+    "trajectory_id, prompt_id, participant_id, policy_version, prompt_json, response_text, reward, "
+    "source_logp_sum, source_token_count, finish_reason"
+)
 
 
 class JournalReads:
@@ -27,14 +32,26 @@ class JournalReads:
 
     def pool(self, round_id: int) -> tuple[Trajectory, ...]:
         """The accepted trajectories of a round, in a deterministic order, with verified rewards;
-        samples withdrawn by a purge are left out."""
+        samples withdrawn by a purge are left out. The same trajectories as
+        `journal_schema.trajectory_from_row` of each row (tests/unit/test_coordinator_speed.py),
+        read as plain tuples of the columns it uses and built by `build_trajectory`: a pool holds
+        a round's samples of every lab (bench/coordinator_scale.py)."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx",
+            cur = self._db.cursor()
+            cur.row_factory = None
+            rows = cur.execute(
+                f"SELECT {_POOL_COLUMNS} FROM trajectories WHERE round_id=? AND purged=0 "
+                "ORDER BY participant_id, prompt_pos, idx",
                 (round_id,),
             ).fetchall()
-        parsed: dict[str, tuple] = {}
-        return tuple(trajectory_from_row(r, parsed) for r in rows)
+        parsed: dict[str, tuple[ChatMessage, ...]] = {}  # a pool holds each prompt once
+        out = []
+        for tid, prompt_id, source_id, version, prompt_json, text, reward, lp, n, finish in rows:
+            prompt = parsed.get(prompt_json)
+            if prompt is None:
+                prompt = parsed[prompt_json] = tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(prompt_json))
+            out.append(build_trajectory(tid, prompt_id, source_id, version, prompt, text, reward, lp, n, finish))
+        return tuple(out)
 
     def submitters(self, round_id: int) -> dict[str, int]:
         """participant -> number of accepted trajectories, for everyone with a recorded submission."""
@@ -49,6 +66,13 @@ class JournalReads:
                 (round_id, round_id),
             ).fetchall()
         return {r[0]: int(r[1]) for r in rows}
+
+    def submitter_ids(self, round_id: int) -> set[str]:
+        """Everyone with a recorded submission for the round: the keys of `submitters`, without
+        counting the round's trajectories."""
+        with self._lock:
+            rows = self._db.execute("SELECT participant_id FROM submissions WHERE round_id=?", (round_id,)).fetchall()
+        return {r[0] for r in rows}
 
     def round_stats(self, round_id: int) -> dict[str, dict[str, Any]]:
         """Per participant: accepted count, mean verified reward, rejection count, report."""

@@ -1,0 +1,379 @@
+"""The coordinator's per-sample fast paths (issue 11, bench/coordinator_scale.py) give exactly what
+the code they replaced gave: the same objects, the same digests, the same errors.
+
+Each old computation is kept here, verbatim, as the reference; realistic submissions (every field
+as the decoder builds it) and hostile ones (odd types, escapes, lone surrogates, non-finite
+numbers, enormous ints, objects that are not trajectories) go through both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hacfed import wire
+from hacfed.messages import StepReport, Submission
+from hacfed.proto import hacfed_v1_pb2 as pb
+from hacfed.server.coordinator import validation
+from hacfed.server.coordinator.validation import submission_digest
+from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory, build_trajectory
+from hacfed.wire import convert
+from hacfed.wire.types import MAX_PROMPT_MESSAGES, ErrorCode, WireError
+
+PROMPT = (ChatMessage("system", "Answer in \\boxed{}."), ChatMessage("user", 'What is "12" + 34?\n'))
+FIELDS = dict(
+    trajectory_id="lab-a/1/p7/0", prompt_id="p7", source_id="lab-a", policy_version=1, prompt=PROMPT,
+    response_text="12 + 34 = 46.\nSo \\boxed{46}.", reward=1.0, source_logp_sum=-12.5, source_token_count=20,
+    finish_reason="stop",
+)
+
+
+# ---- the references: the code as it was before the fast paths ------------------------------------
+
+
+def old_digest(sub: Any) -> tuple[int, str]:
+    doc = {
+        "run_id": sub.run_id,
+        "participant_id": sub.participant_id,
+        "round_id": sub.round_id,
+        "nonce": getattr(sub, "nonce", ""),
+        "created_at_ms": getattr(sub, "created_at_ms", 0),
+        "trajectories": [validation._trajectory_doc(t) for t in sub.trajectories],
+        "report": validation.report_to_dict(sub.report),
+    }
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    raw = data.encode("utf-8", "surrogatepass")
+    return len(raw), hashlib.sha256(raw).hexdigest()
+
+
+def old_read_trajectory(m: Any) -> Trajectory:
+    convert._check_count(len(m.prompt), MAX_PROMPT_MESSAGES, f"trajectory {m.trajectory_id!r} prompt")
+    lp = m.source_logp_sum
+    if not math.isfinite(lp) or lp > LOGP_EPS:
+        raise WireError(
+            ErrorCode.LOGPROB_RANGE,
+            f"trajectory {m.trajectory_id!r}: source_logp_sum must be finite and <= 0, got {lp!r}",
+        )
+    return Trajectory(
+        trajectory_id=m.trajectory_id, prompt_id=m.prompt_id, source_id=m.source_id,
+        policy_version=m.policy_version, prompt=tuple(convert.read_chat(c) for c in m.prompt),
+        response_text=m.response_text, reward=m.reward, source_logp_sum=lp,
+        source_token_count=m.source_token_count,
+        finish_reason=convert._from_enum(convert._FINISH_FROM_PB, m.finish_reason,
+                                         f"trajectory {m.trajectory_id!r} finish_reason"),
+    )
+
+
+def old_is_storable_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    """("ok", value) or ("raised", (type, message)) of fn(*args)."""
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # noqa: BLE001 - the reference and the fast path must fail alike
+        code = getattr(exc, "code", None)
+        return "raised", (type(exc), code, str(exc))
+
+
+# ---- strategies ---------------------------------------------------------------------------------
+
+# Text that exercises every branch of JSON string escaping: quotes, backslashes, each control
+# character, DEL, non-ASCII, astral characters and lone surrogates.
+texts = st.text(alphabet=st.one_of(
+    st.sampled_from(['"', "\\", "\n", "\r", "\t", "\b", "\f", "\x00", "\x1f", "\x7f", "\u2028", "é", "\U0001f600",
+                     "\ud800", "\udfff", "/", "a", " "]),
+    st.characters(),
+), max_size=40)
+floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.0, 1e-300, 5e-324]))
+ints = st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.sampled_from([0, 1, 2**63, 2**64, -(2**64)]))
+odd = st.one_of(st.none(), st.booleans(), ints, floats, texts, st.lists(st.integers(), max_size=2),
+                st.builds(lambda: object()), st.builds(lambda: 10**5000))
+messages = st.builds(ChatMessage, st.sampled_from(["system", "user", "assistant"]), texts)
+
+
+class Str(str):
+    """A str subclass: never the fast path's exact str."""
+
+
+@st.composite
+def trajectories(draw: Any) -> Any:
+    """A valid Trajectory, usually; then, sometimes, one field forced to a hostile value behind
+    the dataclass's back (what an in-process caller could hand `submit`)."""
+    prompt = tuple(draw(st.lists(messages, min_size=1, max_size=3)))
+    t = Trajectory(
+        trajectory_id=draw(texts.filter(bool)), prompt_id=draw(texts.filter(bool)), source_id=draw(texts.filter(bool)),
+        policy_version=draw(st.integers(min_value=0, max_value=2**64)), prompt=prompt, response_text=draw(texts),
+        reward=draw(st.sampled_from([0.0, 1.0, 0.5, -0.0])), source_logp_sum=-draw(st.floats(0, 1e6)),
+        source_token_count=draw(st.integers(min_value=1, max_value=2**64)), finish_reason=draw(st.sampled_from(["stop", "length"])),
+    )
+    kind = draw(st.sampled_from(["valid"] * 4 + ["field", "prompt", "message", "subclass", "other"]))
+    if kind == "field":
+        name = draw(st.sampled_from([f.name for f in dataclasses.fields(Trajectory)]))
+        object.__setattr__(t, name, draw(odd))
+    elif kind == "prompt":
+        object.__setattr__(t, "prompt", draw(st.one_of(st.just(list(prompt)), st.just(prompt + ("raw",)), st.just(()))))
+    elif kind == "message":
+        m = prompt[0]
+        object.__setattr__(m, draw(st.sampled_from(["role", "content"])), draw(st.one_of(odd, st.just(Str("user")))))
+    elif kind == "subclass":
+        object.__setattr__(t, draw(st.sampled_from(["trajectory_id", "response_text", "finish_reason"])), Str("stop"))
+    elif kind == "other":
+        return draw(st.one_of(odd, st.just(dataclasses.replace(t))))
+    return t
+
+
+@st.composite
+def submissions(draw: Any) -> Submission:
+    report: Any = draw(st.sampled_from([None, "valid", "hostile", "other"]))
+    if report == "other":
+        report = draw(odd)
+    elif report is not None:
+        hostile = report == "hostile"
+        report = StepReport("lab-a", 0, {"loss": 0.25}, None)
+        if hostile:  # forced behind the dataclass's back, as an in-process caller could
+            object.__setattr__(report, "metrics", draw(st.dictionaries(st.one_of(texts, ints), odd, max_size=3)))
+            object.__setattr__(report, "eval_accuracy", draw(odd))
+    items = draw(st.lists(trajectories(), max_size=6))
+    if items and draw(st.booleans()):  # a group's samples share one prompt tuple, as decoded ones do
+        shared = next((t.prompt for t in items if type(t) is Trajectory), None)
+        for t in items:
+            if type(t) is Trajectory and shared is not None:
+                object.__setattr__(t, "prompt", shared)
+    sub = Submission("run", "lab-a", 1, (), report, nonce="ab" * 16, created_at_ms=draw(st.integers(0, 2**50)))
+    object.__setattr__(sub, "trajectories", tuple(items))
+    return sub
+
+
+# ---- the content digest -------------------------------------------------------------------------
+
+
+def test_the_digest_of_a_decoded_submission_is_the_old_digest() -> None:
+    ts = tuple(build_trajectory(**{**FIELDS, "trajectory_id": f"lab-a/1/p7/{i}", "reward": float(i % 2)})
+               for i in range(8))
+    sub = Submission("run", "lab-a", 1, ts, StepReport("lab-a", 0, {"loss": 0.25, "n": 3.0}, None), "cd" * 16, 17)
+    decoded = wire.decode_submission(wire.encode_submission(sub))
+    assert submission_digest(decoded) == old_digest(decoded) == submission_digest(sub)
+    assert submission_digest(dataclasses.replace(sub, report=None)) == old_digest(dataclasses.replace(sub, report=None))
+    empty = dataclasses.replace(sub, trajectories=())
+    assert submission_digest(empty) == old_digest(empty)
+    changed = dataclasses.replace(sub, trajectories=ts[:-1] + (dataclasses.replace(ts[-1], response_text="47"),))
+    assert submission_digest(changed)[1] != submission_digest(sub)[1]  # still a digest of the content
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(submissions())
+def test_the_digest_of_any_submission_hostile_or_not_is_the_old_digest(sub: Submission) -> None:
+    assert outcome(submission_digest, sub) == outcome(old_digest, sub)
+
+
+HOSTILE_VALUES = (
+    math.nan, math.inf, -math.inf, -0.0, 5e-324, 1e300, 0, 1, -1, True, False, 2**63, 2**64 - 1, 2**64, -(2**64),
+    10**5000, None, "", '"\\\n\x00\x1f\x7f\u2028\U0001f600', "\ud800", Str("x"), Str("\ud800"), [1, 2], {"k": 1}, (),
+    b"bytes", object(),
+)
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Trajectory)])
+def test_the_digest_of_every_hostile_field_value_is_the_old_digest(name: str) -> None:
+    base = Trajectory(**FIELDS)
+    for value in HOSTILE_VALUES:
+        t = dataclasses.replace(base)
+        object.__setattr__(t, name, value)
+        sub = Submission("run", "lab-a", 1, (), None, "ab" * 16, 3)
+        object.__setattr__(sub, "trajectories", (base, t, t))
+        assert outcome(submission_digest, sub) == outcome(old_digest, sub), (name, value)
+
+
+@pytest.mark.parametrize("where", ["role", "content", "message", "prompt"])
+def test_the_digest_of_a_hostile_prompt_is_the_old_digest(where: str) -> None:
+    for value in HOSTILE_VALUES + ("user",):
+        t = Trajectory(**{**FIELDS, "prompt": (ChatMessage("user", "q"), ChatMessage("assistant", "a"))})
+        if where in ("role", "content"):
+            object.__setattr__(t.prompt[1], where, value)
+        elif where == "message":
+            object.__setattr__(t, "prompt", (t.prompt[0], value))
+        else:
+            object.__setattr__(t, "prompt", value if isinstance(value, (str, list, tuple, dict, bytes)) else [value])
+        sub = Submission("run", "lab-a", 1, (), StepReport("lab-a", 0, {"loss": math.nan}, None), "ab" * 16, 3)
+        object.__setattr__(sub, "trajectories", (t, Trajectory(**FIELDS), t))
+        assert outcome(submission_digest, sub) == outcome(old_digest, sub), (where, value)
+
+
+def test_a_trajectory_of_odd_types_takes_the_json_path() -> None:
+    t = Trajectory(**FIELDS)
+    prompts: dict[int, str] = {}
+    assert validation._trajectory_json(t, prompts) == validation._canonical_json(validation._trajectory_doc(t))
+    assert list(prompts) == [id(t.prompt)]
+    for name, value in (("reward", 1), ("reward", True), ("source_logp_sum", math.nan), ("policy_version", 2**64),
+                        ("response_text", Str("x")), ("prompt", list(PROMPT))):
+        odd_one = dataclasses.replace(t)
+        object.__setattr__(odd_one, name, value)
+        assert validation._trajectory_json(odd_one, {}) is None, name
+    assert validation._trajectory_json("not a trajectory", {}) is None
+
+
+# ---- building trajectories ----------------------------------------------------------------------
+
+
+def test_build_trajectory_is_the_dataclass_constructor() -> None:
+    built, plain = build_trajectory(**FIELDS), Trajectory(**FIELDS)
+    assert type(built) is Trajectory and built == plain and list(built.__dict__.items()) == list(plain.__dict__.items())
+    assert built.response_token_ids is None and hash(built) == hash(plain)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.reward = 0.0  # type: ignore[misc]
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from([f.name for f in dataclasses.fields(Trajectory) if f.name != "response_token_ids"]),
+       value=odd)
+def test_build_trajectory_refuses_what_the_constructor_refuses(name: str, value: Any) -> None:
+    fields = {**FIELDS, name: value}
+    new, old = outcome(lambda: build_trajectory(**fields)), outcome(lambda: Trajectory(**fields))
+    if old[0] == "ok":
+        assert new[0] == "ok" and new[1].__dict__ == old[1].__dict__
+    else:
+        assert new == old
+
+
+# ---- decoding with shared prompts ---------------------------------------------------------------
+
+
+def _submission_frame(n: int = 8) -> pb.WireMessage:
+    other = (ChatMessage("user", "another question"),)
+    ts = tuple(Trajectory(**{**FIELDS, "trajectory_id": f"t{i}", "prompt_id": f"p{i // 4}",
+                             "prompt": PROMPT if i < 4 else other}) for i in range(n))
+    sub = Submission("run", "lab-a", 1, ts, None, "ab" * 16, 5)
+    return pb.WireMessage.FromString(wire.encode_submission(sub))
+
+
+def _old_decode(frame: pb.WireMessage) -> tuple[Trajectory, ...]:
+    return tuple(old_read_trajectory(m) for m in frame.submission.trajectories)
+
+
+def test_decoded_trajectories_share_equal_prompts_and_equal_the_old_decoding() -> None:
+    frame = _submission_frame()
+    sub = wire.decode_submission(frame.SerializeToString(deterministic=True))
+    assert sub.trajectories == _old_decode(frame)
+    assert len({id(t.prompt) for t in sub.trajectories}) == 2  # one tuple per distinct prompt
+    assert convert._SHARED.table is None  # the table lives only while one message is read
+    alone = wire.decode_trajectory(wire.encode_trajectory(sub.trajectories[0]))
+    assert alone == sub.trajectories[0]
+    batch = wire.decode_trajectory_batch(wire.encode_trajectory_batch(sub.trajectories))
+    assert batch == sub.trajectories and len({id(t.prompt) for t in batch}) == 2
+
+
+@pytest.mark.parametrize("spoil", [
+    "role", "late_role", "finish", "logp", "empty_id", "too_many_messages", "version_is_fine",
+])
+def test_a_hostile_trajectory_is_refused_as_before(spoil: str) -> None:
+    frame = _submission_frame()
+    ms = frame.submission.trajectories
+    if spoil == "role":  # the first sample of a prompt carries an unknown role
+        ms[0].prompt[1].role = 99
+    elif spoil == "late_role":  # a later sample differs from the prompt already shared
+        ms[6].prompt[0].role = 0
+    elif spoil == "finish":
+        ms[3].finish_reason = 0
+    elif spoil == "logp":
+        ms[5].source_logp_sum = 1.0
+    elif spoil == "empty_id":
+        ms[2].trajectory_id = ""
+    elif spoil == "too_many_messages":
+        for _ in range(MAX_PROMPT_MESSAGES):
+            ms[1].prompt.add(role=pb.ROLE_USER, content="q")
+    elif spoil == "version_is_fine":
+        ms[7].policy_version = 2**63
+    data = frame.SerializeToString(deterministic=True)
+    new = outcome(lambda: wire.decode_submission(data))
+    old = outcome(lambda: _old_decode(frame))
+    if old[0] == "raised":
+        _, code, message = old[1]
+        kind = ErrorCode.SCHEMA if code is None else code
+        assert new[0] == "raised" and new[1][1] == kind and message in new[1][2]
+    else:
+        assert new[0] == "ok" and new[1].trajectories == old[1]
+    assert convert._SHARED.table is None
+
+
+# ---- cheap checks -------------------------------------------------------------------------------
+
+
+@given(st.one_of(texts, st.just(Str("abc")), st.just(Str("\ud800"))))
+def test_storable_text_is_decided_as_before(text: str) -> None:
+    assert validation.is_storable_text(text) == old_is_storable_text(text)
+
+
+# ---- the journal: pool read-back and the quorum poll --------------------------------------------
+
+
+def _journal_with_rounds(tmp_path: Path):
+    from tests.unit.test_coordinator_fakes import make_coordinator, scripted_submission, scripted_trajectories
+
+    coord = make_coordinator(tmp_path, rounds=2, expected_participants=3, min_participants=1, max_strikes=99)
+    for pid in ("a", "b", "c"):
+        coord.register(pid)
+    for round_id in range(2):
+        plan = coord.open_round(round_id)
+        coord.submit(scripted_submission(plan, "b", falsify=1))
+        coord.submit(scripted_submission(plan, "a"))
+        lies = [dataclasses.replace(t, reward=1.0 - t.reward) for t in scripted_trajectories(plan, "c")]
+        coord.submit(scripted_submission(plan, "c", trajectories=lies))
+        coord.close_round("quorum")
+    coord.journal.purge("b", 1, 0.0, "test")
+    return coord
+
+
+def test_the_pool_is_what_trajectory_from_row_reads(tmp_path: Path) -> None:
+    from hacfed.server.coordinator.journal_schema import trajectory_from_row
+
+    coord = _journal_with_rounds(tmp_path)
+    db = coord.journal._db
+    for round_id in (0, 1, 5):
+        rows = db.execute("SELECT * FROM trajectories WHERE round_id=? AND purged=0 "
+                          "ORDER BY participant_id, prompt_pos, idx", (round_id,)).fetchall()
+        old = tuple(trajectory_from_row(r) for r in rows)
+        new = coord.journal.pool(round_id)
+        assert new == old and [t.__dict__ for t in new] == [t.__dict__ for t in old]
+        assert [type(t.reward) for t in new] == [type(t.reward) for t in old]
+    assert len(coord.journal.pool(0)) == 9 and {t.source_id for t in coord.journal.pool(1)} == {"a"}
+    assert db.row_factory is sqlite3.Row  # the connection's other readers still get rows by name
+
+
+def test_the_quorum_poll_reads_who_submitted_without_counting_samples(tmp_path: Path) -> None:
+    from tests.unit.test_coordinator_fakes import FakeClock, make_coordinator, scripted_submission
+
+    coord = _journal_with_rounds(tmp_path)
+    for round_id in (0, 1, 2):
+        assert coord.journal.submitter_ids(round_id) == set(coord.journal.submitters(round_id))
+    clock = FakeClock()
+    coord = make_coordinator(tmp_path / "poll", clock, expected_participants=2, min_participants=2)
+    for pid in ("a", "b"):
+        coord.register(pid)
+    plan = coord.open_round(0)
+    statements: list[str] = []
+    coord.journal._db.set_trace_callback(statements.append)
+    assert coord.ready_to_close() is None
+    coord.submit(scripted_submission(plan, "a"))
+    statements.clear()
+    assert coord.ready_to_close() is None  # before the deadline, one of two: open
+    assert not any("FROM trajectories" in s for s in statements), statements
+    clock.t += 1000.0  # past the deadline with one contributor of the two needed
+    assert coord.ready_to_close() is None and any("FROM trajectories" in s for s in statements)
+    coord.journal._db.set_trace_callback(None)
+    coord.submit(scripted_submission(plan, "b"))
+    assert coord.ready_to_close() == "quorum"
