@@ -15,7 +15,6 @@ FinishReason = Literal["stop", "length"]
 FINISH_REASONS = ("stop", "length")
 # A log-prob sum may be a hair above 0 from float rounding; anything more is a forgery (security T3).
 LOGP_EPS = 1e-4
-_new_object = object.__new__
 
 
 @dataclass(frozen=True)
@@ -101,24 +100,6 @@ class Trajectory:
         if self.response_token_ids is None:
             return self
         return Trajectory(**{**self.__dict__, "response_token_ids": None})
-
-
-def build_trajectory(
-    trajectory_id: str, prompt_id: str, source_id: str, policy_version: int, prompt: tuple[ChatMessage, ...],
-    response_text: str, reward: float, source_logp_sum: float, source_token_count: int, finish_reason: str,
-) -> Trajectory:
-    """`Trajectory(...)` without local token ids, for code that builds one per sample (decoders,
-    journal reads): the same object and the same checks (`__post_init__` runs, raising the same
-    errors), for a third of the cost. A frozen dataclass's `__init__` sets each field through
-    `object.__setattr__`; this fills the new instance's dict in one step, in field order."""
-    t = _new_object(Trajectory)
-    t.__dict__.update(
-        trajectory_id=trajectory_id, prompt_id=prompt_id, source_id=source_id, policy_version=policy_version,
-        prompt=prompt, response_text=response_text, reward=reward, source_logp_sum=source_logp_sum,
-        source_token_count=source_token_count, finish_reason=finish_reason, response_token_ids=None,
-    )
-    t.__post_init__()
-    return t
 
 
 @dataclass(frozen=True)

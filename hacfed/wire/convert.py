@@ -24,7 +24,7 @@ from google.protobuf.message import Message
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
-from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory, build_trajectory
+from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire.types import (
     MAX_PROMPT_MESSAGES, MAX_REPORT_METRICS, NONCE_BYTES, Delivery, ErrorCode, ErrorReply, LabReply, Rejection,
     SubmissionReceipt, SubmissionRefusal, WireError,
@@ -191,7 +191,7 @@ def read_trajectory(m: Any) -> Trajectory:
             ErrorCode.LOGPROB_RANGE,
             f"trajectory {m.trajectory_id!r}: source_logp_sum must be finite and <= 0, got {lp!r}",
         )
-    return build_trajectory(
+    return Trajectory(  # positional: the fields in declaration order
         m.trajectory_id, m.prompt_id, m.source_id, m.policy_version, _read_prompt(m.prompt), m.response_text,
         m.reward, lp, m.source_token_count,
         _from_enum(_FINISH_FROM_PB, m.finish_reason, f"trajectory {m.trajectory_id!r} finish_reason"),

@@ -8,49 +8,59 @@ provides the connection (`_db`) and its lock; every query here takes the lock an
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from typing import Any
 
-from hacfed.trajectory import ChatMessage, Trajectory, build_trajectory
+from hacfed.trajectory import ChatMessage, Trajectory
 
-# The columns `journal_schema.trajectory_from_row` reads, in `build_trajectory`'s argument order.
+# The pool's sort key (participant_id, prompt_pos, idx: its ORDER BY), then the other columns
+# `journal_schema.trajectory_from_row` reads (participant_id is the source).
 _POOL_COLUMNS = (
-    "trajectory_id, prompt_id, participant_id, policy_version, prompt_json, response_text, reward, "
-    "source_logp_sum, source_token_count, finish_reason"
+    "participant_id, prompt_pos, idx, trajectory_id, prompt_id, policy_version, prompt_json, response_text, "
+    "reward, source_logp_sum, source_token_count, finish_reason"
 )
+_POOL_ORDER = itemgetter(0, 1, 2)
 
 
 class JournalReads:
     """Read-only queries of `Journal` (see the module docstring)."""
 
     def accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT participant_id, reward FROM trajectories WHERE round_id=? AND purged=0 "
-                "ORDER BY participant_id, prompt_pos, idx", (round_id,),
-            ).fetchall()
-        return [(r[0], float(r[1])) for r in rows]
-
-    def pool(self, round_id: int) -> tuple[Trajectory, ...]:
-        """The accepted trajectories of a round, in a deterministic order, with verified rewards;
-        samples withdrawn by a purge are left out. The same trajectories as
-        `journal_schema.trajectory_from_row` of each row (tests/unit/test_coordinator_speed.py),
-        read as plain tuples of the columns it uses and built by `build_trajectory`: a pool holds
-        a round's samples of every lab (bench/coordinator_scale.py)."""
+        """(participant, verified reward) of each sample of `pool(round_id)`, in its order."""
         with self._lock:
             cur = self._db.cursor()
             cur.row_factory = None
             rows = cur.execute(
-                f"SELECT {_POOL_COLUMNS} FROM trajectories WHERE round_id=? AND purged=0 "
-                "ORDER BY participant_id, prompt_pos, idx",
+                "SELECT participant_id, prompt_pos, idx, reward FROM trajectories WHERE round_id=? AND purged=0",
                 (round_id,),
             ).fetchall()
+        rows.sort(key=_POOL_ORDER)  # as pool(): the same order as SQLite's ORDER BY of these keys
+        return [(r[0], float(r[3])) for r in rows]
+
+    def pool(self, round_id: int) -> tuple[Trajectory, ...]:
+        """The accepted trajectories of a round, in a deterministic order (participant, prompt
+        position, sample index), with verified rewards; samples withdrawn by a purge are left out.
+
+        The same trajectories in the same order as `journal_schema.trajectory_from_row` of each row
+        of "... ORDER BY participant_id, prompt_pos, idx" (tests/unit/test_coordinator_speed.py),
+        with less work per sample, since a pool holds a round's samples of every lab: rows come as
+        plain tuples, each prompt is parsed once, and they are sorted here (a Python sort on the
+        key, unique within a round, orders text as SQLite's BINARY collation does: UTF-8 byte order
+        is code point order) instead of SQLite copying every row into a temporary B-tree."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            rows = cur.execute(
+                f"SELECT {_POOL_COLUMNS} FROM trajectories WHERE round_id=? AND purged=0", (round_id,),
+            ).fetchall()
+        rows.sort(key=_POOL_ORDER)
         parsed: dict[str, tuple[ChatMessage, ...]] = {}  # a pool holds each prompt once
         out = []
-        for tid, prompt_id, source_id, version, prompt_json, text, reward, lp, n, finish in rows:
+        for source_id, _, _, tid, prompt_id, version, prompt_json, text, reward, lp, n, finish in rows:
             prompt = parsed.get(prompt_json)
             if prompt is None:
                 prompt = parsed[prompt_json] = tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(prompt_json))
-            out.append(build_trajectory(tid, prompt_id, source_id, version, prompt, text, reward, lp, n, finish))
+            out.append(Trajectory(tid, prompt_id, source_id, version, prompt, text, reward, lp, n, finish))
         return tuple(out)
 
     def submitters(self, round_id: int) -> dict[str, int]:

@@ -25,7 +25,7 @@ from hacfed.messages import StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.server.coordinator import validation
 from hacfed.server.coordinator.validation import submission_digest
-from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory, build_trajectory
+from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire import convert
 from hacfed.wire.types import MAX_PROMPT_MESSAGES, ErrorCode, WireError
 
@@ -163,7 +163,7 @@ def submissions(draw: Any) -> Submission:
 
 
 def test_the_digest_of_a_decoded_submission_is_the_old_digest() -> None:
-    ts = tuple(build_trajectory(**{**FIELDS, "trajectory_id": f"lab-a/1/p7/{i}", "reward": float(i % 2)})
+    ts = tuple(Trajectory(**{**FIELDS, "trajectory_id": f"lab-a/1/p7/{i}", "reward": float(i % 2)})
                for i in range(8))
     sub = Submission("run", "lab-a", 1, ts, StepReport("lab-a", 0, {"loss": 0.25, "n": 3.0}, None), "cd" * 16, 17)
     decoded = wire.decode_submission(wire.encode_submission(sub))
@@ -228,26 +228,6 @@ def test_a_trajectory_of_odd_types_takes_the_json_path() -> None:
 
 
 # ---- building trajectories ----------------------------------------------------------------------
-
-
-def test_build_trajectory_is_the_dataclass_constructor() -> None:
-    built, plain = build_trajectory(**FIELDS), Trajectory(**FIELDS)
-    assert type(built) is Trajectory and built == plain and list(built.__dict__.items()) == list(plain.__dict__.items())
-    assert built.response_token_ids is None and hash(built) == hash(plain)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        built.reward = 0.0  # type: ignore[misc]
-
-
-@settings(max_examples=300, deadline=None)
-@given(name=st.sampled_from([f.name for f in dataclasses.fields(Trajectory) if f.name != "response_token_ids"]),
-       value=odd)
-def test_build_trajectory_refuses_what_the_constructor_refuses(name: str, value: Any) -> None:
-    fields = {**FIELDS, name: value}
-    new, old = outcome(lambda: build_trajectory(**fields)), outcome(lambda: Trajectory(**fields))
-    if old[0] == "ok":
-        assert new[0] == "ok" and new[1].__dict__ == old[1].__dict__
-    else:
-        assert new == old
 
 
 # ---- decoding with shared prompts ---------------------------------------------------------------
@@ -377,3 +357,33 @@ def test_the_quorum_poll_reads_who_submitted_without_counting_samples(tmp_path: 
     coord.journal._db.set_trace_callback(None)
     coord.submit(scripted_submission(plan, "b"))
     assert coord.ready_to_close() == "quorum"
+
+
+OLD_POOL = "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx"
+OLD_REWARDS = ("SELECT participant_id, reward FROM trajectories WHERE round_id=? AND purged=0 "
+               "ORDER BY participant_id, prompt_pos, idx")
+storable = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(keys=st.lists(st.tuples(st.sampled_from(["a", "B", "b", "é", "ab", "a b", "\U0001f600", "\uffff", "z\x00"])
+                               | storable, st.integers(0, 30), st.integers(0, 30)), unique=True, max_size=40),
+       purged=st.sets(st.integers(0, 39)))
+def test_the_pool_and_its_rewards_come_in_the_order_sqlite_sorted_them(tmp_path_factory, keys, purged) -> None:
+    """Sorted in Python instead of by SQLite: the same order for any ids (UTF-8 byte order is code
+    point order) and any positions, purged rows left out as before."""
+    from hacfed.server.coordinator.journal import Journal
+    from hacfed.server.coordinator.journal_schema import trajectory_from_row
+
+    journal = Journal(tmp_path_factory.mktemp("order") / "journal.sqlite")
+    db = journal._db
+    db.execute("PRAGMA foreign_keys=OFF")  # rows alone, without their submissions
+    for i, (pid, pos, idx) in enumerate(keys):
+        db.execute("INSERT INTO trajectories VALUES (?, ?, ?, 3, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
+            f"t{i}", i, pid, f"p{pos}", pos, idx, json.dumps([{"role": "user", "content": f"q{pos % 3}"}]),
+            f"text {i}", float(i % 2), 0.0, -float(i), i + 1, "stop", i, int(i in purged)))
+    old = tuple(trajectory_from_row(r) for r in db.execute(OLD_POOL, (3,)).fetchall())
+    assert journal.pool(3) == old and [t.__dict__ for t in journal.pool(3)] == [t.__dict__ for t in old]
+    assert journal.accepted_rewards(3) == [(r[0], float(r[1])) for r in db.execute(OLD_REWARDS, (3,))]
+    assert journal.pool(4) == () and journal.accepted_rewards(4) == []
+    journal.close()
