@@ -50,6 +50,7 @@ class Journal(JournalReads):
         self.path = Path(path)
         self.audit = audit
         self._lock = threading.RLock()
+        self._last_versions: dict[str, int] = {}  # last_policy_version, once read (see there)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -236,11 +237,31 @@ class Journal(JournalReads):
         return int(row[0])
 
     def last_policy_version(self, participant_id: str) -> int:
+        """The highest policy version among the participant's journaled trajectories (0 if none).
+
+        Read once per participant, then kept: the query reads every trajectory the participant
+        ever had accepted, a cost that grew with the run at every submission. Only
+        `record_submission` adds trajectories (a purge only flags them; the coordinator is the
+        journal's one writer), and it raises the kept value after its COMMIT, so the value is
+        always what the query would return (tests/unit/test_coordinator_speed.py)."""
         with self._lock:
+            known = self._last_versions.get(participant_id)
+            if known is not None:
+                return known
             row = self._db.execute(
                 "SELECT MAX(policy_version) FROM trajectories WHERE participant_id=?", (participant_id,)
             ).fetchone()
-        return int(row[0]) if row[0] is not None else 0
+            version = int(row[0]) if row[0] is not None else 0
+            self._last_versions[participant_id] = version
+            return version
+
+    def _raise_last_versions(self, accepted: Sequence[Any]) -> None:
+        """After a COMMIT that added `accepted`: keep `last_policy_version` equal to its query."""
+        for a in accepted:
+            t = a.trajectory
+            known = self._last_versions.get(t.source_id)  # the row's participant_id (trajectory_row)
+            if known is not None and t.policy_version > known:
+                self._last_versions[t.source_id] = int(t.policy_version)
 
     # -- submissions -----------------------------------------------------------------------------
 
@@ -286,53 +307,55 @@ class Journal(JournalReads):
         `result_for_seq(seq)` renders the result (with its receipt) stored for idempotent resends.
         """
         r = record
-        with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO submissions (participant_id, round_id, content_hash, nonce, n_bytes, received_at, result_json) "
-                "VALUES (?, ?, ?, ?, ?, ?, '')",
-                (r.participant_id, r.round_id, r.content_hash, r.nonce, r.n_bytes, r.received_at),
-            )
-            seq = int(cur.lastrowid)
-            encoded: dict = {}  # each distinct prompt encoded once (trajectory_row)
-            db.executemany(
-                "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                [trajectory_row(seq, r.round_id, a, encoded) for a in r.accepted],
-            )
-            db.executemany(
-                "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (r.participant_id, r.round_id, seq, x.trajectory_id, x.code.value, x.detail, r.received_at)
-                    for x in r.rejections
-                ],
-            )
-            db.executemany(
-                "INSERT INTO strikes (participant_id, round_id, trajectory_id, code, at) VALUES (?, ?, ?, ?, ?)",
-                [(r.participant_id, r.round_id, x.trajectory_id, x.code.value, r.received_at) for x in r.strikes],
-            )
-            db.execute(
-                "UPDATE participants SET strikes=strikes+?, last_seen=? WHERE participant_id=?",
-                (len(r.strikes), r.received_at, r.participant_id),
-            )
-            if r.quarantine:
-                db.execute(
-                    "UPDATE participants SET quarantined=1, quarantined_round=? WHERE participant_id=?",
-                    (r.round_id, r.participant_id),
+        with self._lock:  # held past the COMMIT until the kept versions are raised
+            with self._tx() as db:
+                cur = db.execute(
+                    "INSERT INTO submissions (participant_id, round_id, content_hash, nonce, n_bytes, received_at, result_json) "
+                    "VALUES (?, ?, ?, ?, ?, ?, '')",
+                    (r.participant_id, r.round_id, r.content_hash, r.nonce, r.n_bytes, r.received_at),
                 )
-                _event(db, r.received_at, "quarantine", r.participant_id, r.round_id, f"{len(r.strikes)} new strike(s)")
-            if r.report_json is not None:
-                db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (r.participant_id, r.round_id, r.report_json))
-            db.execute("UPDATE submissions SET result_json=? WHERE seq=?", (result_for_seq(seq), seq))
-            codes = sorted({x.code.value for x in r.rejections})
-            self._audit(AuditEvent(
-                "accept", r.participant_id, r.round_id, "OK",
-                f"seq {seq} content {r.content_hash[:16]}: accepted {len(r.accepted)}, rejected {len(r.rejections)}"
-                f"{' ' + ','.join(codes) if codes else ''}",
-            ))
-            if r.quarantine:
-                self._audit(AuditEvent("quarantine", r.participant_id, r.round_id, "HACFED-E-QUARANTINED",
-                                       f"{len(r.strikes)} new strike(s)"))
-            crash_point("before_commit")
+                seq = int(cur.lastrowid)
+                encoded: dict = {}  # each distinct prompt encoded once (trajectory_row)
+                db.executemany(
+                    "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                    [trajectory_row(seq, r.round_id, a, encoded) for a in r.accepted],
+                )
+                db.executemany(
+                    "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (r.participant_id, r.round_id, seq, x.trajectory_id, x.code.value, x.detail, r.received_at)
+                        for x in r.rejections
+                    ],
+                )
+                db.executemany(
+                    "INSERT INTO strikes (participant_id, round_id, trajectory_id, code, at) VALUES (?, ?, ?, ?, ?)",
+                    [(r.participant_id, r.round_id, x.trajectory_id, x.code.value, r.received_at) for x in r.strikes],
+                )
+                db.execute(
+                    "UPDATE participants SET strikes=strikes+?, last_seen=? WHERE participant_id=?",
+                    (len(r.strikes), r.received_at, r.participant_id),
+                )
+                if r.quarantine:
+                    db.execute(
+                        "UPDATE participants SET quarantined=1, quarantined_round=? WHERE participant_id=?",
+                        (r.round_id, r.participant_id),
+                    )
+                    _event(db, r.received_at, "quarantine", r.participant_id, r.round_id, f"{len(r.strikes)} new strike(s)")
+                if r.report_json is not None:
+                    db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (r.participant_id, r.round_id, r.report_json))
+                db.execute("UPDATE submissions SET result_json=? WHERE seq=?", (result_for_seq(seq), seq))
+                codes = sorted({x.code.value for x in r.rejections})
+                self._audit(AuditEvent(
+                    "accept", r.participant_id, r.round_id, "OK",
+                    f"seq {seq} content {r.content_hash[:16]}: accepted {len(r.accepted)}, rejected {len(r.rejections)}"
+                    f"{' ' + ','.join(codes) if codes else ''}",
+                ))
+                if r.quarantine:
+                    self._audit(AuditEvent("quarantine", r.participant_id, r.round_id, "HACFED-E-QUARANTINED",
+                                           f"{len(r.strikes)} new strike(s)"))
+                crash_point("before_commit")
+            self._raise_last_versions(r.accepted)
         return seq
 
     def record_rejection(self, participant_id: str | None, round_id: int | None, code: str, detail: str, now: float) -> None:

@@ -387,3 +387,58 @@ def test_the_pool_and_its_rewards_come_in_the_order_sqlite_sorted_them(tmp_path_
     assert journal.accepted_rewards(3) == [(r[0], float(r[1])) for r in db.execute(OLD_REWARDS, (3,))]
     assert journal.pool(4) == () and journal.accepted_rewards(4) == []
     journal.close()
+
+
+def test_the_kept_last_policy_version_is_always_what_the_query_returns(tmp_path: Path, monkeypatch) -> None:
+    """Read once, raised after each COMMIT: equal to the MAX query after every submission,
+    refused versions, a purge, a rolled-back insert and a fresh journal on the same file."""
+    from hacfed.server.coordinator.journal import Journal
+    from tests.unit.test_coordinator_fakes import make_coordinator, scripted_submission, scripted_trajectories
+
+    coord = make_coordinator(tmp_path, rounds=3, expected_participants=2, min_participants=1, max_strikes=99)
+    journal = coord.journal
+    query = "SELECT MAX(policy_version) FROM trajectories WHERE participant_id=?"
+
+    def fresh(pid: str) -> int:
+        value = journal._db.execute(query, (pid,)).fetchone()[0]
+        return 0 if value is None else int(value)
+
+    for pid in ("a", "b"):
+        coord.register(pid)
+    assert journal.last_policy_version("a") == 0 and journal._last_versions == {"a": 0}
+    versions = {0: {"a": 3, "b": 1}, 1: {"a": 2, "b": 5}, 2: {"a": 7, "b": 5}}  # a's 2 < 3 is refused
+    for round_id in range(3):
+        plan = coord.open_round(round_id)
+        for pid in ("a", "b"):
+            ts = scripted_trajectories(plan, pid, version=versions[round_id][pid])
+            coord.submit(scripted_submission(plan, pid, trajectories=ts))
+            assert journal.last_policy_version(pid) == fresh(pid), (round_id, pid)
+        coord.close_round("quorum")
+    assert (journal.last_policy_version("a"), journal.last_policy_version("b")) == (7, 5)
+    journal.purge("a", 2, 0.0, "test")  # flags rows, keeps them: the query still counts them
+    assert journal.last_policy_version("a") == fresh("a") == 7
+    assert Journal(journal.path).last_policy_version("b") == 5
+
+    import hacfed.server.coordinator.journal as journal_module
+    from hacfed.server.coordinator.journal_schema import SubmissionRecord
+    from hacfed.server.coordinator.validation import AcceptedTrajectory
+
+    coord.register("c")
+    assert journal.last_policy_version("c") == 0
+    plan = coord.plan_for(2)
+    late = [dataclasses.replace(t, policy_version=99) for t in scripted_trajectories(plan, "c")]
+    record = SubmissionRecord("c", 2, "f" * 64, "", 1, 0.0,
+                              tuple(AcceptedTrajectory(t, t.reward, i // 3, i % 3) for i, t in enumerate(late)),
+                              (), (), False, None)
+
+    def crash(name: str) -> None:
+        if name == "before_commit":
+            raise RuntimeError("crash before commit")
+
+    monkeypatch.setattr(journal_module, "crash_point", crash)
+    with pytest.raises(RuntimeError, match="crash before commit"):
+        journal.record_submission(record, lambda seq: "{}")
+    assert journal.last_policy_version("c") == fresh("c") == 0  # rolled back: not raised
+    monkeypatch.setattr(journal_module, "crash_point", lambda name: None)
+    journal.record_submission(record, lambda seq: "{}")
+    assert journal.last_policy_version("c") == fresh("c") == 99
