@@ -184,17 +184,23 @@ def read_chat(m: Any) -> ChatMessage:
 
 
 def read_trajectory(m: Any) -> Trajectory:
-    _check_count(len(m.prompt), MAX_PROMPT_MESSAGES, f"trajectory {m.trajectory_id!r} prompt")
+    # The error texts are only formatted for a refusal: this runs once per sample.
+    prompt = m.prompt
+    if len(prompt) > MAX_PROMPT_MESSAGES:
+        _check_count(len(prompt), MAX_PROMPT_MESSAGES, f"trajectory {m.trajectory_id!r} prompt")
     lp = m.source_logp_sum
     if not math.isfinite(lp) or lp > LOGP_EPS:
         raise WireError(
             ErrorCode.LOGPROB_RANGE,
             f"trajectory {m.trajectory_id!r}: source_logp_sum must be finite and <= 0, got {lp!r}",
         )
+    messages = _read_prompt(prompt)
+    finish = _FINISH_FROM_PB.get(m.finish_reason)
+    if finish is None:
+        finish = _from_enum(_FINISH_FROM_PB, m.finish_reason, f"trajectory {m.trajectory_id!r} finish_reason")
     return Trajectory(  # positional: the fields in declaration order
-        m.trajectory_id, m.prompt_id, m.source_id, m.policy_version, _read_prompt(m.prompt), m.response_text,
-        m.reward, lp, m.source_token_count,
-        _from_enum(_FINISH_FROM_PB, m.finish_reason, f"trajectory {m.trajectory_id!r} finish_reason"),
+        m.trajectory_id, m.prompt_id, m.source_id, m.policy_version, messages, m.response_text,
+        m.reward, lp, m.source_token_count, finish,
     )
 
 
@@ -284,7 +290,8 @@ def count_submission(m: Any, max_trajectories: int | None = None) -> None:
     the most the receiver takes in one submission (None: no cap on their number)."""
     _check_count(len(m.trajectories), max_trajectories, "Submission.trajectories")
     for t in m.trajectories:
-        _check_count(len(t.prompt), MAX_PROMPT_MESSAGES, f"trajectory {t.trajectory_id!r} prompt")
+        if len(t.prompt) > MAX_PROMPT_MESSAGES:  # the message is only formatted for a refusal
+            _check_count(len(t.prompt), MAX_PROMPT_MESSAGES, f"trajectory {t.trajectory_id!r} prompt")
     if m.HasField("report"):
         _check_count(len(m.report.metrics), MAX_REPORT_METRICS, "StepReport.metrics")
 
