@@ -32,10 +32,11 @@ RSS is the coordinator's alone. Per round it reports the coordinator time split 
            signed delivery per lab
   other    the rest of the driver (membership refresh, console lines, bookkeeping)
 
-A round's pool (N x 1,000 GSM8K trajectories with their prompts) is far larger than the 16 MiB
-message cap (`hacfed.wire.MAX_MESSAGE_BYTES`) from N = 16 on; the bench lifts the cap for sealing
-(only in its own process) to measure what building it costs, and reports the update's size and
-whether it is over the cap: a real federation of that size cannot send it (see docs/results.md).
+Each lab is sent its own samples and, per prompt, the groups of at most `pool_peers_per_prompt`
+(default 7) other labs (`hacfed.server.coordinator.pool_share`), each update spliced from
+trajectories encoded once (`hacfed.server.round_updates`). The bench reports the largest per-lab
+update, whether it is over the 16 MiB message cap (`hacfed.wire.MAX_MESSAGE_BYTES`), and the bytes
+of all deliveries of a round together (what the transport would carry).
 """
 
 from __future__ import annotations
@@ -235,9 +236,7 @@ class PhaseClock:
 @contextmanager
 def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[None]:
     """Wrap the driver's collaborators with phase timers for the duration of the block, then put
-    every original back. Behaviour is unchanged, except that sealing may exceed the 16 MiB cap
-    (see the module docstring)."""
-    import hacfed.envelope
+    every original back. Behaviour is unchanged."""
     import hacfed.server.coordinator.intake as intake
     import hacfed.server.coordinator.validation as validation
     import hacfed.server.driver as driver_mod
@@ -249,9 +248,8 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         saved.append((owner, name, owner.__dict__.get(name, _ABSENT)))
         setattr(owner, name, replacement)
 
-    seal_defaults = hacfed.envelope.seal.__kwdefaults__
-    cap = seal_defaults["max_bytes"]
-    seal_defaults["max_bytes"] = 1 << 40  # measure the pool even over the cap
+    import hacfed.server.round_updates as round_updates
+
     try:
         for name in ("open_lab_reply", "open_envelope", "decode_submission"):
             patch(replies, name, clock.wrap("decode", getattr(replies, name)))
@@ -260,21 +258,21 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         for name in ("record_submission", "used_trajectory_ids", "last_policy_version"):
             patch(driver.journal, name, clock.wrap("journal", getattr(driver.journal, name)))
         patch(driver.answers, "receipt", clock.wrap("answers", driver.answers.receipt))
-        encode = driver_mod.encode_round_update
+        splice = round_updates.round_update_parts
 
-        def encode_update(update: Any) -> bytes:
-            data = encode(update)
-            sizes.append(len(data))
-            return data
+        def splice_update(header: Any, items: Any) -> list[bytes]:
+            parts = splice(header, items)
+            sizes.append(sum(len(p) for p in parts))
+            return parts
 
-        patch(driver_mod, "encode_round_update", clock.wrap("pool", encode_update))
-        for name in ("seal", "seal_delivery"):
-            patch(driver_mod, name, clock.wrap("pool", getattr(driver_mod, name)))
+        patch(round_updates, "round_update_parts", clock.wrap("pool", splice_update))
+        for name in ("encode_pool_items", "seal_parts"):
+            patch(round_updates, name, clock.wrap("pool", getattr(round_updates, name)))
+        patch(driver_mod, "seal_delivery", clock.wrap("pool", driver_mod.seal_delivery))
         patch(driver.coordinator, "submit", clock.wrap("intake", driver.coordinator.submit))
         patch(driver.coordinator, "make_update", clock.wrap("pool", driver.coordinator.make_update))
         yield
     finally:
-        seal_defaults["max_bytes"] = cap
         for owner, name, original in reversed(saved):
             if original is _ABSENT:
                 delattr(owner, name)
@@ -357,7 +355,9 @@ def measure(work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"round {round_id} did not close at quorum")
             rounds.append({"round": round_id, "total_s": total, "cpu_s": time.process_time() - cpu,
                            "phases_s": clock.take(),
-                           "rss_bytes": rss.now(), "update_bytes": sizes[-1] if sizes else 0})
+                           "rss_bytes": rss.now(), "update_bytes": max(sizes, default=0),
+                           "sent_bytes": sum(len(p) for p in payloads.values())})
+            sizes.clear()
         peak = rss.peak
     journal = driver.journal
     counts = {t: journal.count(t) for t in ("submissions", "trajectories", "rejections", "strikes")}
@@ -406,6 +406,7 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
     from hacfed.wire import MAX_MESSAGE_BYTES
 
     update = max(r["update_bytes"] for r in measured["rounds"])
+    sent = statistics.median(r.get("sent_bytes", 0) for r in timed)
     return {
         "config": asdict(cfg), "generated": generated,
         "round_total_s": total, "round_totals_s": [r["total_s"] for r in measured["rounds"]],
@@ -415,7 +416,7 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
         "rss_baseline_mib": measured["rss_baseline_bytes"] / 2**20, "rss_peak_mib": measured["rss_peak_bytes"] / 2**20,
         "rss_growth_mib": rss_delta / 2**20, "rss_growth_mib_per_lab": rss_delta / 2**20 / cfg.labs,
         "ru_maxrss_mib": measured["ru_maxrss_bytes"] / 2**20,
-        "update_mib": update / 2**20, "update_over_cap": update > MAX_MESSAGE_BYTES,
+        "update_mib": update / 2**20, "update_over_cap": update > MAX_MESSAGE_BYTES, "sent_mib": sent / 2**20,
         "journal_counts": measured["journal_counts"], "journal_ids_sha": measured["journal_ids_sha"],
         "journal_mib": measured["journal_bytes"] / 2**20,
     }
@@ -450,7 +451,7 @@ def growth(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(points: list[dict[str, Any]]) -> str:
     head = (f"{'labs':>5} {'traj/round':>10} {'round s':>8} {'CPU s':>6} {'us/traj':>8} " +
-            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10}")
+            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8}")
     lines = [head]
     for p in points:
         c = p["config"]
@@ -459,8 +460,9 @@ def table(points: list[dict[str, Any]]) -> str:
             f"{p['round_cpu_s']:>6.2f} "
             f"{p['us_per_trajectory']:>8.0f} " + " ".join(f"{p['phases_s'][k]:>8.2f}" for k in PHASES) +
             f" {p['rss_peak_mib']:>8.0f} {p['rss_growth_mib_per_lab']:>8.2f} "
-            f"{p['update_mib']:>9.1f}{'!' if p['update_over_cap'] else ' '}")
-    lines.append("phases: median seconds per round (rounds 1..R-1); '!' = the pool update exceeds the 16 MiB message cap")
+            f"{p['update_mib']:>9.1f}{'!' if p['update_over_cap'] else ' '} {p['sent_mib']:>8.1f}")
+    lines.append("phases: median seconds per round (rounds 1..R-1); update: the largest lab's ('!' = over the 16 MiB "
+                 "message cap); sent: every delivery of the round together")
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from hacfed.identity import PARTICIPANT_ID_RULE, is_participant_id, printable
 from hacfed.wire import MAX_MESSAGE_BYTES, ErrorCode, RawEnvelope, WireError, decode_envelope, encode_envelope
+from hacfed.wire.framing import envelope_parts
 
 DOMAIN_SUBMIT = b"hacfed/v1/submit"  # participant -> coordinator: submissions
 DOMAIN_UPDATE = b"hacfed/v1/update"  # coordinator -> participant: round updates and plans
@@ -63,10 +64,14 @@ def _check_domain(domain: bytes) -> None:
 
 def signed_message(domain: bytes, payload_type: str, payload: bytes) -> bytes:
     """The exact bytes the Ed25519 signature covers (see module docstring)."""
+    return _signed_digest(domain, payload_type, hashlib.sha256(payload).digest())
+
+
+def _signed_digest(domain: bytes, payload_type: str, digest: bytes) -> bytes:
     _check_domain(domain)
     if not isinstance(payload_type, str) or not payload_type or "\x00" in payload_type:
         raise ValueError(f"payload_type must be a non-empty str without NUL, got {payload_type!r}")
-    return domain + b"\x00" + payload_type.encode("utf-8") + b"\x00" + hashlib.sha256(payload).digest()
+    return domain + b"\x00" + payload_type.encode("utf-8") + b"\x00" + digest
 
 
 def seal(
@@ -80,11 +85,31 @@ def seal(
     """Sign `payload` (already-encoded wire bytes) and return the serialized Envelope."""
     if not isinstance(payload, bytes):
         raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
-    sig = private_key.sign(signed_message(domain, payload_type, payload))
-    data = encode_envelope(RawEnvelope(payload, sig, key_id(private_key.public_key()), str(payload_type)))
-    if len(data) > max_bytes:
-        raise EnvelopeError(ErrorCode.SIZE, f"sealed envelope of {len(data)} bytes exceeds the cap of {max_bytes}")
-    return data
+    return seal_parts((payload,), payload_type, private_key, domain, max_bytes=max_bytes)
+
+
+def seal_parts(
+    parts: Sequence[bytes],
+    payload_type: str,
+    private_key: Ed25519PrivateKey,
+    domain: bytes = DOMAIN_SUBMIT,
+    *,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> bytes:
+    """`seal(b"".join(parts), ...)` without building the payload first: the parts are hashed in turn
+    and copied once, into the envelope. For the coordinator's per-lab updates and deliveries (each
+    up to MAX_MESSAGE_BYTES), where every copy of the payload costs ~1.5 ms per MB."""
+    h = hashlib.sha256()
+    for part in parts:
+        if not isinstance(part, bytes):
+            raise TypeError(f"payload must be bytes, got {type(part).__name__}")
+        h.update(part)
+    sig = private_key.sign(_signed_digest(domain, payload_type, h.digest()))
+    pieces = envelope_parts(parts, sig, key_id(private_key.public_key()), str(payload_type))
+    size = sum(len(p) for p in pieces)
+    if size > max_bytes:  # checked before the copy
+        raise EnvelopeError(ErrorCode.SIZE, f"sealed envelope of {size} bytes exceeds the cap of {max_bytes}")
+    return b"".join(pieces)
 
 
 def open_envelope(

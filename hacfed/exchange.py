@@ -23,12 +23,13 @@ from collections.abc import Mapping, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from hacfed.envelope import DOMAIN_RECEIPT, DOMAIN_SUBMIT, DOMAIN_UPDATE, EnvelopeError, open_envelope, seal
+from hacfed.envelope import DOMAIN_RECEIPT, DOMAIN_SUBMIT, DOMAIN_UPDATE, EnvelopeError, open_envelope, seal, seal_parts
 from hacfed.wire import (
     Delivery, ErrorCode, LabReply, PayloadType, SubmissionReceipt, SubmissionRefusal, WireError, decode_delivery,
-    decode_envelope, decode_lab_reply, decode_receipt, decode_refusal, encode_delivery, encode_lab_reply,
+    decode_envelope, decode_lab_reply, decode_receipt, decode_refusal, encode_lab_reply,
     encode_receipt, encode_refusal,
 )
+from hacfed.wire.framing import delivery_parts
 
 Answer = SubmissionReceipt | SubmissionRefusal
 
@@ -53,7 +54,8 @@ def open_answer(data: bytes, trusted: Mapping[bytes, Ed25519PublicKey]) -> Answe
 
 
 def seal_delivery(answers: Sequence[bytes], request: bytes, key: Ed25519PrivateKey) -> bytes:
-    return seal(encode_delivery(Delivery(tuple(answers), request)), PayloadType.DELIVERY, key, DOMAIN_UPDATE)
+    """The signed delivery; its request (a round update of up to MAX_MESSAGE_BYTES) is copied once."""
+    return seal_parts(delivery_parts(Delivery(tuple(answers), request)), PayloadType.DELIVERY, key, DOMAIN_UPDATE)
 
 
 def open_delivery(data: bytes, trusted: Mapping[bytes, Ed25519PublicKey]) -> Delivery:

@@ -58,8 +58,8 @@ from hacfed.server.replies import ACK, ANSWERS, NOTICE_INTERVAL_S, LabReplies, _
 from hacfed.server.reporting import (
     StepTimes, append_rows, participant_line, round_line, round_rows, rounds_written, split_round,
 )
+from hacfed.server.round_updates import RoundUpdates
 from hacfed.server.run_end import RunEnd
-from hacfed.wire import PayloadType, encode_round_update
 
 log = logging.getLogger("hacfed.server.driver")
 
@@ -104,7 +104,7 @@ class FederationDriver(LabReplies, RunEnd):
         self._told: set[str] = set()
         self._registered: set[str] = set()  # registered with the coordinator by this driver
         self._connected: set[str] = set()  # admitted participants the loop currently knows
-        self._updates: dict[tuple[int, tuple[str, ...]], bytes] = {}
+        self._updates: dict[tuple[int, tuple[str, ...]], RoundUpdates] = {}
         self._steps: dict[str, StepTimes] = {}
         self._coordinator_s = 0.0
         self._waiting_since: float | None = None
@@ -290,26 +290,33 @@ class FederationDriver(LabReplies, RunEnd):
         return {node: pid for node, pid in self._nodes.items()
                 if pid in active and pid not in busy and not done(pid) and self._retry_at.get(pid, 0.0) <= now}
 
-    def _sealed_update(self, next_round: int) -> bytes:
+    def _sealed_update(self, next_round: int) -> Callable[[str], bytes]:
+        """The sealed update of `next_round` for each lab (`hacfed.server.round_updates`), built once
+        per round and active set."""
         active = tuple(sorted(p.participant_id for p in self.coordinator.participants() if not p.quarantined))
         key = (next_round, active)
         if key not in self._updates:
             update = self.coordinator.make_update(next_round)
-            self._updates = {key: seal(encode_round_update(update), PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE)}
-        return self._updates[key]
+            self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,
+                                               salt=f"{self.cfg.run_id}/{self.cfg.seed}/{next_round}",
+                                               console=self.console)}
+        return self._updates[key].for_lab
 
     def _round_payloads(self, admitted: set[str]) -> dict[int, bytes]:
         round_id = self.coordinator.current_round
         targets = self._targets(admitted, lambda pid: self.coordinator.has_submitted(pid, round_id))
         return self._send(targets, round_id, self._sealed_update(round_id)) if targets else {}
 
-    def _send(self, targets: Mapping[int, str], round_id: int | None, request: bytes) -> dict[int, bytes]:
-        """A delivery per node: its lab's queued answers plus `request` (sealed once for all)."""
+    def _send(
+        self, targets: Mapping[int, str], round_id: int | None, request: bytes | Callable[[str], bytes],
+    ) -> dict[int, bytes]:
+        """A delivery per node: its lab's queued answers plus `request` (sealed once for all, or one
+        per lab: a callable from participant id to the sealed request)."""
         now, out = self._monotonic(), {}
         for node, pid in targets.items():
             answers = self.answers.pending(pid)
             self._sent[node] = _Sent(pid, round_id, now, answers)
-            out[node] = seal_delivery(answers, request, self._key)
+            out[node] = seal_delivery(answers, request(pid) if callable(request) else request, self._key)
         return out
 
     def _answer_deliveries(self, admitted: set[str], taken: set[int]) -> dict[int, bytes]:

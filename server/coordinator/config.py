@@ -62,6 +62,9 @@ class CoordinatorConfig:
     rate_limit_per_s / rate_limit_burst: each participant's token bucket of submission attempts.
     round_quota_bytes / round_quota_trajectories: what one participant may send per round, accepted
       or not (default: 4 full submissions' worth); see hacfed.server.coordinator.limits.
+    pool_peers_per_prompt: each lab is sent its own accepted samples and, per prompt, the groups of
+      at most this many other labs (hacfed.server.coordinator.pool_share); with at most K + 1 labs
+      every lab gets the whole pool.
     """
 
     run_id: str
@@ -87,6 +90,7 @@ class CoordinatorConfig:
     rate_limit_burst: int = 8
     round_quota_bytes: int | None = None
     round_quota_trajectories: int | None = None
+    pool_peers_per_prompt: int = 7
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -125,6 +129,7 @@ class CoordinatorConfig:
             _int(self, "round_quota_bytes", 1024)
         if self.round_quota_trajectories is not None:
             _int(self, "round_quota_trajectories", self.prompts_per_round * self.group_size)
+        _int(self, "pool_peers_per_prompt", 1)
 
     @property
     def quota_bytes(self) -> int:

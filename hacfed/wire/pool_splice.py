@@ -1,0 +1,82 @@
+"""Round updates built from trajectories encoded once: one pool, many per-lab updates.
+
+With many labs the coordinator sends each lab its own selection of the round's pool
+(`hacfed.server.coordinator.pool_share`). Converting every selected trajectory to protobuf again
+for every lab costs O(labs x selection) Python work per round; here each trajectory of the pool is
+encoded once (`encode_pool_items`) and each lab's update is spliced from those bytes
+(`splice_round_update`).
+
+The result is byte for byte `encode_round_update(update)`, so the lab's decoder, which accepts
+only the canonical deterministic encoding (`framing._require_canonical`), sees no difference. Why it
+is exact: protobuf's deterministic serialization writes a message's fields in field-number order
+and a repeated message field as one (tag, length, bytes) record per element, each element in its
+own deterministic encoding. `RoundUpdate.pool` is field 3, so an update is
+
+    [fields 1-2] + [one record per pool trajectory] + [fields 4-7]
+
+and `WireMessage` wraps it as [version] + (tag 3, length, update). `tests/unit/test_pool_splice.py`
+checks the identity on updates with and without optional fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from hacfed.proto import hacfed_v1_pb2 as pb
+
+from hacfed.messages import RoundUpdate
+from hacfed.trajectory import Trajectory
+from hacfed.wire.convert import fill_hacpo, fill_plan, fill_trajectory
+from hacfed.wire.framing import length_delimited, varint
+from hacfed.wire.types import PROTOCOL_VERSION
+
+_POOL_FIELD = 3  # RoundUpdate.pool
+_UPDATE_FIELD = 3  # WireMessage.round_update
+_FRAME_PREFIX = pb.WireMessage(version=PROTOCOL_VERSION).SerializeToString(deterministic=True)
+
+
+def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
+    """Each trajectory as its `RoundUpdate.pool` record (tag, length, deterministic encoding)."""
+    items = []
+    m = pb.Trajectory()
+    for t in pool:
+        m.Clear()
+        fill_trajectory(m, t)
+        items.append(length_delimited(_POOL_FIELD, m.SerializeToString(deterministic=True)))
+    return tuple(items)
+
+
+def round_update_parts(header: RoundUpdate, items: Sequence[bytes]) -> list[bytes]:
+    """`encode_round_update(dataclasses.replace(header, pool=<the items' trajectories>))` as pieces
+    whose concatenation it is, from records made by `encode_pool_items`; `header.pool` must be
+    empty. The items are not copied (`hacfed.envelope.seal_parts` hashes and copies them once)."""
+    if not isinstance(header, RoundUpdate):
+        raise TypeError(f"splice_round_update: expected a RoundUpdate, got {type(header).__name__}")
+    if header.pool:
+        raise ValueError(f"splice_round_update: the header must have an empty pool, got {len(header.pool)} trajectories")
+    before, after = pb.RoundUpdate(), pb.RoundUpdate()
+    before.run_id = header.run_id
+    if header.pool_round is not None:
+        before.pool_round = header.pool_round
+    after.capabilities.update(header.capabilities)
+    if header.next_plan is not None:
+        fill_plan(after.next_plan, header.next_plan)
+    after.participants.extend(header.participants)
+    fill_hacpo(after.hacpo, header.hacpo)
+    body = [before.SerializeToString(deterministic=True), *items, after.SerializeToString(deterministic=True)]
+    size = sum(len(b) for b in body)
+    return [_FRAME_PREFIX, varint(_UPDATE_FIELD << 3 | 2), varint(size), *body]
+
+
+def splice_round_update(header: RoundUpdate, items: Sequence[bytes]) -> bytes:
+    """`round_update_parts`, joined."""
+    return b"".join(round_update_parts(header, items))
+
+
+def header_of(update: RoundUpdate) -> RoundUpdate:
+    """The update without its pool (what `splice_round_update` takes)."""
+    return dataclasses.replace(update, pool=())
+
+
+__all__ = ["encode_pool_items", "header_of", "round_update_parts", "splice_round_update"]

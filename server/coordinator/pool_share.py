@@ -1,0 +1,74 @@
+"""Which part of a round's pool each lab is sent: its own samples and at most K peers per prompt.
+
+With N labs a full pool holds N x prompts x G samples, and sending all of it to every lab costs the
+coordinator O(N^2) bytes per round; from 16 labs x 1,000 samples on it no longer fits one message
+(`hacfed.wire.MAX_MESSAGE_BYTES`). A lab cannot use that much either: HACPO's cross term for a
+prompt averages over the other agents' groups for that prompt, and the paper runs 2-3 agents.
+
+So each lab gets, for every prompt, every one of its own accepted samples (its HACPO update
+needs them as its own group) plus the groups of at most `peers_per_prompt` (K) other sources:
+
+- with at most K peers for a prompt, all of them: with N <= K + 1 labs every lab gets the whole
+  pool, exactly as before this module existed;
+- otherwise K consecutive sources of the prompt's sorted source list, starting at an offset drawn
+  by sha256(salt, learner, prompt): each peer is equally likely to be chosen and the load is
+  spread over the sources; the choice is deterministic (a resumed coordinator sends the same
+  selection) and no lab can steer it (the ids and the salt are fixed before the samples exist).
+
+Capabilities P̂ still cover every agent (they travel in the update, not in the pool). The order of
+the samples is the pool's order, so a selection is a sub-sequence of the pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from hacfed.trajectory import Trajectory
+
+
+class PoolShares:
+    """The selections of one pool; `indices_for(lab)` is cheap after the one pass here."""
+
+    def __init__(self, pool: Sequence[Trajectory], peers_per_prompt: int, salt: str) -> None:
+        if isinstance(peers_per_prompt, bool) or not isinstance(peers_per_prompt, int) or peers_per_prompt < 0:
+            raise ValueError(f"peers_per_prompt must be an int >= 0, got {peers_per_prompt!r}")
+        self.size = len(pool)
+        self.peers_per_prompt = peers_per_prompt
+        self._salt = salt.encode("utf-8")
+        self._groups: dict[tuple[str, str], list[int]] = {}  # (prompt id, source) -> pool indices
+        for i, t in enumerate(pool):
+            self._groups.setdefault((t.prompt_id, t.source_id), []).append(i)
+        sources: dict[str, list[str]] = {}
+        for prompt_id, source in self._groups:
+            sources.setdefault(prompt_id, []).append(source)
+        self._sources = {p: sorted(s) for p, s in sources.items()}
+        self._max_sources = max((len(s) for s in self._sources.values()), default=0)
+
+    def sends_everything(self) -> bool:
+        """True when no prompt has more than K sources: every selection, even that of a lab without
+        samples, is the whole pool."""
+        return self._max_sources <= self.peers_per_prompt
+
+    def indices_for(self, learner: str, peers_per_prompt: int | None = None) -> tuple[int, ...]:
+        """Pool indices (increasing) of what `learner` is sent; `peers_per_prompt` overrides K."""
+        k = self.peers_per_prompt if peers_per_prompt is None else peers_per_prompt
+        chosen: list[int] = []
+        for prompt_id, sources in self._sources.items():
+            peers = [s for s in sources if s != learner]
+            if learner in sources:
+                chosen.extend(self._groups[(prompt_id, learner)])
+            if len(peers) > k:
+                start = self._offset(learner, prompt_id, len(peers))
+                peers = [peers[(start + j) % len(peers)] for j in range(k)]
+            for source in peers:
+                chosen.extend(self._groups[(prompt_id, source)])
+        chosen.sort()
+        return tuple(chosen)
+
+    def _offset(self, learner: str, prompt_id: str, n: int) -> int:
+        digest = hashlib.sha256(b"\x00".join((self._salt, learner.encode("utf-8"), prompt_id.encode("utf-8")))).digest()
+        return int.from_bytes(digest[:8], "big") % n
+
+
+__all__ = ["PoolShares"]

@@ -1,0 +1,150 @@
+"""Which part of a round's pool each lab is sent (hacfed.server.coordinator.pool_share, hacfed.server.round_updates),
+and that the driver really sends it: own samples always, at most K peers per prompt, the whole pool for <= K + 1 labs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
+from hacfed.messages import RoundUpdate
+from hacfed.server.coordinator.pool_share import PoolShares
+from hacfed.server.round_updates import RoundUpdates
+from hacfed.trajectory import ChatMessage, Trajectory
+from hacfed.wire import PayloadType, decode_round_update, encode_round_update
+from tests.unit.test_coordinator_fakes import FakeClock
+from tests.unit.test_server_driver import Federation
+
+
+def make_pool(labs: int, prompts: int, group: int, text: str = "x") -> tuple[Trajectory, ...]:
+    return tuple(
+        Trajectory(f"{lab}-{p}-{g}", f"p{p}", f"lab-{lab:02d}", 1, (ChatMessage("user", f"q{p}"),), text, 0.5, -1.0, 3,
+                   "stop")
+        for lab in range(labs) for p in range(prompts) for g in range(group))
+
+
+def sources_per_prompt(pool, indices) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for i in indices:
+        out.setdefault(pool[i].prompt_id, set()).add(pool[i].source_id)
+    return out
+
+
+def test_few_labs_get_the_whole_pool() -> None:
+    pool = make_pool(3, 4, 2)
+    assert PoolShares(pool, 3, "salt").sends_everything()
+    shares = PoolShares(pool, 2, "salt")
+    assert not shares.sends_everything()  # a fourth lab, without samples, would get 2 of the 3
+    for lab in ("lab-00", "lab-01", "lab-02"):
+        assert shares.indices_for(lab) == tuple(range(len(pool)))
+
+
+def test_many_labs_get_their_own_samples_and_k_peers_per_prompt() -> None:
+    pool = make_pool(10, 6, 3)
+    shares = PoolShares(pool, 3, "salt")
+    assert not shares.sends_everything()
+    for lab in range(10):
+        me = f"lab-{lab:02d}"
+        indices = shares.indices_for(me)
+        assert list(indices) == sorted(set(indices))  # a sub-sequence of the pool
+        assert {i for i, t in enumerate(pool) if t.source_id == me} <= set(indices)  # every own sample
+        for prompt, sources in sources_per_prompt(pool, indices).items():
+            assert me in sources and len(sources) == 1 + 3, (me, prompt, sources)
+        # whole groups only: each chosen (prompt, source) comes with all G samples
+        counts = Counter((pool[i].prompt_id, pool[i].source_id) for i in indices)
+        assert set(counts.values()) == {3}
+    assert shares.indices_for("lab-00") == PoolShares(pool, 3, "salt").indices_for("lab-00")  # deterministic
+    assert shares.indices_for("lab-00") != PoolShares(pool, 3, "other").indices_for("lab-00")  # keyed by the salt
+
+
+def test_every_peer_is_chosen_about_equally_often() -> None:
+    pool = make_pool(16, 40, 1)
+    shares = PoolShares(pool, 3, "run/0/5")
+    sent = Counter()
+    for lab in range(16):
+        for i in shares.indices_for(f"lab-{lab:02d}"):
+            if pool[i].source_id != f"lab-{lab:02d}":
+                sent[pool[i].source_id] += 1
+    assert sum(sent.values()) == 16 * 40 * 3
+    expected = 16 * 40 * 3 / 16  # 120 per source
+    assert all(0.6 * expected <= n <= 1.4 * expected for n in sent.values()), sent
+
+
+def test_a_lab_without_samples_still_gets_k_peers() -> None:
+    pool = make_pool(6, 2, 1)
+    indices = PoolShares(pool, 2, "s").indices_for("lab-new")
+    assert all(len(s) == 2 for s in sources_per_prompt(pool, indices).values())
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_peers_per_prompt_is_validated(bad) -> None:
+    with pytest.raises(ValueError, match=f"peers_per_prompt must be an int >= 0, got {bad!r}"):
+        PoolShares((), bad, "s")
+
+
+def opened(sealed: bytes, key: Ed25519PrivateKey) -> RoundUpdate:
+    trusted = {key_id(key.public_key()): key.public_key()}
+    payload, _ = open_envelope(sealed, trusted, DOMAIN_UPDATE, PayloadType.ROUND_UPDATE)
+    return decode_round_update(payload)
+
+
+def test_round_updates_are_signed_per_lab_selections() -> None:
+    key = Ed25519PrivateKey.generate()
+    pool = make_pool(6, 3, 2)
+    update = RoundUpdate("run", 4, pool, {f"lab-{i:02d}": 0.5 for i in range(6)}, None,
+                         tuple(f"lab-{i:02d}" for i in range(6)))
+    updates = RoundUpdates(update, key, peers_per_prompt=2, salt="run/0/5")
+    shares = PoolShares(pool, 2, "run/0/5")
+    for lab in ("lab-00", "lab-03"):
+        got = opened(updates.for_lab(lab), key)
+        assert got.pool == tuple(pool[i] for i in shares.indices_for(lab))
+        assert got.capabilities == update.capabilities and got.participants == update.participants  # P̂ of everyone
+    assert updates.for_lab("lab-00") is updates.for_lab("lab-00")  # sealed once per round
+
+
+def test_with_few_labs_one_update_is_shared_and_unchanged() -> None:
+    key = Ed25519PrivateKey.generate()
+    pool = make_pool(3, 3, 2)
+    update = RoundUpdate("run", 0, pool, {}, None)
+    updates = RoundUpdates(update, key, peers_per_prompt=7, salt="s")
+    assert updates.for_lab("lab-00") is updates.for_lab("lab-02")
+    payload, _ = open_envelope(updates.for_lab("lab-01"), {key_id(key.public_key()): key.public_key()},
+                               DOMAIN_UPDATE, PayloadType.ROUND_UPDATE)
+    assert payload == encode_round_update(update)  # exactly the update as it was sent before selections existed
+
+
+def test_an_update_too_big_for_one_message_is_sent_with_fewer_peers() -> None:
+    key = Ed25519PrivateKey.generate()
+    pool = make_pool(4, 2, 2, text="y" * 2000)
+    update = RoundUpdate("run", 0, pool, {}, None)
+    lines: list[str] = []
+    whole = len(encode_round_update(update))
+    updates = RoundUpdates(update, key, peers_per_prompt=3, salt="s", console=lines.append, max_bytes=whole // 2)
+    got = opened(updates.for_lab("lab-00"), key)
+    assert len(encode_round_update(got)) <= whole // 2
+    assert {t.source_id for t in got.pool if t.prompt_id == "p0"} >= {"lab-00"}
+    assert sum(t.source_id == "lab-00" for t in got.pool) == 4  # all own samples kept
+    assert len(lines) == 1 and "peers per prompt instead of 3" in lines[0]
+    opened(updates.for_lab("lab-01"), key)
+    assert len(lines) == 1  # said once per round
+
+
+def test_driver_sends_each_lab_its_own_selection(tmp_path: Path) -> None:
+    """Four real participant services, K = 1: every lab trains on its own samples plus one peer per prompt."""
+    fed = Federation(tmp_path, FakeClock(), expected_participants=4, min_participants=4, pool_peers_per_prompt=1)
+    for node in range(1, 5):
+        fed.add(node, f"lab-{node}")
+    fed.run()
+    full = fed.driver.journal.pool(0)
+    assert {t.source_id for t in full} == {"lab-1", "lab-2", "lab-3", "lab-4"}
+    for _, (pid, service) in fed.nodes.items():
+        update = service.participant.updates[1]  # the update carrying round 0's pool
+        assert update.pool_round == 0
+        mine = [t for t in update.pool if t.source_id == pid]
+        assert len(mine) == sum(t.source_id == pid for t in full)
+        for prompt, sources in sources_per_prompt(update.pool, range(len(update.pool))).items():
+            assert pid in sources and len(sources) == 2, (pid, prompt, sources)
+        assert set(update.capabilities) == {"lab-1", "lab-2", "lab-3", "lab-4"}
