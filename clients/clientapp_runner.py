@@ -58,6 +58,13 @@ ClaimTaskRequest, PullPendingTasksRequest = flwr_superexec.ClaimTaskRequest, flw
 
 HACFED_CLIENTAPP = "hacfed.clients.clientapp:app"  # the only ClientApp this runner runs
 DEFAULT_POLL_S = 0.05  # a PullPendingTasks on loopback costs well under a millisecond
+# How long a claimed task waits for its message's content. Stock Flower waits up to 2 h, which is
+# harmless with a process per message, but this runner runs one task at a time: a message whose
+# content will never come (the SuperLink was killed while the SuperNode pulled it) would block every
+# later message, so after a coordinator restart the lab never saw the new run's hello
+# (tests/faults/test_coordinator_outage.py). After this long the task is abandoned: the SuperNode
+# answers it with Flower's "ClientApp crashed" once its token expires, and the coordinator resends.
+CONTENT_WAIT_S = 120.0
 # The SuperNode creates a task before it has pulled the message's content from the SuperLink, so a
 # task claimed at once often finds its content not there yet; flwr's pull would then wait 1 s, 2 s, ...
 # (hacfed.flower_pulls: the first retry after 20 ms, waits of at most 0.5 s, flwr's 2 h limit).
@@ -80,9 +87,10 @@ def bundle_clientapp(fab_content: bytes) -> str:
     return str(components.get("clientapp", ""))
 
 
-def pull_task_input(stub: ClientAppIoStub) -> tuple[Message, Context, Fab]:
+def pull_task_input(stub: ClientAppIoStub, content_wait_s: float = CONTENT_WAIT_S) -> tuple[Message, Context, Fab]:
     """The claimed task's message, context and bundle: `flwr.supernode.runtime.run_clientapp.pull_task_input`
-    with a short retry for content the SuperNode is still pulling (`hacfed.flower_pulls`)."""
+    with a short retry for content the SuperNode is still pulling (`hacfed.flower_pulls`), for at most
+    `content_wait_s` (then flwr's ObjectUnavailableError)."""
     res = stub.PullTaskInput(PullTaskInputRequest())
     context, run, fab = context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
     pulled = stub.PullMessages(PullAppMessagesRequest())
@@ -93,12 +101,15 @@ def pull_task_input(stub: ClientAppIoStub) -> tuple[Message, Context, Fab]:
         make_pull_object_fn_protobuf(stub.PullObject, node, run.run_id),
         make_confirm_message_received_fn_protobuf(stub.ConfirmMessageReceived, node, run.run_id),
         return_type=Message, initial_backoff=FIRST_RETRY_S, backoff_cap=MAX_RETRY_WAIT_S, max_tries_per_object=None,
+        max_time=content_wait_s,
     )
     message.metadata.__dict__["_message_id"] = tree.object_id  # as flwr-clientapp: the id is not in the content
     return message, context, fab
 
 
-def run_one_task(address: str, token: str, app: ClientApp, task_id: int = 0) -> TaskOutcome:
+def run_one_task(
+    address: str, token: str, app: ClientApp, task_id: int = 0, content_wait_s: float = CONTENT_WAIT_S,
+) -> TaskOutcome:
     """Run the claimed task `token`: pull its input, call `app`, push the reply and the status.
 
     Mirrors `flwr-clientapp` (flwr.supernode.runtime.run_clientapp) minus the bundle install and
@@ -116,7 +127,7 @@ def run_one_task(address: str, token: str, app: ClientApp, task_id: int = 0) -> 
     message_type, status, detail, pushed = "?", SubStatus.FAILED, "", False
     try:
         heartbeat.start()
-        message, context, fab = pull_task_input(stub)
+        message, context, fab = pull_task_input(stub, content_wait_s)
         message_type = message.metadata.message_type
         wanted = bundle_clientapp(fab.content)
         if wanted != HACFED_CLIENTAPP:
@@ -152,15 +163,19 @@ def serve_tasks(
     *,
     poll_s: float = DEFAULT_POLL_S,
     on_task: Callable[[TaskOutcome], None] | None = None,
+    content_wait_s: float = CONTENT_WAIT_S,
 ) -> None:
     """Claim and run the SuperNode's ClientApp tasks one at a time until `stop` is set.
 
     One at a time, like the SuperNode itself (it pulls its next message only after pushing the
-    reply of the last one). A ClientAppIo API that is not up yet or went away is retried every
+    reply of the last one). A task whose content has not come after `content_wait_s` is given up
+    (`CONTENT_WAIT_S`). A ClientAppIo API that is not up yet or went away is retried every
     `poll_s`; the thread ends with `stop` (the SuperNode process ending ends it too: it is a daemon).
     """
     if not poll_s > 0:
         raise ValueError(f"poll_s must be > 0, got {poll_s}")
+    if not content_wait_s > 0:
+        raise ValueError(f"content_wait_s must be > 0, got {content_wait_s}")
     try:
         check_loopback_address(address)
     except ValueError:
@@ -177,7 +192,7 @@ def serve_tasks(
                         continue
                     token = stub.ClaimTask(ClaimTaskRequest(task_id=task.task_id)).token
                     if token:
-                        outcome = run_one_task(address, token, app, task.task_id)
+                        outcome = run_one_task(address, token, app, task.task_id, content_wait_s)
                         log(INFO, "hacfed ClientApp runner: task %d (%s) %s in %.3fs%s", outcome.task_id,
                             outcome.message_type, "done" if outcome.ok else "FAILED", outcome.seconds,
                             f": {outcome.detail}" if outcome.detail else "")

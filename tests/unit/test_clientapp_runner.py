@@ -156,3 +156,38 @@ def test_serve_tasks_refuses_bad_settings() -> None:
         serve_tasks("127.0.0.1:1", app, threading.Event(), poll_s=0)
     with pytest.raises(ValueError, match="loopback"):
         serve_tasks("10.0.0.1:1", app, threading.Event())
+
+
+def test_a_task_whose_content_never_comes_is_given_up_and_the_next_one_runs(node: Node, participant) -> None:
+    """The SuperLink died while the SuperNode pulled a message: its task exists, its content never will.
+    The runner gives it up after content_wait_s, so the new run's messages are not blocked behind it."""
+    port, seen = participant
+    lost = node.deliver(b"lost", _fab(), port)
+    tree = node.store.get_object_tree(lost)
+    for t in iterate_object_tree(tree):
+        node.store.delete(t.object_id)
+    node.store.preregister(RUN_ID, tree)  # known ids without content: "not available yet", for ever
+    stop, outcomes = threading.Event(), []
+
+    def on_task(outcome: TaskOutcome) -> None:
+        outcomes.append(outcome)
+        if len(outcomes) == 1:
+            node.deliver(b"next", _fab(), port)  # what the restarted coordinator sends next
+        else:
+            stop.set()
+
+    thread = threading.Thread(target=serve_tasks, args=(node.address, app, stop),
+                              kwargs={"poll_s": 0.02, "on_task": on_task, "content_wait_s": 1.0})
+    thread.start()
+    thread.join(120.0)
+    stop.set()
+    thread.join(10.0)
+    assert not thread.is_alive()
+    first, second = outcomes
+    assert not first.ok and "ObjectUnavailable" in first.detail, first
+    assert second.ok and seen == [b"next"], (second, seen)
+
+
+def test_content_wait_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="content_wait_s must be > 0, got 0"):
+        serve_tasks("127.0.0.1:1", app, threading.Event(), content_wait_s=0)
