@@ -33,6 +33,7 @@ Never imports torch (design.md): `driver-status.json` records `'torch' in sys.mo
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -397,4 +398,15 @@ def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
         raise ValueError(f"run config 'driver-config' must name the driver settings file, got {path!r}")
     from flwr.superlink.grid import grpc_grid  # the ServerApp's Grid: a reply's content still arriving is
     shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages])  # retried after 20 ms, not 1 s
-    return FederationDriver(DriverSettings.read(path))
+    driver = FederationDriver(DriverSettings.read(path))
+    freeze_startup_objects()
+    return driver
+
+
+def freeze_startup_objects() -> None:
+    """Move everything allocated so far (modules, the task's problems, the journal's caches) out of
+    the garbage collector's generations: each round allocates ~labs x 1,000 samples, and every full
+    collection would walk the startup objects again (bench/coordinator_scale.py: 0.1-0.4 s of GC per
+    round at 16 labs, ~0.1 s after the freeze). Nothing frozen here is garbage."""
+    gc.collect()
+    gc.freeze()
