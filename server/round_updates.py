@@ -33,7 +33,6 @@ class RoundUpdates:
         self, update: RoundUpdate, key: Ed25519PrivateKey, *, peers_per_prompt: int, salt: str,
         console: Callable[[str], None] = lambda line: None, max_bytes: int = MAX_MESSAGE_BYTES - DELIVERY_ROOM,
     ) -> None:
-        self.update = update
         self._key = key
         self._console = console
         self._max_bytes = max_bytes
@@ -49,29 +48,31 @@ class RoundUpdates:
         """The sealed RoundUpdate envelope for participant `pid` (cached for the round)."""
         if pid in self._sealed:
             return self._sealed[pid]
-        if not self._too_big and len(self._shares.indices_for(pid)) == self._shares.size:
+        indices = self._shares.indices_for(pid)
+        if not self._too_big and len(indices) == self._shares.size:
             if self._shared is None:
-                payload = self._splice(range(self._shares.size))
+                payload = self._splice(indices)
                 if _size(payload) <= self._max_bytes:
                     self._shared = self._seal(payload)
                 else:
                     self._too_big = True  # every lab gets its own, smaller selection
             if self._shared is not None:
                 return self._shared
-        self._sealed[pid] = self._seal(self._fitted(pid))
+        self._sealed[pid] = self._seal(self._fitted(pid, indices))
         return self._sealed[pid]
 
-    def _fitted(self, pid: str) -> list[bytes]:
+    def _fitted(self, pid: str, indices: tuple[int, ...]) -> list[bytes]:
+        """The update of `indices` (the selection with K peers per prompt), or of fewer peers until
+        it fits in `max_bytes` (down to the lab's own samples)."""
         k = self._shares.peers_per_prompt
-        while True:
-            payload = self._splice(self._shares.indices_for(pid, k))
-            if _size(payload) <= self._max_bytes or k == 0:
-                break
+        payload = self._splice(indices)
+        while _size(payload) > self._max_bytes and k > 0:
             k -= 1
+            payload = self._splice(self._shares.indices_for(pid, k))
         if k < self._shares.peers_per_prompt and not self._warned:
             self._warned = True
             self._console(f"round update for {pid}: {k} peers per prompt instead of {self._shares.peers_per_prompt}, "
-                          f"so that it fits in one message ({_size(payload)} <= {self._max_bytes} bytes); lower "
+                          f"to fit in one message ({_size(payload)} bytes; {self._max_bytes} available); lower "
                           f"pool_peers_per_prompt or max_new_tokens to send every lab the same")
         return payload
 

@@ -16,7 +16,7 @@ from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
 from hacfed.wire.convert import (
-    count_submission, fill_batch, fill_delivery, fill_error, fill_lab_reply, fill_plan, fill_receipt, fill_refusal,
+    count_submission, fill_batch, fill_error, fill_lab_reply, fill_plan, fill_receipt, fill_refusal,
     fill_report, fill_submission, fill_trajectory, fill_update, read_batch, read_delivery, read_error, read_lab_reply,
     read_plan, read_receipt, read_refusal, read_report, read_submission, read_trajectory, read_update,
 )
@@ -193,8 +193,14 @@ def length_delimited(field_number: int, body: bytes) -> bytes:
 
 
 _TAG_1, _TAG_2 = varint(1 << 3 | 2), varint(2 << 3 | 2)
-_DELIVERY_FIELD = pb.WireMessage.DESCRIPTOR.fields_by_name["delivery"].number
 _FRAME_PREFIX = pb.WireMessage(version=PROTOCOL_VERSION).SerializeToString(deterministic=True)
+
+
+def frame_parts(body: str, parts: Sequence[bytes]) -> list[bytes]:
+    """`_encode(body, ...)`'s WireMessage frame around a body already written as `parts` (the
+    body's deterministic encoding is their concatenation), as pieces: nothing is copied."""
+    number = pb.WireMessage.DESCRIPTOR.fields_by_name[body].number
+    return [_FRAME_PREFIX, varint(number << 3 | 2), varint(sum(len(p) for p in parts)), *parts]
 
 
 def delivery_parts(delivery: Delivery) -> list[bytes]:
@@ -207,7 +213,7 @@ def delivery_parts(delivery: Delivery) -> list[bytes]:
     parts = [part for a in delivery.answers for part in (_TAG_1, varint(len(a)), a)]
     if delivery.request:  # proto3: an empty singular bytes field is not written
         parts += (_TAG_2, varint(len(delivery.request)), delivery.request)
-    return [_FRAME_PREFIX, varint(_DELIVERY_FIELD << 3 | 2), varint(sum(len(p) for p in parts)), *parts]
+    return frame_parts("delivery", parts)
 
 
 def encode_delivery(delivery: Delivery) -> bytes:
@@ -245,15 +251,6 @@ def envelope_parts(payload_parts: Sequence[bytes], sig: bytes, key_id: bytes, pa
 def encode_envelope(envelope: RawEnvelope) -> bytes:
     return b"".join(envelope_parts((envelope.payload,), envelope.sig, envelope.key_id, envelope.payload_type,
                                    envelope.version))
-
-
-def encode_envelope_generic(envelope: RawEnvelope) -> bytes:
-    """The plain protobuf encoding that `encode_envelope` must equal (kept for its tests)."""
-    m = pb.Envelope(
-        payload=envelope.payload, sig=envelope.sig, key_id=envelope.key_id,
-        payload_type=str(envelope.payload_type), version=envelope.version,
-    )
-    return m.SerializeToString(deterministic=True)
 
 
 def decode_envelope(data: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES) -> RawEnvelope:

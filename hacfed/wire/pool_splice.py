@@ -23,17 +23,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from hacfed.proto import hacfed_v1_pb2 as pb
-
 from hacfed.messages import RoundUpdate
+from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
 from hacfed.wire.convert import fill_hacpo, fill_plan, fill_trajectory
-from hacfed.wire.framing import length_delimited, varint
-from hacfed.wire.types import PROTOCOL_VERSION
+from hacfed.wire.framing import frame_parts, length_delimited
 
-_POOL_FIELD = 3  # RoundUpdate.pool
-_UPDATE_FIELD = 3  # WireMessage.round_update
-_FRAME_PREFIX = pb.WireMessage(version=PROTOCOL_VERSION).SerializeToString(deterministic=True)
+_POOL_FIELD = pb.RoundUpdate.DESCRIPTOR.fields_by_name["pool"].number
 
 
 def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
@@ -64,9 +60,8 @@ def round_update_parts(header: RoundUpdate, items: Sequence[bytes]) -> list[byte
         fill_plan(after.next_plan, header.next_plan)
     after.participants.extend(header.participants)
     fill_hacpo(after.hacpo, header.hacpo)
-    body = [before.SerializeToString(deterministic=True), *items, after.SerializeToString(deterministic=True)]
-    size = sum(len(b) for b in body)
-    return [_FRAME_PREFIX, varint(_UPDATE_FIELD << 3 | 2), varint(size), *body]
+    return frame_parts("round_update", [before.SerializeToString(deterministic=True), *items,
+                                        after.SerializeToString(deterministic=True)])
 
 
 def splice_round_update(header: RoundUpdate, items: Sequence[bytes]) -> bytes:

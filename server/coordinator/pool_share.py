@@ -43,12 +43,6 @@ class PoolShares:
         for prompt_id, source in self._groups:
             sources.setdefault(prompt_id, []).append(source)
         self._sources = {p: sorted(s) for p, s in sources.items()}
-        self._max_sources = max((len(s) for s in self._sources.values()), default=0)
-
-    def sends_everything(self) -> bool:
-        """True when no prompt has more than K sources: every selection, even that of a lab without
-        samples, is the whole pool."""
-        return self._max_sources <= self.peers_per_prompt
 
     def indices_for(self, learner: str, peers_per_prompt: int | None = None) -> tuple[int, ...]:
         """Pool indices (increasing) of what `learner` is sent; `peers_per_prompt` overrides K."""
