@@ -146,3 +146,11 @@ def test_driver_sends_each_lab_its_own_selection(tmp_path: Path) -> None:
         for prompt, sources in sources_per_prompt(update.pool, range(len(update.pool))).items():
             assert pid in sources and len(sources) == 2, (pid, prompt, sources)
         assert set(update.capabilities) == {"lab-1", "lab-2", "lab-3", "lab-4"}
+
+
+@pytest.mark.parametrize("bad", [0, -1, "7", True, 1.5, None])
+def test_the_coordinator_setting_is_validated(tmp_path: Path, bad) -> None:
+    from tests.unit.test_coordinator_fakes import make_config
+
+    with pytest.raises(ValueError, match=f"pool_peers_per_prompt must be an integer >= 1, got {bad!r}"):
+        make_config(tmp_path, pool_peers_per_prompt=bad)
