@@ -254,7 +254,7 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         for name in ("open_lab_reply", "open_envelope", "decode_submission"):
             patch(replies, name, clock.wrap("decode", getattr(replies, name)))
         patch(intake, "validate_submission", clock.wrap("validate", intake.validate_submission))
-        patch(validation, "_verified_reward", clock.wrap("reward", validation._verified_reward))
+        patch(validation, "_verified_rewards", clock.wrap("reward", validation._verified_rewards))
         for name in ("record_submission", "used_trajectory_ids", "last_policy_version"):
             patch(driver.journal, name, clock.wrap("journal", getattr(driver.journal, name)))
         patch(driver.answers, "receipt", clock.wrap("answers", driver.answers.receipt))
@@ -327,10 +327,11 @@ def measure(work: Path) -> dict[str, Any]:
     first = driver.coordinator.task.train_problems()[0]
     driver.coordinator.task.verify(first, f"\\boxed{{\\${first.answer}}}")
     rounds: list[dict[str, Any]] = []
+    verifier = driver.coordinator.task._verifier
     with RssSampler() as rss, instrumented(driver, clock, sizes):
         baseline = rss.now()
         for round_id in range(cfg.rounds):
-            total, cpu = 0.0, time.process_time()
+            total, cpu, workers = 0.0, time.process_time(), workers_cpu(verifier)
             start = time.perf_counter()
             with clock.phase("other"):
                 payloads = driver.next_round(participants) or {}
@@ -354,7 +355,11 @@ def measure(work: Path) -> dict[str, Any]:
             total += time.perf_counter() - start
             if driver.coordinator.current_round is not None:
                 raise RuntimeError(f"round {round_id} did not close at quorum")
-            rounds.append({"round": round_id, "total_s": total, "cpu_s": time.process_time() - cpu,
+            cpu = time.process_time() - cpu
+            worker_cpu = sum(t - workers.get(pid, 0.0) for pid, t in workers_cpu(verifier).items())
+            rounds.append({"round": round_id, "total_s": total, "cpu_s": cpu, "worker_cpu_s": worker_cpu,
+                           "all_cpu_s": cpu + worker_cpu, "rss_workers_bytes": workers_rss(verifier),
+                           "load_average": os.getloadavg()[0],
                            "phases_s": clock.take(),
                            "rss_bytes": rss.now(), "update_bytes": max(sizes, default=0),
                            "sent_bytes": sum(len(p) for p in payloads.values())})
@@ -369,6 +374,35 @@ def measure(work: Path) -> dict[str, Any]:
             "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "journal_counts": counts, "journal_ids_sha": _digest(sorted(ids)),
             "journal_bytes": sum(p.stat().st_size for p in Path(cfg.state_dir).glob("journal.sqlite*"))}
+
+
+def workers_cpu(verifier: Any) -> dict[int, float]:
+    """CPU seconds (user + system) of each live math-verify worker process, by pid: the round's
+    verification work that the coordinator process's own CPU time does not include. A worker
+    replaced during a round (timeout, retirement) takes its CPU time with it: a lower bound."""
+    import psutil
+
+    out = {}
+    for pid in verifier.worker_pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        out[pid] = times.user + times.system
+    return out
+
+
+def workers_rss(verifier: Any) -> int:
+    """Resident bytes of the live math-verify workers together (not in the coordinator's RSS)."""
+    import psutil
+
+    total = 0
+    for pid in verifier.worker_pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return total
 
 
 def _digest(items: list[str]) -> str:
@@ -402,6 +436,8 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
     phases = {p: statistics.median(r["phases_s"][p] for r in timed) for p in PHASES}
     total = statistics.median(r["total_s"] for r in timed)
     cpu = statistics.median(r["cpu_s"] for r in timed)
+    worker_cpu = statistics.median(r.get("worker_cpu_s", 0.0) for r in timed)
+    all_cpu = statistics.median(r.get("all_cpu_s", r["cpu_s"]) for r in timed)
     per_round = cfg.labs * cfg.per_lab
     rss_delta = measured["rss_peak_bytes"] - measured["rss_baseline_bytes"]
     from hacfed.wire import MAX_MESSAGE_BYTES
@@ -411,7 +447,9 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
     return {
         "config": asdict(cfg), "generated": generated,
         "round_total_s": total, "round_totals_s": [r["total_s"] for r in measured["rounds"]],
-        "round_cpu_s": cpu, "sandbox_calls": measured["sandbox_calls"],
+        "round_cpu_s": cpu, "round_worker_cpu_s": worker_cpu, "round_all_cpu_s": all_cpu,
+        "worker_rss_mib": max(r.get("rss_workers_bytes", 0) for r in measured["rounds"]) / 2**20,
+        "load_average": statistics.median(r.get("load_average", 0.0) for r in timed), "sandbox_calls": measured["sandbox_calls"],
         "phases_s": phases, "groups_s": {g: sum(phases[p] for p in ps) for g, ps in GROUPS.items()},
         "us_per_trajectory": total / per_round * 1e6,
         "rss_baseline_mib": measured["rss_baseline_bytes"] / 2**20, "rss_peak_mib": measured["rss_peak_bytes"] / 2**20,
@@ -451,19 +489,21 @@ def growth(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def table(points: list[dict[str, Any]]) -> str:
-    head = (f"{'labs':>5} {'traj/round':>10} {'round s':>8} {'CPU s':>6} {'us/traj':>8} " +
-            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8}")
+    head = (f"{'labs':>5} {'traj/round':>10} {'round s':>8} {'CPU s':>6} {'+wrk s':>6} {'us/traj':>8} " +
+            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8} {'load':>5}")
     lines = [head]
     for p in points:
         c = p["config"]
         lines.append(
             f"{c['labs']:>5} {c['labs'] * c['prompts'] * c['group_size']:>10} {p['round_total_s']:>8.2f} "
-            f"{p['round_cpu_s']:>6.2f} "
+            f"{p['round_cpu_s']:>6.2f} {p.get('round_worker_cpu_s', 0.0):>6.2f} "
             f"{p['us_per_trajectory']:>8.0f} " + " ".join(f"{p['phases_s'][k]:>8.2f}" for k in PHASES) +
             f" {p['rss_peak_mib']:>8.0f} {p['rss_growth_mib_per_lab']:>8.2f} "
-            f"{p['update_mib']:>9.1f}{'!' if p['update_over_cap'] else ' '} {p['sent_mib']:>8.1f}")
-    lines.append("phases: median seconds per round (rounds 1..R-1); update: the largest lab's ('!' = over the 16 MiB "
-                 "message cap); sent: every delivery of the round together")
+            f"{p['update_mib']:>9.1f}{'!' if p['update_over_cap'] else ' '} {p['sent_mib']:>8.1f} "
+            f"{p.get('load_average', 0.0):>5.1f}")
+    lines.append("phases: median seconds per round (rounds 1..R-1); CPU s: the coordinator process, +wrk s: its "
+                 "math-verify workers' CPU on top; update: the largest lab's ('!' = over the 16 MiB "
+                 "message cap); sent: every delivery of the round together; load: 1-min load average during the point")
     return "\n".join(lines)
 
 

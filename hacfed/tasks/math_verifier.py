@@ -23,6 +23,13 @@ function of that request alone (its limits and math-verify are fixed per verifie
 verdict is the one the worker would give again; a lab can only fill entries for its own answers,
 which hold their true verdicts, and evict others' (costing the coordinator round trips, not
 correctness). Aborts (timeout, crash, refusal, memory) may be transient and are never cached.
+
+Workers: up to `parallel_workers` sandboxed workers, each started only when every started one is
+busy with another caller's request. A caller that verifies one item at a time (a lab scoring its
+rollouts) never starts a second; the coordinator verifies a submission's groups from two threads
+(`hacfed.server.coordinator.validation`), so its two cores each run one math-verify worker while
+the other thread screens in process. A request another thread is already sending for the same
+(gold, answer) waits for that verdict instead of asking a second worker.
 One gap: math-verify catches `Exception` inside itself, MemoryError and RecursionError included,
 and answers "not equal", so such a failure would be cached like a real 0; step 3's caps bound
 what one answer can make it parse.
@@ -54,6 +61,7 @@ WORKER_FACTORY = "hacfed.tasks.math_verifier:worker_handler"
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
 _NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _BOXED = "\\boxed"
+MAX_PARALLEL_WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,9 @@ class MathVerifierConfig:
     verdict_cache_entries: most worker verdicts kept in the LRU cache (0: no cache). An entry holds
     the gold, an answer of at most max_answer_chars and a reason of at most 100 chars: measured at
     ~0.35 KB for GSM8K-sized answers and ~0.7 KB at the 200-char limit, so 22-43 MiB when full at
-    the default."""
+    the default.
+    parallel_workers: most sandboxed workers serving concurrent callers (each ~100-200 MiB, each
+    under the same `sandbox` limits); a second one starts only while the first is busy."""
 
     answer_mode: AnswerMode = "boxed"
     max_response_chars: int = 10_000
@@ -71,18 +81,22 @@ class MathVerifierConfig:
     max_nesting: int = 8
     numeric_fast_path: bool = True
     verdict_cache_entries: int = 65_536
+    parallel_workers: int = 2
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
 
     def __post_init__(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
             raise ValueError(f"MathVerifierConfig.answer_mode must be one of {ANSWER_MODES}, got {self.answer_mode!r}")
-        for name in ("max_response_chars", "max_answer_chars", "max_nesting"):
+        for name in ("max_response_chars", "max_answer_chars", "max_nesting", "parallel_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MathVerifierConfig.{name} must be an int >= 1, got {value!r}")
         entries = self.verdict_cache_entries
         if isinstance(entries, bool) or not isinstance(entries, int) or entries < 0:
             raise ValueError(f"MathVerifierConfig.verdict_cache_entries must be an int >= 0 (0: off), got {entries!r}")
+        if self.parallel_workers > MAX_PARALLEL_WORKERS:
+            raise ValueError(f"MathVerifierConfig.parallel_workers must be <= {MAX_PARALLEL_WORKERS}, "
+                             f"got {self.parallel_workers!r}")
         if not isinstance(self.numeric_fast_path, bool):
             raise ValueError(f"MathVerifierConfig.numeric_fast_path must be a bool, got {self.numeric_fast_path!r}")
         if not isinstance(self.sandbox, SandboxLimits):
@@ -217,16 +231,22 @@ class VerdictCache:
 class MathVerifier:
     """Scores responses against gold answers; hostile input gives reward 0 with a reason, never an exception.
 
-    Thread-safe. The sandboxed worker starts on the first item that needs math-verify and is
-    killed by `close()`, by `with`, or at interpreter exit. Its verdicts are cached (module
+    Thread-safe. The first sandboxed worker starts on the first item that needs math-verify, more
+    (up to `parallel_workers`) only while every started one is busy; all are killed by `close()`,
+    by `with`, or at interpreter exit. Its verdicts are cached (module
     docstring); `worker_calls` counts requests actually sent, `cache_hits` the items that needed
     one but were answered without it."""
 
     def __init__(self, config: MathVerifierConfig | None = None) -> None:
         self.config = config if config is not None else MathVerifierConfig()
-        self._worker = SandboxedWorker(WORKER_FACTORY, self.config.sandbox)
+        self._worker = SandboxedWorker(WORKER_FACTORY, self.config.sandbox)  # the first; more on demand
+        self._workers = [self._worker]
+        self._idle = [self._worker]
+        self._pool = threading.Condition()
+        self._inflight: dict[WorkerKey, _Pending] = {}  # requests being sent now, by key
+        self._closed = False
         self._cache = VerdictCache(self.config.verdict_cache_entries)
-        self.worker_calls = 0  # requests sent to the sandboxed worker
+        self.worker_calls = 0  # requests sent to the sandboxed workers
         self.cache_hits = 0  # items for the worker answered without a request (cache, or a repeat in verify_many)
 
     def verify(self, gold: str, response: str) -> Verdict:
@@ -235,12 +255,13 @@ class MathVerifier:
             return screened
         cached = self._cache.get(screened)
         if cached is not None:
-            self.cache_hits += 1
+            with self._pool:
+                self.cache_hits += 1
             return cached
         return self._verify_in_sandbox(screened)
 
     def verify_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
-        """`verify` over (gold, response) pairs, in order, through the one worker.
+        """`verify` over (gold, response) pairs, in order, one request at a time.
 
         Each distinct (gold, answer) the cache does not hold goes to the worker once per call, in
         first-seen order; its repeats in the call share that verdict, an abort included (the next
@@ -274,10 +295,20 @@ class MathVerifier:
 
     @property
     def worker_starts(self) -> int:
-        return self._worker.starts
+        return sum(w.starts for w in self._workers)
+
+    @property
+    def worker_pids(self) -> tuple[int, ...]:
+        """The live workers' process ids (for measuring their CPU, bench/coordinator_scale.py)."""
+        return tuple(pid for w in list(self._workers) if (pid := w.pid) is not None)
 
     def close(self) -> None:
-        self._worker.close()
+        with self._pool:
+            self._closed = True
+            workers = list(self._workers)
+            self._pool.notify_all()
+        for w in workers:
+            w.close()
 
     def __enter__(self) -> "MathVerifier":
         return self
@@ -311,13 +342,38 @@ class MathVerifier:
         return gold.strip(), answer
 
     def _verify_in_sandbox(self, key: WorkerKey) -> Verdict:
-        """Ask the worker; cache its verdict unless the request aborted (those may be transient)."""
-        gold, answer = key
-        self.worker_calls += 1
+        """Ask a worker; cache its verdict unless the request aborted (those may be transient). A
+        key another thread is asking about right now gets that thread's verdict (an abort too)."""
+        with self._pool:
+            pending = self._inflight.get(key)
+            mine = pending is None
+            if mine:
+                pending = self._inflight[key] = _Pending()
+        if not mine:
+            pending.done.wait()
+            with self._pool:
+                self.cache_hits += 1
+            return pending.verdict
         try:
-            result = self._worker.call({"gold": gold, "answer": answer})
-        except SandboxAbort as e:
-            return _abort(e.reason)
+            pending.verdict = self._ask_worker(key)
+            return pending.verdict
+        finally:
+            with self._pool:
+                del self._inflight[key]
+            pending.done.set()
+
+    def _ask_worker(self, key: WorkerKey) -> Verdict:
+        gold, answer = key
+        worker = self._checkout()
+        try:
+            with self._pool:
+                self.worker_calls += 1
+            try:
+                result = worker.call({"gold": gold, "answer": answer})
+            except SandboxAbort as e:
+                return _abort(e.reason)
+        finally:
+            self._checkin(worker)
         if result.get("equal") is True:
             verdict = Verdict(1.0, "equivalent (math-verify)")
         else:
@@ -325,6 +381,33 @@ class MathVerifier:
             verdict = Verdict(0.0, "wrong answer" if note is None else str(note)[:100])
         self._cache.put(key, verdict)
         return verdict
+
+    def _checkout(self) -> SandboxedWorker:
+        """An idle worker; a new one while fewer than `parallel_workers` exist; else wait for one."""
+        with self._pool:
+            while True:
+                if self._closed:
+                    raise RuntimeError("MathVerifier is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._workers) < self.config.parallel_workers:
+                    worker = SandboxedWorker(WORKER_FACTORY, self.config.sandbox)
+                    self._workers.append(worker)
+                    return worker
+                self._pool.wait()
+
+    def _checkin(self, worker: SandboxedWorker) -> None:
+        with self._pool:
+            self._idle.append(worker)
+            self._pool.notify()
+
+
+class _Pending:
+    """A request one thread is sending; the others asking for the same key wait for `done`."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.verdict = _abort("worker error")  # replaced before `done` is set, unless the call raised
 
 
 def _abort(reason: str) -> Verdict:

@@ -43,6 +43,7 @@ _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _NESTED = ("task", "sampling", "hacpo")
 # Settings that decide the prompt plans and the objective: a journal written under other values
 # belongs to a different experiment, so the coordinator refuses to resume it (see Journal.bind_run).
+MAX_VERIFY_THREADS = 8
 PLAN_FIELDS = ("run_id", "task", "seed", "prompts_per_round", "group_size", "sampling", "hacpo", "eval_every")
 
 
@@ -65,6 +66,10 @@ class CoordinatorConfig:
     pool_peers_per_prompt: each lab is sent its own accepted samples and, per prompt, the groups of
       at most this many other labs (hacfed.server.coordinator.pool_share); with at most K + 1 labs
       every lab gets the whole pool.
+    verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
+      verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), two threads keep two
+      workers busy while screening in process; a pure in-process verifier gains nothing from more
+      than 1 (hacfed.server.coordinator.validation).
     """
 
     run_id: str
@@ -91,6 +96,7 @@ class CoordinatorConfig:
     round_quota_bytes: int | None = None
     round_quota_trajectories: int | None = None
     pool_peers_per_prompt: int = 7
+    verify_threads: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -130,6 +136,9 @@ class CoordinatorConfig:
         if self.round_quota_trajectories is not None:
             _int(self, "round_quota_trajectories", self.prompts_per_round * self.group_size)
         _int(self, "pool_peers_per_prompt", 1)
+        _int(self, "verify_threads", 1)
+        if self.verify_threads > MAX_VERIFY_THREADS:
+            _bad("verify_threads", self.verify_threads, f"an integer in [1, {MAX_VERIFY_THREADS}]")
 
     @property
     def quota_bytes(self) -> int:

@@ -158,6 +158,7 @@ class SubmissionIntake:
             max_response_chars=self.cfg.max_response_chars,
             min_mean_logp=self.cfg.min_mean_logp,
             min_policy_version=self.journal.last_policy_version(pid),
+            verify_threads=self.cfg.verify_threads,
         )
         used = self.journal.used_trajectory_ids(pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)])
         outcome = validate_submission(sub, plan, self.task, limits, used)
@@ -180,6 +181,7 @@ class SubmissionIntake:
             pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
         )
         seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
+        self._remember_accepted(round_id, outcome.accepted)  # after the COMMIT: the next round's pool
         if strikes:
             log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
         if quarantine:

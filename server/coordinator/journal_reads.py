@@ -63,6 +63,15 @@ class JournalReads:
             out.append(Trajectory(tid, prompt_id, source_id, version, prompt, text, reward, lp, n, finish))
         return tuple(out)
 
+    def round_sample_counts(self, round_id: int) -> tuple[int, int]:
+        """(accepted samples of the round, how many of them a purge withdrew): whether a pool kept in
+        memory still is the journal's (`Coordinator._pool_of`)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(purged), 0) FROM trajectories WHERE round_id=?", (round_id,),
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
     def submitters(self, round_id: int) -> dict[str, int]:
         """participant -> number of accepted trajectories, for everyone with a recorded submission."""
         with self._lock:

@@ -37,11 +37,13 @@ closed (`failed_closed`): it refuses every submission with AUDIT_UNAVAILABLE unt
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from operator import itemgetter
+from typing import Callable, Iterator, Sequence
 
 from hacfed.capability import CapabilityTracker
 from hacfed.messages import RoundPlan, RoundUpdate
@@ -53,12 +55,13 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed
-from hacfed.server.coordinator.validation import MAX_ID_CHARS, is_short_id
+from hacfed.server.coordinator.validation import MAX_ID_CHARS, AcceptedTrajectory, is_short_id
 from hacfed.tasks.base import Task
-from hacfed.trajectory import Trajectory
+from hacfed.trajectory import ChatMessage, Trajectory
 
 log = logging.getLogger("hacfed.server.coordinator")
 CLOSE_REASONS = ("quorum", "deadline")
+_POOL_KEY = itemgetter(0, 1, 2)  # the journal's pool order: participant, prompt position, sample index
 
 
 class Coordinator(SubmissionIntake):
@@ -68,6 +71,9 @@ class Coordinator(SubmissionIntake):
         self._lock = threading.RLock()
         self._plans: dict[int, RoundPlan] = {}
         self._pools: dict[int, tuple[Trajectory, ...]] = {}
+        # round -> (participant, prompt position, sample index, trajectory) of every sample this
+        # process saw committed as accepted in that round (`_remember_accepted`, `_pool_of`).
+        self._accepted: dict[int, list[tuple[str, int, int, Trajectory]]] = {}
         self._tracker = self._restore_tracker()
         self.limiter = SubmissionLimiter(
             rate_per_s=cfg.rate_limit_per_s, burst=cfg.rate_limit_burst, quota_bytes=cfg.quota_bytes,
@@ -243,7 +249,7 @@ class Coordinator(SubmissionIntake):
                 if record is None or record.state == "OPEN":
                     raise CoordinatorStateError(f"round {pool_round} must be closed before its pool is published")
                 if pool_round not in self._pools:  # only the latest: memory does not grow with the rounds
-                    self._pools = {pool_round: self.journal.pool(pool_round)}
+                    self._pools = {pool_round: self._pool_of(pool_round)}
                 pool = self._pools[pool_round]
                 capabilities = {pid: 1.0 for pid in active} | dict(record.capabilities or {})
             next_plan = None
@@ -254,6 +260,29 @@ class Coordinator(SubmissionIntake):
             if pool_round is not None:
                 self.journal.mark_published(pool_round)
             return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
+
+    def _remember_accepted(self, round_id: int, accepted: Sequence[AcceptedTrajectory]) -> None:
+        """Keep a committed submission's accepted samples for `_pool_of` (called after the COMMIT:
+        nothing is kept that the journal does not hold). Rounds before round_id - 1 are dropped."""
+        for old in [r for r in self._accepted if r < round_id - 1]:
+            del self._accepted[old]
+        kept = self._accepted.setdefault(round_id, [])
+        kept.extend((a.trajectory.source_id, a.prompt_pos, a.idx, a.trajectory) for a in accepted)
+
+    def _pool_of(self, round_id: int) -> tuple[Trajectory, ...]:
+        """`journal.pool(round_id)`, from the samples kept at intake when they are exactly what the
+        journal holds: every accepted sample of the round was committed by this process (no restart
+        in between) and none was purged since (the journal's count of the round's samples, and of
+        purged ones, must agree), and every field has the type and value the journal would give
+        back (`_as_journaled`). Otherwise the journal is read: the same trajectories, in the same
+        order (tests/unit/test_coordinator_speed.py), without reading back and rebuilding the
+        round's samples (bench/coordinator_scale.py)."""
+        kept = self._accepted.pop(round_id, None)
+        if kept is not None and self.journal.round_sample_counts(round_id) == (len(kept), 0) and \
+                all(_as_journaled(t) for _, _, _, t in kept):
+            kept.sort(key=_POOL_KEY)
+            return tuple(t for _, _, _, t in kept)
+        return self.journal.pool(round_id)
 
     # -- participants ----------------------------------------------------------------------------
 
@@ -306,3 +335,18 @@ class Coordinator(SubmissionIntake):
         tracker = CapabilityTracker([], window=self.cfg.hacpo.capability_window)
         tracker.load_state_dict(self._tracker.state_dict())
         return tracker
+
+
+def _as_journaled(t: Trajectory) -> bool:
+    """Whether `t` is field for field what `Journal.pool` would build from its row: exact built-in
+    types (SQLite gives back a float for REAL, an int for INTEGER, a str for TEXT) and no negative
+    zero (which a REAL column does not keep, and which protobuf would encode differently)."""
+    reward, lp = t.reward, t.source_logp_sum
+    return (
+        type(reward) is float and type(lp) is float and type(t.source_token_count) is int
+        and type(t.policy_version) is int and type(t.response_text) is str and type(t.trajectory_id) is str
+        and type(t.prompt_id) is str and type(t.source_id) is str and type(t.finish_reason) is str
+        and not (reward == 0.0 and math.copysign(1.0, reward) < 0) and not (lp == 0.0 and math.copysign(1.0, lp) < 0)
+        and type(t.prompt) is tuple
+        and all(type(m) is ChatMessage and type(m.role) is str and type(m.content) is str for m in t.prompt)
+    )

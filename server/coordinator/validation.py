@@ -17,6 +17,14 @@ None and INCOMPLETE_GROUP; the participant's other groups are still judged on th
 Rewards are never taken from the participant: each is re-computed with the task's verifier
 (`task.verify(task.problem(prompt_id), response_text).reward`). A claim that differs is a
 REWARD_MISMATCH (a strike, see errors.STRIKE_CODES); accepted trajectories carry the verified reward.
+
+The samples of every group that passed the cheap checks are verified together
+(`_verified_rewards`), split over `ValidationLimits.verify_threads` threads: math-verify runs in
+sandboxed worker processes (`hacfed.tasks.math_verifier`, `parallel_workers`), and while one thread
+waits for its worker the other screens its samples in process, so a submission's verification uses
+both cores instead of one thread waiting on one worker (bench/coordinator_scale.py). The verdicts,
+and so the outcome, do not depend on the number of threads: each sample's verdict is a function of
+its (gold, response) alone.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Collection, Iterable, NamedTuple
 
@@ -37,6 +47,7 @@ from hacfed.wire.types import MAX_REPORT_METRICS  # one cap: the wire refuses mo
 MAX_ID_CHARS = 128
 MAX_POLICY_VERSION = 2**62  # stays a SQLite INTEGER
 REWARD_TOLERANCE = 1e-6
+MIN_SAMPLES_PER_THREAD = 64  # below this a helper thread costs more than it saves
 
 
 class Rejection(NamedTuple):
@@ -68,6 +79,7 @@ class ValidationLimits:
     max_response_chars: int
     min_mean_logp: float
     min_policy_version: int = 0  # a participant's policy never goes back in time
+    verify_threads: int = 1  # threads re-verifying rewards (module docstring); the verdicts never depend on it
 
 
 @dataclass(frozen=True)
@@ -230,33 +242,55 @@ def validate_submission(
             groups.setdefault(t.prompt_id, []).append((t, problem))
         elif problem is not None:
             rejections.append(problem)
-    accepted: list[AcceptedTrajectory] = []
+    judged: list[tuple[str, int, list[tuple[Trajectory, Rejection | None]] | None, list[Rejection]]] = []
+    to_verify: list[tuple[Any, Trajectory]] = []  # (problem, sample) of every group that passed, in plan order
     for prompt_id, (pos, _) in planned.items():
         samples = groups.get(prompt_id, [])
         if not samples:
             detail = f"prompt {prompt_id}: 0 of {limits.group_size} samples"
-            rejections.append(Rejection(None, ErrorCode.INCOMPLETE_GROUP, detail))
+            judged.append((prompt_id, pos, None, [Rejection(None, ErrorCode.INCOMPLETE_GROUP, detail)]))
             continue
-        group_accepted, group_rejections = _judge_group(prompt_id, pos, samples, task, limits.group_size)
+        group_rejections = _cheap_group_rejections(prompt_id, samples, limits.group_size)
+        if group_rejections:
+            judged.append((prompt_id, pos, None, group_rejections))
+            continue
+        # Every cheap check passed: now (and only now) the verifier is spent on the group.
+        problem = task.problem(prompt_id)
+        to_verify.extend((problem, t) for t, _ in samples)
+        judged.append((prompt_id, pos, samples, []))
+    verified = iter(_verified_rewards(task, to_verify, limits.verify_threads))
+    accepted: list[AcceptedTrajectory] = []
+    for prompt_id, pos, samples, group_rejections in judged:
+        if samples is None:
+            rejections.extend(group_rejections)
+            continue
+        group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, [next(verified) for _ in samples])
         accepted.extend(group_accepted)
         rejections.extend(group_rejections)
     report_rejection = check_report(sub.report, sub.participant_id, sub.round_id)
     return ValidationOutcome(tuple(accepted), tuple(rejections), report_rejection)
 
 
-def _judge_group(
-    prompt_id: str, pos: int, samples: list[tuple[Trajectory, Rejection | None]], task: Task, group_size: int
-) -> tuple[list[AcceptedTrajectory], list[Rejection]]:
+def _cheap_group_rejections(
+    prompt_id: str, samples: list[tuple[Trajectory, Rejection | None]], group_size: int
+) -> list[Rejection]:
+    """The rejections of a group that is not exactly G samples that all passed the cheap checks
+    (every sample gets one: its own, or INCOMPLETE_GROUP / GROUP_REJECTED); [] for a group to verify."""
     failed = [r for _, r in samples if r is not None]
     if len(samples) != group_size:
         detail = f"prompt {prompt_id}: {len(samples)} samples, expected exactly {group_size}"
-        return [], [r or Rejection(t.trajectory_id, ErrorCode.INCOMPLETE_GROUP, detail) for t, r in samples]
+        return [r or Rejection(t.trajectory_id, ErrorCode.INCOMPLETE_GROUP, detail) for t, r in samples]
     if failed:
         detail = f"prompt {prompt_id}: sibling {safe_text(failed[0].trajectory_id)} rejected ({failed[0].code})"
-        return [], [r or Rejection(t.trajectory_id, ErrorCode.GROUP_REJECTED, detail) for t, r in samples]
-    # Every cheap check passed: now (and only now) spend the verifier on the group.
-    problem = task.problem(prompt_id)
-    verified = [_verified_reward(task, problem, t) for t, _ in samples]
+        return [r or Rejection(t.trajectory_id, ErrorCode.GROUP_REJECTED, detail) for t, r in samples]
+    return []
+
+
+def _judge_rewards(
+    prompt_id: str, pos: int, samples: list[tuple[Trajectory, Rejection | None]], verified: list[float]
+) -> tuple[list[AcceptedTrajectory], list[Rejection]]:
+    """A verified group: accepted with its verified rewards, or, when any claim differs from its
+    verdict, REWARD_MISMATCH for those samples and GROUP_REJECTED for their siblings."""
     mismatched = {
         t.trajectory_id: v for (t, _), v in zip(samples, verified) if abs(float(t.reward) - v) > REWARD_TOLERANCE
     }
@@ -276,6 +310,38 @@ def _judge_group(
         for idx, ((t, _), v) in enumerate(zip(samples, verified))
     ]
     return accepted, []
+
+
+def _verified_rewards(task: Task, items: list[tuple[Any, Trajectory]], threads: int) -> list[float]:
+    """`_verified_reward` of each (problem, sample), in order, over at most `threads` threads
+    (contiguous slices, the first in the calling thread); a verifier error propagates."""
+    n = min(threads, len(items) // MIN_SAMPLES_PER_THREAD) if threads > 1 else 1
+    if n <= 1:
+        return [_verified_reward(task, problem, t) for problem, t in items]
+    bounds = [len(items) * i // n for i in range(n + 1)]
+    slices = [items[bounds[i]:bounds[i + 1]] for i in range(n)]
+
+    def run(part: list[tuple[Any, Trajectory]]) -> list[float]:
+        return [_verified_reward(task, problem, t) for problem, t in part]
+
+    futures = [_helpers().submit(run, part) for part in slices[1:]]
+    first = run(slices[0])
+    return first + [r for f in futures for r in f.result()]
+
+
+_HELPERS: ThreadPoolExecutor | None = None
+_HELPERS_LOCK = threading.Lock()
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """The verification helper threads, started on first use and shared by every coordinator of
+    the process (each call waits for its own futures; 7 = the most `verify_threads` asks besides
+    the caller)."""
+    global _HELPERS
+    with _HELPERS_LOCK:
+        if _HELPERS is None:
+            _HELPERS = ThreadPoolExecutor(max_workers=7, thread_name_prefix="hacfed-verify")
+        return _HELPERS
 
 
 def _with_reward(t: Trajectory, reward: float) -> Trajectory:

@@ -1,0 +1,183 @@
+"""Reward re-verification over several threads and math-verify workers gives the verdicts of one
+thread and one worker (issue 11: both cores verify; bench/coordinator_scale.py measures it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Iterator
+
+import pytest
+
+from hacfed.server.coordinator import validation
+from hacfed.server.coordinator.validation import ValidationLimits, validate_submission
+from hacfed.tasks.base import Verdict
+from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
+from tests.unit.test_coordinator_fakes import TASK, make_coordinator, scripted_submission, scripted_trajectories
+
+
+class ThreadRecordingTask:
+    """The arithmetic task, recording which threads verified (and optionally failing on one text)."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.name = TASK.name
+        self.threads: set[int] = set()
+        self.fail_on = fail_on
+        self._lock = threading.Lock()
+
+    def problem(self, prompt_id: str):
+        return TASK.problem(prompt_id)
+
+    def verify(self, problem, response: str) -> Verdict:
+        with self._lock:
+            self.threads.add(threading.get_ident())
+        if response == self.fail_on:
+            return Verdict(7.0, "out of range")  # `_verified_reward` refuses it
+        return TASK.verify(problem, response)
+
+
+def _judged(tmp_path, threads: int, task, prompts: int = 40, falsify: int = 3):
+    coord = make_coordinator(tmp_path, prompts_per_round=prompts, group_size=4, expected_participants=1)
+    coord.register("a")
+    plan = coord.open_round(0)
+    sub = scripted_submission(plan, "a", falsify=falsify)
+    limits = ValidationLimits(group_size=4, max_new_tokens=8, max_response_chars=1000, min_mean_logp=-50.0,
+                              verify_threads=threads)
+    return sub, validate_submission(sub, plan, task, limits)
+
+
+def test_two_threads_judge_exactly_as_one_and_both_verify(tmp_path) -> None:
+    one_task, two_task = ThreadRecordingTask(), ThreadRecordingTask()
+    _, one = _judged(tmp_path / "one", 1, one_task)
+    _, two = _judged(tmp_path / "two", 2, two_task)
+    assert two == one
+    assert len(one.accepted) == 39 * 4 and len(one.strikes) == 3  # three falsified claims in one group
+    assert len(one_task.threads) == 1 and len(two_task.threads) == 2
+
+
+def test_small_submissions_stay_in_the_calling_thread(tmp_path) -> None:
+    task = ThreadRecordingTask()
+    _judged(tmp_path, 4, task, prompts=8)  # 32 samples < 2 x MIN_SAMPLES_PER_THREAD
+    assert task.threads == {threading.get_ident()}
+
+
+def test_a_verifier_error_in_a_helper_thread_reaches_the_caller(tmp_path) -> None:
+    coord = make_coordinator(tmp_path, prompts_per_round=40, group_size=4, expected_participants=1)
+    plan = coord.open_round(0)
+    samples = scripted_trajectories(plan, "a")
+    samples[-1] = dataclasses.replace(samples[-1], response_text="only this one")  # the second thread's slice
+    task = ThreadRecordingTask(fail_on="only this one")
+    limits = ValidationLimits(group_size=4, max_new_tokens=8, max_response_chars=1000, min_mean_logp=-50.0,
+                              verify_threads=2)
+    with pytest.raises(ValueError, match="outside \\[0, 1\\]"):
+        validate_submission(scripted_submission(plan, "a", trajectories=samples), plan, task, limits)
+    assert len(task.threads) == 2
+
+
+def test_the_coordinator_passes_its_verify_threads(tmp_path, monkeypatch) -> None:
+    seen = []
+    original = validation._verified_rewards
+    monkeypatch.setattr(validation, "_verified_rewards", lambda task, items, threads: seen.append(threads) or
+                        original(task, items, threads))
+    coord = make_coordinator(tmp_path, verify_threads=3, expected_participants=1)
+    coord.register("a")
+    coord.submit(scripted_submission(coord.open_round(0), "a"))
+    assert seen == [3]
+
+
+@pytest.mark.parametrize("bad", [0, 9, True, 1.5, "2", None])
+def test_verify_threads_refuses_bad_values_naming_them(tmp_path, bad) -> None:
+    with pytest.raises(ValueError, match=f"verify_threads must be an integer.*got {bad!r}"):
+        make_coordinator(tmp_path, verify_threads=bad)
+
+
+# ---- the math-verify worker pool ----------------------------------------------------------------
+
+# Items only the worker decides, each distinct: (gold, response).
+WORKER_PAIRS = [(str(n), f"\\boxed{{\\${n + (n % 3 == 0)}}}") for n in range(10, 34)]
+
+
+@pytest.fixture
+def pooled() -> Iterator[MathVerifier]:
+    with MathVerifier(MathVerifierConfig(verdict_cache_entries=0, parallel_workers=2)) as v:
+        yield v
+
+
+def _from_threads(verifier: MathVerifier, pairs, threads: int = 2) -> list[Verdict]:
+    out: list[Verdict | None] = [None] * len(pairs)
+    barrier = threading.Barrier(threads)
+
+    def run(k: int) -> None:
+        barrier.wait()
+        for i in range(k, len(pairs), threads):
+            out[i] = verifier.verify(*pairs[i])
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return out  # type: ignore[return-value]
+
+
+def test_concurrent_callers_use_a_second_worker_and_get_the_same_verdicts(pooled: MathVerifier) -> None:
+    parallel = _from_threads(pooled, WORKER_PAIRS)
+    assert pooled.worker_starts == 2 and len(pooled.worker_pids) == 2
+    with MathVerifier(MathVerifierConfig(verdict_cache_entries=0, parallel_workers=1)) as single:
+        assert parallel == [single.verify(g, r) for g, r in WORKER_PAIRS]
+        assert single.worker_starts == 1
+    assert {v.reward for v in parallel} == {0.0, 1.0}
+
+
+def test_one_caller_at_a_time_never_starts_a_second_worker(pooled: MathVerifier) -> None:
+    for gold, response in WORKER_PAIRS[:4]:
+        pooled.verify(gold, response)
+    assert pooled.worker_starts == 1 and pooled.worker_calls == 4
+
+
+def test_the_same_request_from_two_threads_is_sent_once(monkeypatch) -> None:
+    import hacfed.tasks.math_verifier as mv
+
+    verifier = MathVerifier(MathVerifierConfig(verdict_cache_entries=0))
+    asked, waiting, release = [], threading.Semaphore(0), threading.Event()
+
+    class Watched(threading.Event):
+        def wait(self, timeout=None):  # a second caller waits for the first one's verdict
+            waiting.release()
+            return super().wait(timeout)
+
+    class Pending(mv._Pending):
+        def __init__(self) -> None:
+            super().__init__()
+            self.done = Watched()
+
+    def slow_worker(key):
+        asked.append(key)
+        assert release.wait(10)
+        return Verdict(1.0, "equivalent (math-verify)")
+
+    monkeypatch.setattr(mv, "_Pending", Pending)
+    monkeypatch.setattr(verifier, "_ask_worker", slow_worker)
+    out: list[Verdict] = []
+    callers = [threading.Thread(target=lambda text=text: out.append(verifier.verify("72", text)))
+               for text in ("\\boxed{\\$72}", "so \\boxed{\\$72}")]  # one request: ("72", "\\$72")
+    for c in callers:
+        c.start()
+    assert waiting.acquire(timeout=10)  # one caller asks, the other waits for it
+    release.set()
+    for c in callers:
+        c.join()
+    assert asked == [("72", "\\$72")] and out == [Verdict(1.0, "equivalent (math-verify)")] * 2
+    assert verifier.cache_hits == 1 and verifier.worker_starts == 0  # nothing reached a real worker
+
+
+def test_a_closed_verifier_refuses_work(pooled: MathVerifier) -> None:
+    pooled.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pooled.verify("72", "\\boxed{\\$72}")
+
+
+@pytest.mark.parametrize("bad", [0, 9, True, 2.0, None])
+def test_parallel_workers_refuses_bad_values_naming_them(bad) -> None:
+    with pytest.raises(ValueError, match=f"parallel_workers must be .*got {bad!r}"):
+        MathVerifierConfig(parallel_workers=bad)

@@ -1,0 +1,99 @@
+"""The next round's pool comes from the samples kept at intake exactly when they are the journal's
+(`Coordinator._pool_of`): the same trajectories, field for field and type for type, in the same
+order as `Journal.pool`; after a restart, a purge, or a sample whose types the journal would change,
+the journal is read instead."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hacfed.server.coordinator import Coordinator, Journal
+from hacfed.wire import encode_round_update
+from tests.unit.test_coordinator_fakes import FakeClock, make_coordinator, scripted_submission, scripted_trajectories
+
+LABS = ("c", "a", "b")  # submitted in this order: the pool is sorted by participant, not by arrival
+
+
+def _round_submitted(tmp_path: Path) -> Coordinator:
+    coord = make_coordinator(tmp_path, rounds=3, expected_participants=3, min_participants=1, max_strikes=99)
+    for pid in LABS:
+        coord.register(pid)
+    plan = coord.open_round(0)
+    coord.submit(scripted_submission(plan, "c"))
+    coord.submit(scripted_submission(plan, "a", falsify=1))  # one group rejected: not in the pool
+    coord.submit(scripted_submission(plan, "b"))
+    coord.close_round("quorum")
+    coord.open_round(1)
+    return coord
+
+
+def _fields(pool):
+    return [(dataclasses.asdict(t), [type(v) for v in dataclasses.astuple(t)]) for t in pool]
+
+
+def test_the_pool_kept_at_intake_is_the_journals_pool_and_skips_the_read_back(tmp_path: Path, monkeypatch) -> None:
+    coord = _round_submitted(tmp_path)
+    journaled = coord.journal.pool(0)
+    assert len(journaled) == 3 * 2 * 3 - 3  # a's falsified group is out
+
+    def no_read_back(round_id: int):
+        raise AssertionError("the pool was read back from the journal")
+
+    monkeypatch.setattr(coord.journal, "pool", no_read_back)
+    update = coord.make_update(1)
+    assert update.pool == journaled and _fields(update.pool) == _fields(journaled)
+    assert [t.source_id for t in update.pool] == sorted(t.source_id for t in update.pool)
+    monkeypatch.undo()
+    # Byte for byte what the lab would have been sent from the journal's pool.
+    assert encode_round_update(update) == encode_round_update(dataclasses.replace(update, pool=journaled))
+
+
+def test_after_a_restart_the_pool_is_read_from_the_journal(tmp_path: Path) -> None:
+    coord = _round_submitted(tmp_path)
+    expected = coord.journal.pool(0)
+    restarted = Coordinator(coord.cfg, coord.task, Journal(coord.cfg.journal_path), clock=FakeClock())
+    calls = []
+    original = restarted.journal.pool
+    restarted.journal.pool = lambda r: calls.append(r) or original(r)
+    assert restarted.make_update(1).pool == expected and calls == [0]
+
+
+def test_a_purge_after_intake_is_honoured(tmp_path: Path) -> None:
+    coord = _round_submitted(tmp_path)
+    coord.journal.purge("b", 0, 0.0, "withdrawn after the round closed")
+    pool = coord.make_update(1).pool
+    assert pool and "b" not in {t.source_id for t in pool}
+    assert pool == coord.journal.pool(0)
+
+
+@pytest.mark.parametrize("change", [{"source_logp_sum": -0.0}, {"source_logp_sum": -3}])
+def test_a_sample_the_journal_would_store_differently_sends_the_journals_pool(tmp_path: Path, change) -> None:
+    coord = make_coordinator(tmp_path, rounds=2, expected_participants=1, min_participants=1)
+    coord.register("a")
+    plan = coord.open_round(0)
+    odd = [dataclasses.replace(t, **change) if i == 0 else t
+           for i, t in enumerate(scripted_trajectories(plan, "a"))]
+    if change["source_logp_sum"] == -0.0:
+        odd[0] = dataclasses.replace(odd[0], source_token_count=0)
+    result = coord.submit(scripted_submission(plan, "a", trajectories=odd))
+    assert odd[0].trajectory_id in result.accepted_ids
+    coord.close_round("quorum")
+    coord.open_round(1)
+    pool = coord.make_update(1).pool
+    journaled = coord.journal.pool(0)
+    assert _fields(pool) == _fields(journaled)
+    assert encode_round_update(coord.make_update(1)) == encode_round_update(
+        dataclasses.replace(coord.make_update(1), pool=journaled))
+
+
+def test_only_the_latest_rounds_are_kept(tmp_path: Path) -> None:
+    coord = make_coordinator(tmp_path, rounds=4, expected_participants=1, min_participants=1)
+    coord.register("a")
+    for round_id in range(3):
+        plan = coord.open_round(round_id)
+        coord.submit(scripted_submission(plan, "a"))
+        coord.close_round("quorum")
+    assert set(coord._accepted) <= {1, 2}  # rounds 0.. were never published here: dropped, not kept
