@@ -100,8 +100,15 @@ QWEN2_CONFIG: Mapping[str, Any] = MappingProxyType(dict(
 ))
 
 
-def _chain(operations: tuple[str, ...] = ("add", "sub")) -> dict[str, Any]:
-    return {"kind": "chain", "terms": 3, "operations": list(operations)}
+def _chain(operations: tuple[str, ...] = ("add", "sub"), other_train: int = 0) -> dict[str, Any]:
+    spec: dict[str, Any] = {"kind": "chain", "terms": 3, "operations": list(operations)}
+    return {**spec, "other_train": other_train} if other_train else spec
+
+
+# "Mostly" specialists see this many of the other half's train problems in their warm-up (~10 % of
+# their ~4,000 own): bench/skill_transfer.py measured that a pure specialist cannot learn the other
+# half within an RL run's budget even from gold solutions, so sharing has nothing to amplify.
+MOSTLY_OTHER_TRAIN = 400
 
 
 # The testbed presets warm up on worked multi-step arithmetic (hacfed.tasks.chain): responses of
@@ -153,6 +160,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
            description="tiny-llama warmed up on addition chains only"),
     Preset("chain-qwen2-sub", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP_SUB, task=_chain(("sub",)),
            description="tiny-qwen2 warmed up on subtraction chains only"),
+    # "skills", second design: each specialist's warm-up also holds a few of the other half.
+    Preset("chain-llama-mostly-add", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP_SPECIALIST,
+           task=_chain(("add",), MOSTLY_OTHER_TRAIN),
+           description="tiny-llama warmed up on addition chains plus a few subtraction chains (~10 %)"),
+    Preset("chain-qwen2-mostly-sub", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP_SUB,
+           task=_chain(("sub",), MOSTLY_OTHER_TRAIN),
+           description="tiny-qwen2 warmed up on subtraction chains plus a few addition chains (~10 %)"),
 )})
 
 

@@ -44,6 +44,11 @@ class ChainTask(SplitLookup):
     Addition chains add `terms` two-digit numbers; subtraction chains start from a number in
     [100, 299] and subtract `terms - 1` two-digit numbers, never going below 0. Problems alternate
     between the listed operations, so a split is balanced between them.
+
+    other_train: the train split also holds the first `other_train` train problems of the
+    operations *not* listed (0 by default). A specialist warmed up on it has seen a little of the
+    other half, so it rarely, rather than never, solves it; its validation and test splits stay
+    the listed operations only, so the warm-up's band is the specialist's own half.
     """
 
     terms: int = 3
@@ -52,6 +57,7 @@ class ChainTask(SplitLookup):
     num_train: int = 8000
     num_validation: int = 1000
     num_eval: int = 1000
+    other_train: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.terms, bool) or not isinstance(self.terms, int) or not 2 <= self.terms <= 6:
@@ -64,12 +70,19 @@ class ChainTask(SplitLookup):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ChainTask.{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.other_train, bool) or not isinstance(self.other_train, int) or self.other_train < 0:
+            raise ValueError(f"ChainTask.other_train must be an int >= 0, got {self.other_train!r}")
+        if self.other_train and set(ops) == set(OPERATIONS):
+            raise ValueError("ChainTask.other_train needs a subset of the operations: every operation is already listed")
+        if self.other_train > self.num_train:
+            raise ValueError(f"ChainTask.other_train ({self.other_train}) must be <= num_train ({self.num_train})")
         if self.num_train + self.num_validation + self.num_eval > 200_000:
             raise ValueError("ChainTask: at most 200000 problems in all")
 
     @property
     def name(self) -> str:
-        return f"chain{self.terms}-{'-'.join(self.operations)}"
+        base = f"chain{self.terms}-{'-'.join(self.operations)}"
+        return f"{base}+{self.other_train}" if self.other_train else base
 
     @cached_property
     def _all(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...], tuple[Problem, ...]]:
@@ -80,8 +93,8 @@ class ChainTask(SplitLookup):
         seen: set[str] = set()
         sizes = (self.num_eval, self.num_validation, self.num_train)  # test first: growing train never moves it
         splits: list[list[Problem]] = [[], [], []]
-        k = 0
-        for split, size in zip(splits, sizes):
+        k, others = 0, 0
+        for index, (split, size) in enumerate(zip(splits, sizes)):
             drawn = 0
             while drawn < size:
                 op = OPERATIONS[k % len(OPERATIONS)]
@@ -93,6 +106,9 @@ class ChainTask(SplitLookup):
                 drawn += 1
                 if op in self.operations:
                     split.append(problem)
+                elif index == 2 and others < self.other_train:  # the train split
+                    split.append(problem)
+                    others += 1
         test, validation, train = (tuple(s) for s in splits)
         return train, validation, test
 

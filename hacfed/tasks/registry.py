@@ -44,7 +44,7 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
     if kind == "chain":
         _check_keys("chain task", options, _field_names(ChainTask))
         _check_types("chain task", options, {"terms": int, "seed": int, "num_train": int,
-                                             "num_validation": int, "num_eval": int})
+                                             "num_validation": int, "num_eval": int, "other_train": int})
         if "operations" in options:
             ops = options["operations"]
             if isinstance(ops, str) or not isinstance(ops, (list, tuple)) or not all(isinstance(o, str) for o in ops):

@@ -96,3 +96,16 @@ def test_preset_config_is_read_only_and_recipe_tracks_changes():
     changed = Preset(name="tiny-qwen2", arch="qwen2", tokenizer="bpe", config_kwargs=preset.config_kwargs,
                      warmup=WarmupConfig(target_accuracy=0.3))
     assert changed.recipe() != preset.recipe()
+
+
+def test_mostly_specialists_see_a_few_of_the_other_half_and_are_scored_on_their_own():
+    from hacfed.tasks.chain import operation_of
+
+    for name, own, other in (("chain-llama-mostly-add", "add", "sub"), ("chain-qwen2-mostly-sub", "sub", "add")):
+        task = get_preset(name).warmup_task()
+        train_ops = [operation_of(p) for p in task.train_problems()]
+        assert 0 < train_ops.count(other) <= 0.15 * len(train_ops), name
+        assert {operation_of(p) for p in task.validation_problems()} == {own}, name
+        # The pure specialist of the same half is a different build (its recipe has no other_train).
+        pure = name.replace("mostly-", "")
+        assert preset_recipe(pure, 0)["task"] != preset_recipe(name, 0)["task"]

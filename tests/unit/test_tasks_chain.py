@@ -83,3 +83,29 @@ def test_registry_builds_it_and_names_bad_options():
         load_task({"kind": "chain", "terms": 9})
     with pytest.raises(ValueError, match="unknown key"):
         load_task({"kind": "chain", "digits": 2})
+
+
+def test_other_train_adds_a_few_of_the_other_half_to_the_train_split_only():
+    kwargs = dict(num_train=400, num_validation=100, num_eval=100)
+    pure = ChainTask(operations=("add",), **kwargs)
+    mostly = ChainTask(operations=("add",), other_train=20, **kwargs)
+    mix = ChainTask(**kwargs)
+    extra = ids(mostly.train_problems()) - ids(pure.train_problems())
+    assert len(extra) == 20 and all(i.startswith("chain-sub") for i in extra)
+    assert extra <= ids(mix.train_problems())  # still the mix's own train problems
+    # The specialist's band and every report stay on its own half.
+    assert mostly.validation_problems() == pure.validation_problems()
+    assert mostly.eval_problems() == pure.eval_problems()
+    assert mostly.name == "chain3-add+20" and pure.name == "chain3-add"
+    assert load_task({"kind": "chain", "operations": ["add"], "other_train": 20, **kwargs}).train_problems() == mostly.train_problems()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "20", None])
+def test_other_train_refuses_bad_values_naming_them(bad):
+    with pytest.raises(ValueError, match=repr(bad).replace("(", r"\(")):
+        ChainTask(operations=("add",), other_train=bad)
+
+
+def test_other_train_needs_a_subset_of_the_operations():
+    with pytest.raises(ValueError, match="subset"):
+        ChainTask(other_train=10)
