@@ -3,7 +3,9 @@
 The round driver (`hacfed.server.driver`) asks for `for_lab(pid)` when it sends lab `pid` the
 round; the first ask builds what every lab shares (the pool's trajectories, each encoded once by
 `hacfed.wire.pool_splice`, and their selection index, `hacfed.server.coordinator.pool_share`), each
-ask after that only splices the lab's selection together and signs it. So a round costs the
+ask after that only splices the lab's selection together and signs it. The records of each
+(prompt, source) group, consecutive in the pool, are joined into one block once, so a lab's update
+is spliced from ~prompts x (K + 1) blocks rather than G times as many records. So a round costs the
 coordinator O(pool) encoding plus O(labs x selection) copying and hashing, not O(labs x pool)
 protobuf work, and every update is the canonical encoding the lab's decoder requires.
 
@@ -15,7 +17,7 @@ samples only, and the console says so once per round.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -39,6 +41,11 @@ class RoundUpdates:
         self._header = header_of(update)
         self._items = encode_pool_items(update.pool)
         self._shares = PoolShares(update.pool, peers_per_prompt, salt)
+        self._groups = self._shares.group_indices()  # (prompt, source) -> pool indices
+        self._first = {group: indices[0] for group, indices in self._groups.items()}  # its place in the pool
+        self._blocks = _group_blocks(self._items, self._groups)
+        if self._blocks is not None:
+            self._items = ()  # every record lives on in its group's block
         self._sealed: dict[str, bytes] = {}
         self._shared: bytes | None = None
         self._too_big = False
@@ -48,27 +55,27 @@ class RoundUpdates:
         """The sealed RoundUpdate envelope for participant `pid` (cached for the round)."""
         if pid in self._sealed:
             return self._sealed[pid]
-        indices = self._shares.indices_for(pid)
-        if not self._too_big and len(indices) == self._shares.size:
+        groups = self._shares.groups_for(pid)
+        if not self._too_big and len(groups) == len(self._groups):  # the whole pool
             if self._shared is None:
-                payload = self._splice(indices)
+                payload = self._splice(groups)
                 if _size(payload) <= self._max_bytes:
                     self._shared = self._seal(payload)
                 else:
                     self._too_big = True  # every lab gets its own, smaller selection
             if self._shared is not None:
                 return self._shared
-        self._sealed[pid] = self._seal(self._fitted(pid, indices))
+        self._sealed[pid] = self._seal(self._fitted(pid, groups))
         return self._sealed[pid]
 
-    def _fitted(self, pid: str, indices: tuple[int, ...]) -> list[bytes]:
-        """The update of `indices` (the selection with K peers per prompt), or of fewer peers until
+    def _fitted(self, pid: str, groups: list[tuple[str, str]]) -> list[bytes]:
+        """The update of `groups` (the selection with K peers per prompt), or of fewer peers until
         it fits in `max_bytes` (down to the lab's own samples)."""
         k = self._shares.peers_per_prompt
-        payload = self._splice(indices)
+        payload = self._splice(groups)
         while _size(payload) > self._max_bytes and k > 0:
             k -= 1
-            payload = self._splice(self._shares.indices_for(pid, k))
+            payload = self._splice(self._shares.groups_for(pid, k))
         if k < self._shares.peers_per_prompt and not self._warned:
             self._warned = True
             self._console(f"round update for {pid}: {k} peers per prompt instead of {self._shares.peers_per_prompt}, "
@@ -76,7 +83,14 @@ class RoundUpdates:
                           f"pool_peers_per_prompt or max_new_tokens to send every lab the same")
         return payload
 
-    def _splice(self, indices: Iterable[int]) -> list[bytes]:
+    def _splice(self, groups: list[tuple[str, str]]) -> list[bytes]:
+        """The update of the samples of `groups` in pool order (`PoolShares.indices_for`'s): from
+        the group blocks when there are (the same bytes: each block is its group's consecutive
+        records, the blocks taken in pool order), else record by record."""
+        if self._blocks is not None:
+            ordered = sorted(groups, key=self._first.__getitem__)
+            return round_update_parts(self._header, [self._blocks[g] for g in ordered])
+        indices = sorted(i for g in groups for i in self._groups[g])
         return round_update_parts(self._header, [self._items[i] for i in indices])
 
     def _seal(self, parts: list[bytes]) -> bytes:
@@ -84,7 +98,24 @@ class RoundUpdates:
 
 
 def _size(parts: list[bytes]) -> int:
-    return sum(len(p) for p in parts)
+    return sum(map(len, parts))
+
+
+def _group_blocks(
+    items: Sequence[bytes], groups: dict[tuple[str, str], list[int]],
+) -> dict[tuple[str, str], bytes] | None:
+    """Each group's records joined into one block, when every group's samples are consecutive in
+    the pool (a journal pool is ordered by source, prompt position, sample index, so they are):
+    a lab's update is then ~prompts x (K + 1) blocks of G records instead of G times as many
+    pieces to list, hash and copy (bench/coordinator_scale.py). None when some group is not
+    consecutive: the records are then spliced one by one."""
+    blocks = {}
+    for group, indices in groups.items():
+        first = indices[0]
+        if indices != list(range(first, first + len(indices))):
+            return None
+        blocks[group] = b"".join(items[first:first + len(indices)])
+    return blocks
 
 
 __all__ = ["DELIVERY_ROOM", "RoundUpdates"]

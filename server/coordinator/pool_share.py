@@ -46,19 +46,28 @@ class PoolShares:
 
     def indices_for(self, learner: str, peers_per_prompt: int | None = None) -> tuple[int, ...]:
         """Pool indices (increasing) of what `learner` is sent; `peers_per_prompt` overrides K."""
+        chosen = [i for group in self.groups_for(learner, peers_per_prompt) for i in self._groups[group]]
+        chosen.sort()
+        return tuple(chosen)
+
+    def groups_for(self, learner: str, peers_per_prompt: int | None = None) -> list[tuple[str, str]]:
+        """The (prompt id, source) groups of what `learner` is sent (`indices_for` lists their
+        samples), in no particular order; `peers_per_prompt` overrides K."""
         k = self.peers_per_prompt if peers_per_prompt is None else peers_per_prompt
-        chosen: list[int] = []
+        chosen: list[tuple[str, str]] = []
         for prompt_id, sources in self._sources.items():
             peers = [s for s in sources if s != learner]
             if learner in sources:
-                chosen.extend(self._groups[(prompt_id, learner)])
+                chosen.append((prompt_id, learner))
             if len(peers) > k:
                 start = self._offset(learner, prompt_id, len(peers))
                 peers = [peers[(start + j) % len(peers)] for j in range(k)]
-            for source in peers:
-                chosen.extend(self._groups[(prompt_id, source)])
-        chosen.sort()
-        return tuple(chosen)
+            chosen.extend((prompt_id, source) for source in peers)
+        return chosen
+
+    def group_indices(self) -> dict[tuple[str, str], list[int]]:
+        """Every (prompt id, source) group's pool indices, increasing (a copy)."""
+        return {group: list(indices) for group, indices in self._groups.items()}
 
     def _offset(self, learner: str, prompt_id: str, n: int) -> int:
         digest = hashlib.sha256(b"\x00".join((self._salt, learner.encode("utf-8"), prompt_id.encode("utf-8")))).digest()

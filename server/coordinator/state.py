@@ -279,7 +279,7 @@ class Coordinator(SubmissionIntake):
         round's samples (bench/coordinator_scale.py)."""
         kept = self._accepted.pop(round_id, None)
         if kept is not None and self.journal.round_sample_counts(round_id) == (len(kept), 0) and \
-                all(_as_journaled(t) for _, _, _, t in kept):
+                _as_journaled([t for _, _, _, t in kept]):
             kept.sort(key=_POOL_KEY)
             return tuple(t for _, _, _, t in kept)
         return self.journal.pool(round_id)
@@ -337,16 +337,25 @@ class Coordinator(SubmissionIntake):
         return tracker
 
 
-def _as_journaled(t: Trajectory) -> bool:
-    """Whether `t` is field for field what `Journal.pool` would build from its row: exact built-in
-    types (SQLite gives back a float for REAL, an int for INTEGER, a str for TEXT) and no negative
-    zero (which a REAL column does not keep, and which protobuf would encode differently)."""
-    reward, lp = t.reward, t.source_logp_sum
-    return (
-        type(reward) is float and type(lp) is float and type(t.source_token_count) is int
-        and type(t.policy_version) is int and type(t.response_text) is str and type(t.trajectory_id) is str
-        and type(t.prompt_id) is str and type(t.source_id) is str and type(t.finish_reason) is str
-        and not (reward == 0.0 and math.copysign(1.0, reward) < 0) and not (lp == 0.0 and math.copysign(1.0, lp) < 0)
-        and type(t.prompt) is tuple
-        and all(type(m) is ChatMessage and type(m.role) is str and type(m.content) is str for m in t.prompt)
-    )
+def _as_journaled(pool: Sequence[Trajectory]) -> bool:
+    """Whether every trajectory of `pool` is field for field what `Journal.pool` would build from its
+    row: exact built-in types (SQLite gives back a float for REAL, an int for INTEGER, a str for
+    TEXT, a prompt of ChatMessage of two strs) and no negative zero (which a REAL column does not
+    keep, and which protobuf encodes differently). Each distinct prompt object is checked once."""
+    prompts: set[int] = set()  # ids of prompts checked (every object is alive during the call)
+    for t in pool:
+        reward, lp = t.reward, t.source_logp_sum
+        if not (
+            type(reward) is float and type(lp) is float and type(t.source_token_count) is int
+            and type(t.policy_version) is int and type(t.response_text) is str and type(t.trajectory_id) is str
+            and type(t.prompt_id) is str and type(t.source_id) is str and type(t.finish_reason) is str
+            and (reward != 0.0 or math.copysign(1.0, reward) > 0) and (lp != 0.0 or math.copysign(1.0, lp) > 0)
+        ):
+            return False
+        prompt = t.prompt
+        if id(prompt) not in prompts:
+            if type(prompt) is not tuple or not all(
+                    type(m) is ChatMessage and type(m.role) is str and type(m.content) is str for m in prompt):
+                return False
+            prompts.add(id(prompt))
+    return True

@@ -181,3 +181,40 @@ def test_a_closed_verifier_refuses_work(pooled: MathVerifier) -> None:
 def test_parallel_workers_refuses_bad_values_naming_them(bad) -> None:
     with pytest.raises(ValueError, match=f"parallel_workers must be .*got {bad!r}"):
         MathVerifierConfig(parallel_workers=bad)
+
+
+# ---- the numeric fast path's shortcuts decide exactly as the Decimal comparison ------------------
+
+from decimal import Decimal  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hacfed.tasks.math_verifier import _plain_answer, parse_plain_number  # noqa: E402
+
+GOLDS = ["72", "72.0", "0", "-5", "1,000", "0.5", "007", "1000000000000000000000000000001"]
+
+
+def _reference(gold: str, answer: str) -> Verdict | None:
+    g, a = parse_plain_number(gold), parse_plain_number(answer)
+    if g is None or a is None:
+        return None
+    return Verdict(1.0, "numeric match") if g == a else Verdict(0.0, "wrong answer")
+
+
+@settings(max_examples=300, deadline=None)
+@given(gold=st.sampled_from(GOLDS), answer=st.one_of(
+    st.from_regex(r"\A[0-9]{1,40}\Z"), st.sampled_from(["72", "072", "0072", "1000", "1,000", "5", "-5", "0.50", "٧٢"])))
+def test_the_fast_path_gives_the_decimal_verdict(gold: str, answer: str) -> None:
+    verifier = MathVerifier(MathVerifierConfig())
+    expected = _reference(gold, answer)
+    got = verifier._screen(gold, f"so \\boxed{{{answer}}}")
+    if expected is not None:
+        assert got == expected
+    else:
+        assert not (isinstance(got, Verdict) and got.reason == "numeric match")
+    assert verifier.worker_starts == 0
+    parsed = _plain_answer(answer)
+    assert (parsed is None) == (parse_plain_number(answer) is None)
+    if parsed is not None:
+        assert parsed == parse_plain_number(answer) and Decimal(parsed) == parse_plain_number(answer)

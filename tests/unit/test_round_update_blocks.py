@@ -1,0 +1,50 @@
+"""A lab's round update spliced from per-group blocks is byte for byte the update of its selection
+(`hacfed.server.round_updates`): for a pool in journal order (every group's samples consecutive)
+and for one that is not (record-by-record splicing), with and without peers left out to fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
+from hacfed.messages import RoundUpdate
+from hacfed.server.coordinator.pool_share import PoolShares
+from hacfed.server.round_updates import RoundUpdates
+from hacfed.wire import PayloadType, encode_round_update
+from tests.unit.test_pool_share import make_pool
+
+LABS = [f"lab-{i:02d}" for i in range(7)]
+
+
+def _payload(sealed: bytes, key: Ed25519PrivateKey) -> bytes:
+    payload, _ = open_envelope(sealed, {key_id(key.public_key()): key.public_key()}, DOMAIN_UPDATE,
+                               PayloadType.ROUND_UPDATE)
+    return payload
+
+
+@pytest.mark.parametrize("order", ["journal", "shuffled"])
+@pytest.mark.parametrize("max_bytes", [None, "a third"])
+def test_every_labs_update_is_the_encoding_of_its_selection(order: str, max_bytes) -> None:
+    key = Ed25519PrivateKey.generate()
+    pool = make_pool(7, 4, 3, text="t" * 40)
+    pool = tuple(dataclasses.replace(t, response_text=f"{t.trajectory_id} says {i}") for i, t in enumerate(pool))
+    if order == "shuffled":
+        pool = tuple(random.Random(3).sample(pool, len(pool)))
+    update = RoundUpdate("run", 2, pool, {lab: 0.5 for lab in LABS}, None, tuple(LABS))
+    limit = {} if max_bytes is None else {"max_bytes": len(encode_round_update(update)) * 35 // 100}  # k=1 fits
+    updates = RoundUpdates(update, key, peers_per_prompt=2, salt="run/0/3", **limit)
+    assert (updates._blocks is None) == (order == "shuffled")
+    shares = PoolShares(pool, 2, "run/0/3")
+    for lab in LABS:
+        got = _payload(updates.for_lab(lab), key)
+        for k in (2, 1, 0):  # the selection that fitted
+            selection = tuple(pool[i] for i in shares.indices_for(lab, k))
+            if got == encode_round_update(dataclasses.replace(update, pool=selection)):
+                break
+        else:
+            raise AssertionError(f"{lab}: the update is no selection's encoding")
+        assert k == (2 if max_bytes is None else 1)
