@@ -22,14 +22,16 @@ RSS is the coordinator's alone. Per round it reports the coordinator time split 
   decode   open_lab_reply + open_envelope (Ed25519) + decode_submission (protobuf -> dataclasses)
   intake   caps and whole-submission gates, the content digest (canonical JSON + sha256)
   validate the cheap per-trajectory checks of `validate_submission`
-  reward   reward re-verification (`task.verify` of every sample)
+  reward   reward re-verification (`task.verify` of every sample, over two threads and up to two
+           sandboxed math-verify workers; the workers' CPU is reported as "+wrk s")
   journal  SQLite: the used-id and policy-version lookups and `record_submission` (one transaction, audit line)
   answers  the signed receipts
   poll     `round_done`, which the ServerApp's round loop calls after each pull while a round is open
            (every 0.2 s); here once after each reply
   close    `close_round` (capabilities, round summary, metrics rows)
-  pool     the next round's update: the pool read back from the journal, encoded, signed, and one
-           signed delivery per lab
+  pool     the next round's update: the pool (kept from intake, or read back from the journal),
+           encoded, each lab's selection spliced and signed, and one signed delivery per lab
+           (sealed over two threads)
   other    the rest of the driver (membership refresh, console lines, bookkeeping)
 
 Each lab is sent its own samples and, per prompt, the groups of at most `pool_peers_per_prompt`
@@ -239,7 +241,6 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
     every original back. Behaviour is unchanged."""
     import hacfed.server.coordinator.intake as intake
     import hacfed.server.coordinator.validation as validation
-    import hacfed.server.driver as driver_mod
     import hacfed.server.replies as replies
 
     saved: list[tuple[Any, str, Any]] = []
@@ -265,10 +266,11 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
             sizes.append(sum(len(p) for p in parts))
             return parts
 
-        patch(round_updates, "round_update_parts", clock.wrap("pool", splice_update))
-        for name in ("encode_pool_items", "seal_parts"):
-            patch(round_updates, name, clock.wrap("pool", getattr(round_updates, name)))
-        patch(driver_mod, "seal_delivery", clock.wrap("pool", driver_mod.seal_delivery))
+        # Each lab's update is spliced and sealed in the driver's sealing threads: sizes are recorded
+        # there (list.append is atomic), time on the calling thread around all of it.
+        patch(round_updates, "round_update_parts", splice_update)
+        patch(round_updates, "encode_pool_items", clock.wrap("pool", round_updates.encode_pool_items))
+        patch(driver, "_round_payloads", clock.wrap("pool", driver._round_payloads))
         patch(driver.coordinator, "submit", clock.wrap("intake", driver.coordinator.submit))
         patch(driver.coordinator, "make_update", clock.wrap("pool", driver.coordinator.make_update))
         yield

@@ -17,6 +17,7 @@ samples only, and the console says so once per round.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -46,27 +47,32 @@ class RoundUpdates:
         self._blocks = _group_blocks(self._items, self._groups)
         if self._blocks is not None:
             self._items = ()  # every record lives on in its group's block
+        self._lock = threading.Lock()
         self._sealed: dict[str, bytes] = {}
         self._shared: bytes | None = None
         self._too_big = False
         self._warned = False
 
     def for_lab(self, pid: str) -> bytes:
-        """The sealed RoundUpdate envelope for participant `pid` (cached for the round)."""
-        if pid in self._sealed:
-            return self._sealed[pid]
-        groups = self._shares.groups_for(pid)
-        if not self._too_big and len(groups) == len(self._groups):  # the whole pool
-            if self._shared is None:
-                payload = self._splice(groups)
-                if _size(payload) <= self._max_bytes:
-                    self._shared = self._seal(payload)
-                else:
-                    self._too_big = True  # every lab gets its own, smaller selection
-            if self._shared is not None:
-                return self._shared
-        self._sealed[pid] = self._seal(self._fitted(pid, groups))
-        return self._sealed[pid]
+        """The sealed RoundUpdate envelope for participant `pid` (cached for the round). Thread-safe:
+        the driver seals several labs' deliveries at once (`FederationDriver._send`); the shared
+        update is built once, each lab's own selection outside the lock."""
+        with self._lock:
+            if pid in self._sealed:
+                return self._sealed[pid]
+            groups = self._shares.groups_for(pid)
+            if not self._too_big and len(groups) == len(self._groups):  # the whole pool
+                if self._shared is None:
+                    payload = self._splice(groups)
+                    if _size(payload) <= self._max_bytes:
+                        self._shared = self._seal(payload)
+                    else:
+                        self._too_big = True  # every lab gets its own, smaller selection
+                if self._shared is not None:
+                    return self._shared
+        sealed = self._seal(self._fitted(pid, groups))
+        with self._lock:
+            return self._sealed.setdefault(pid, sealed)
 
     def _fitted(self, pid: str, groups: list[tuple[str, str]]) -> list[bytes]:
         """The update of `groups` (the selection with K peers per prompt), or of fewer peers until
@@ -76,11 +82,14 @@ class RoundUpdates:
         while _size(payload) > self._max_bytes and k > 0:
             k -= 1
             payload = self._splice(self._shares.groups_for(pid, k))
-        if k < self._shares.peers_per_prompt and not self._warned:
-            self._warned = True
-            self._console(f"round update for {pid}: {k} peers per prompt instead of {self._shares.peers_per_prompt}, "
-                          f"to fit in one message ({_size(payload)} bytes; {self._max_bytes} available); lower "
-                          f"pool_peers_per_prompt or max_new_tokens to send every lab the same")
+        if k < self._shares.peers_per_prompt:
+            with self._lock:
+                first, self._warned = not self._warned, True
+            if first:
+                self._console(f"round update for {pid}: {k} peers per prompt instead of "
+                              f"{self._shares.peers_per_prompt}, to fit in one message ({_size(payload)} bytes; "
+                              f"{self._max_bytes} available); lower pool_peers_per_prompt or max_new_tokens to send "
+                              f"every lab the same")
         return payload
 
     def _splice(self, groups: list[tuple[str, str]]) -> list[bytes]:

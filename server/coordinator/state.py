@@ -203,7 +203,7 @@ class Coordinator(SubmissionIntake):
             round_id = self.current_round
             if round_id is None:
                 raise CoordinatorStateError("no round is open")
-            pairs = self.journal.accepted_rewards(round_id)
+            pairs = self._accepted_rewards(round_id)
             submitters = self.journal.submitters(round_id)
             scored = pairs + self._unaccepted_as_zero(round_id, pairs, submitters)
             tracker = self._copy_tracker()
@@ -269,18 +269,34 @@ class Coordinator(SubmissionIntake):
         kept = self._accepted.setdefault(round_id, [])
         kept.extend((a.trajectory.source_id, a.prompt_pos, a.idx, a.trajectory) for a in accepted)
 
-    def _pool_of(self, round_id: int) -> tuple[Trajectory, ...]:
-        """`journal.pool(round_id)`, from the samples kept at intake when they are exactly what the
+    def _kept(self, round_id: int) -> list[tuple[str, int, int, Trajectory]] | None:
+        """The samples kept at intake for the round, in pool order, when they are exactly what the
         journal holds: every accepted sample of the round was committed by this process (no restart
         in between) and none was purged since (the journal's count of the round's samples, and of
-        purged ones, must agree), and every field has the type and value the journal would give
-        back (`_as_journaled`). Otherwise the journal is read: the same trajectories, in the same
-        order (tests/unit/test_coordinator_speed.py), without reading back and rebuilding the
-        round's samples (bench/coordinator_scale.py)."""
-        kept = self._accepted.pop(round_id, None)
-        if kept is not None and self.journal.round_sample_counts(round_id) == (len(kept), 0) and \
-                _as_journaled([t for _, _, _, t in kept]):
-            kept.sort(key=_POOL_KEY)
+        purged ones, must agree); else None."""
+        kept = self._accepted.get(round_id)
+        if kept is None or self.journal.round_sample_counts(round_id) != (len(kept), 0):
+            return None
+        kept.sort(key=_POOL_KEY)
+        return kept
+
+    def _accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
+        """`journal.accepted_rewards(round_id)`, from the samples kept at intake when they are the
+        journal's (`_kept`): the verified rewards, as the journal stored them (`float`), in pool order."""
+        kept = self._kept(round_id)
+        if kept is None:
+            return self.journal.accepted_rewards(round_id)
+        return [(pid, float(t.reward)) for pid, _, _, t in kept]
+
+    def _pool_of(self, round_id: int) -> tuple[Trajectory, ...]:
+        """`journal.pool(round_id)`, from the samples kept at intake when they are the journal's
+        (`_kept`) and every field has the type and value the journal would give back
+        (`_as_journaled`); otherwise the journal is read: the same trajectories in the same order
+        (tests/unit/test_pool_from_intake.py), without reading back and rebuilding the round's
+        samples (bench/coordinator_scale.py). The kept samples are released."""
+        kept = self._kept(round_id)
+        self._accepted.pop(round_id, None)
+        if kept is not None and _as_journaled([t for _, _, _, t in kept]):
             return tuple(t for _, _, _, t in kept)
         return self.journal.pool(round_id)
 

@@ -97,3 +97,29 @@ def test_only_the_latest_rounds_are_kept(tmp_path: Path) -> None:
         coord.submit(scripted_submission(plan, "a"))
         coord.close_round("quorum")
     assert set(coord._accepted) <= {1, 2}  # rounds 0.. were never published here: dropped, not kept
+
+
+def test_the_rewards_scored_at_close_are_the_journals(tmp_path: Path, monkeypatch) -> None:
+    coord = make_coordinator(tmp_path, rounds=3, expected_participants=3, min_participants=1, max_strikes=99)
+    for pid in LABS:
+        coord.register(pid)
+    plan = coord.open_round(0)
+    for pid, falsify in zip(LABS, (0, 1, 0)):
+        coord.submit(scripted_submission(plan, pid, falsify=falsify))
+    expected = coord.journal.accepted_rewards(0)
+    monkeypatch.setattr(coord.journal, "accepted_rewards", lambda r: pytest.fail("read back from the journal"))
+    assert coord._accepted_rewards(0) == expected and [type(r) for _, r in expected] == [float] * len(expected)
+    closed = coord.close_round("quorum")
+    assert closed.accepted == len(expected)
+
+
+def test_the_rewards_after_a_purge_come_from_the_journal(tmp_path: Path) -> None:
+    coord = make_coordinator(tmp_path, rounds=3, expected_participants=3, min_participants=1)
+    for pid in LABS:
+        coord.register(pid)
+    plan = coord.open_round(0)
+    for pid in LABS:
+        coord.submit(scripted_submission(plan, pid))
+    coord.journal.purge("a", 0, 0.0, "withdrawn")
+    assert coord._accepted_rewards(0) == coord.journal.accepted_rewards(0)
+    assert "a" not in {pid for pid, _ in coord._accepted_rewards(0)}

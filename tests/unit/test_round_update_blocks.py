@@ -1,11 +1,13 @@
 """A lab's round update spliced from per-group blocks is byte for byte the update of its selection
 (`hacfed.server.round_updates`): for a pool in journal order (every group's samples consecutive)
-and for one that is not (record-by-record splicing), with and without peers left out to fit."""
+and for one that is not (record-by-record splicing), with and without peers left out to fit; and
+labs sealed from two threads (`hacfed.server.driver.in_threads`) get what one thread seals."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -13,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
 from hacfed.messages import RoundUpdate
 from hacfed.server.coordinator.pool_share import PoolShares
+from hacfed.server.driver import in_threads
 from hacfed.server.round_updates import RoundUpdates
 from hacfed.wire import PayloadType, encode_round_update
 from tests.unit.test_pool_share import make_pool
@@ -48,3 +51,31 @@ def test_every_labs_update_is_the_encoding_of_its_selection(order: str, max_byte
         else:
             raise AssertionError(f"{lab}: the update is no selection's encoding")
         assert k == (2 if max_bytes is None else 1)
+
+
+def test_labs_sealed_from_two_threads_get_what_one_thread_seals() -> None:
+    key = Ed25519PrivateKey.generate()
+    pool = make_pool(7, 4, 3)
+    update = RoundUpdate("run", 2, pool, {lab: 0.5 for lab in LABS}, None, tuple(LABS))
+    alone = RoundUpdates(update, key, peers_per_prompt=2, salt="s")
+    expected = {lab: _payload(alone.for_lab(lab), key) for lab in LABS}
+    together = RoundUpdates(update, key, peers_per_prompt=2, salt="s")
+    sealed = in_threads(together.for_lab, LABS * 2, 2)  # every lab asked twice, from both threads
+    assert [_payload(s, key) for s in sealed] == [expected[lab] for lab in LABS * 2]
+    assert all(sealed[i] is sealed[i + len(LABS)] for i in range(len(LABS)))  # sealed once per lab
+
+
+def test_in_threads_keeps_the_order_uses_helpers_and_raises_the_first_error() -> None:
+    seen: set[int] = set()
+
+    def square(x: int) -> int:
+        seen.add(threading.get_ident())
+        if x == 97:
+            raise ValueError("97 is not welcome")
+        return x * x
+
+    assert in_threads(square, list(range(50)), 2) == [x * x for x in range(50)]
+    assert len(seen) == 2 and threading.get_ident() in seen
+    assert in_threads(square, [3], 2) == [9] and in_threads(square, [], 2) == []
+    with pytest.raises(ValueError, match="97 is not welcome"):
+        in_threads(square, list(range(100)), 2)
