@@ -12,7 +12,8 @@ each close, so a restarted coordinator replays exactly what was decided and coun
 
 Uniqueness the schema enforces (T4): one recorded submission per (participant, round) and per
 content hash, one per (participant, nonce) when a nonce is set, one row per (participant,
-trajectory id) and per (participant, round, prompt, sample index).
+trajectory id) and per (participant, round, prompt, sample index). Each distinct prompt is stored
+once (`prompts`, schema 3) and named by its trajectories.
 
 Audit (security.md S10): with an `AuditLog`, every write that decides something (a submission
 accepted or refused, a participant joining or quarantined, a round opened, extended or closed, a
@@ -37,7 +38,7 @@ from hacfed.server.coordinator.errors import JournalError, describe_db_error
 from hacfed.server.coordinator.journal_reads import JournalReads
 from hacfed.server.coordinator.journal_schema import (
     MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION, SYNCHRONOUS_FULL, ParticipantRecord, RoundRecord, SubmissionRecord,
-    participant_record, round_record, trajectory_row,
+    participant_record, prompt_json, round_record, trajectory_row,
 )
 
 __all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SubmissionRecord", "SCHEMA_VERSION"]
@@ -51,6 +52,7 @@ class Journal(JournalReads):
         self.audit = audit
         self._lock = threading.RLock()
         self._last_versions: dict[str, int] = {}  # last_policy_version, once read (see there)
+        self._prompt_ids: dict[str, int] = {}  # prompts.prompt_json -> id, for rows committed (`_prompt_refs`)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -315,10 +317,10 @@ class Journal(JournalReads):
                     (r.participant_id, r.round_id, r.content_hash, r.nonce, r.n_bytes, r.received_at),
                 )
                 seq = int(cur.lastrowid)
-                encoded: dict = {}  # each distinct prompt encoded once (trajectory_row)
+                refs, added = self._prompt_refs(db, r.accepted)
                 db.executemany(
                     "INSERT INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                    [trajectory_row(seq, r.round_id, a, encoded) for a in r.accepted],
+                    [trajectory_row(seq, r.round_id, a, refs[id(a.trajectory.prompt)]) for a in r.accepted],
                 )
                 db.executemany(
                     "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, at) "
@@ -356,7 +358,27 @@ class Journal(JournalReads):
                                            f"{len(r.strikes)} new strike(s)"))
                 crash_point("before_commit")
             self._raise_last_versions(r.accepted)
+            self._prompt_ids.update(added)  # only after the COMMIT: a rolled-back id is never reused
         return seq
+
+    def _prompt_refs(self, db: sqlite3.Connection, accepted: Sequence[Any]) -> tuple[dict[int, int], dict[str, int]]:
+        """The `prompts` id of each prompt object of `accepted` (by `id()`: the samples of a group
+        share one, and all are alive during the insert), inserting new prompts in the open
+        transaction; and the ids inserted or looked up here (kept by the caller after its COMMIT).
+        One encoding per prompt object and at most one lookup per distinct prompt, none per row."""
+        refs: dict[int, int] = {}
+        added: dict[str, int] = {}
+        for a in accepted:
+            prompt = a.trajectory.prompt
+            if id(prompt) in refs:
+                continue
+            text = prompt_json(prompt)
+            ref = self._prompt_ids.get(text) or added.get(text)
+            if ref is None:
+                db.execute("INSERT OR IGNORE INTO prompts (prompt_json) VALUES (?)", (text,))
+                ref = added[text] = int(db.execute("SELECT id FROM prompts WHERE prompt_json=?", (text,)).fetchone()[0])
+            refs[id(prompt)] = ref
+        return refs, added
 
     def record_rejection(self, participant_id: str | None, round_id: int | None, code: str, detail: str, now: float) -> None:
         """A refusal before anything was recorded (wrong run, closed round, ...), kept for the audit."""

@@ -16,8 +16,8 @@ from hacfed.trajectory import ChatMessage, Trajectory
 # The pool's sort key (participant_id, prompt_pos, idx: its ORDER BY), then the other columns
 # `journal_schema.trajectory_from_row` reads (participant_id is the source).
 _POOL_COLUMNS = (
-    "participant_id, prompt_pos, idx, trajectory_id, prompt_id, policy_version, prompt_json, response_text, "
-    "reward, source_logp_sum, source_token_count, finish_reason"
+    "t.participant_id, t.prompt_pos, t.idx, t.trajectory_id, t.prompt_id, t.policy_version, p.prompt_json, "
+    "t.response_text, t.reward, t.source_logp_sum, t.source_token_count, t.finish_reason"
 )
 _POOL_ORDER = itemgetter(0, 1, 2)
 
@@ -51,7 +51,8 @@ class JournalReads:
             cur = self._db.cursor()
             cur.row_factory = None
             rows = cur.execute(
-                f"SELECT {_POOL_COLUMNS} FROM trajectories WHERE round_id=? AND purged=0", (round_id,),
+                f"SELECT {_POOL_COLUMNS} FROM trajectories t JOIN prompts p ON p.id = t.prompt_ref "
+                "WHERE t.round_id=? AND t.purged=0", (round_id,),
             ).fetchall()
         rows.sort(key=_POOL_ORDER)
         parsed: dict[str, tuple[ChatMessage, ...]] = {}  # a pool holds each prompt once

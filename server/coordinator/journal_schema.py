@@ -1,4 +1,4 @@
-"""The journal's SQL schema (version 2), its migrations, and the records read back from it.
+"""The journal's SQL schema (version 3), its migrations, and the records read back from it.
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`; `hacfed-server purge` and
@@ -11,6 +11,10 @@ transaction; security.md R10):
      (participant_id, trajectory_id), so one lab can no longer occupy the ids of another
      (issue 9, "trajectory-id squatting"); `trajectories.purged` marks samples withdrawn by
      `hacfed-server purge`.
+  3: each distinct prompt is stored once, in `prompts`; a trajectory names it by `prompt_ref`
+     (every lab answers the same prompts, G samples each: version 2 wrote the same prompt JSON
+     G x labs times per round, about half of a submission's insert time, bench/coordinator_scale.py).
+     The view `trajectory_rows` gives the rows with their `prompt_json`, as version 2 stored them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SYNCHRONOUS_FULL = 2  # PRAGMA synchronous reads back as an integer
 
 SCHEMA_SQL = """
@@ -60,6 +64,10 @@ CREATE TABLE submissions (
     UNIQUE (participant_id, round_id)
 );
 CREATE UNIQUE INDEX submissions_nonce ON submissions (participant_id, nonce) WHERE nonce != '';
+CREATE TABLE prompts (
+    id INTEGER PRIMARY KEY,
+    prompt_json TEXT NOT NULL UNIQUE     -- the chat messages, [{"role": ..., "content": ...}, ...]
+);
 CREATE TABLE trajectories (
     trajectory_id TEXT NOT NULL,         -- unique per source only: ids live in the source's namespace
     submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
@@ -68,7 +76,7 @@ CREATE TABLE trajectories (
     prompt_id TEXT NOT NULL,
     prompt_pos INTEGER NOT NULL,
     idx INTEGER NOT NULL,
-    prompt_json TEXT NOT NULL,
+    prompt_ref INTEGER NOT NULL REFERENCES prompts (id),
     response_text TEXT NOT NULL,
     reward REAL NOT NULL,                -- verified
     claimed_reward REAL NOT NULL,
@@ -81,6 +89,7 @@ CREATE TABLE trajectories (
     UNIQUE (participant_id, round_id, prompt_id, idx)
 );
 CREATE INDEX trajectories_round ON trajectories (round_id);
+CREATE VIEW trajectory_rows AS SELECT t.*, p.prompt_json FROM trajectories t JOIN prompts p ON p.id = t.prompt_ref;
 CREATE TABLE rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     participant_id TEXT,
@@ -135,6 +144,30 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "INSERT INTO trajectories SELECT *, 0 FROM trajectories_v1",
         "DROP TABLE trajectories_v1",
         "CREATE INDEX trajectories_round ON trajectories (round_id)",
+    ),
+    2: (
+        # Each distinct prompt once, then the table rebuilt with a reference in place of the JSON.
+        "CREATE TABLE prompts (id INTEGER PRIMARY KEY, prompt_json TEXT NOT NULL UNIQUE)",
+        "INSERT OR IGNORE INTO prompts (prompt_json) SELECT prompt_json FROM trajectories ORDER BY rowid",
+        "ALTER TABLE trajectories RENAME TO trajectories_v2",
+        "DROP INDEX trajectories_round",
+        """CREATE TABLE trajectories (
+            trajectory_id TEXT NOT NULL, submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
+            participant_id TEXT NOT NULL, round_id INTEGER NOT NULL, prompt_id TEXT NOT NULL,
+            prompt_pos INTEGER NOT NULL, idx INTEGER NOT NULL, prompt_ref INTEGER NOT NULL REFERENCES prompts (id),
+            response_text TEXT NOT NULL, reward REAL NOT NULL, claimed_reward REAL NOT NULL,
+            source_logp_sum REAL NOT NULL, source_token_count INTEGER NOT NULL, finish_reason TEXT NOT NULL,
+            policy_version INTEGER NOT NULL, purged INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (participant_id, trajectory_id), UNIQUE (participant_id, round_id, prompt_id, idx)
+        )""",
+        "INSERT INTO trajectories SELECT t.trajectory_id, t.submission_seq, t.participant_id, t.round_id, "
+        "t.prompt_id, t.prompt_pos, t.idx, p.id, t.response_text, t.reward, t.claimed_reward, t.source_logp_sum, "
+        "t.source_token_count, t.finish_reason, t.policy_version, t.purged "
+        "FROM trajectories_v2 t JOIN prompts p ON p.prompt_json = t.prompt_json ORDER BY t.rowid",
+        "DROP TABLE trajectories_v2",
+        "CREATE INDEX trajectories_round ON trajectories (round_id)",
+        "CREATE VIEW trajectory_rows AS SELECT t.*, p.prompt_json FROM trajectories t "
+        "JOIN prompts p ON p.id = t.prompt_ref",
     ),
 }
 
@@ -200,28 +233,25 @@ def participant_record(row: sqlite3.Row) -> ParticipantRecord:
     )
 
 
-def trajectory_row(
-    seq: int, round_id: int, a: AcceptedTrajectory, encoded: dict[tuple[ChatMessage, ...], str] | None = None,
-) -> tuple:
-    """The row of an accepted trajectory. `encoded`: prompts already encoded by this insert, reused
-    (a group's G samples carry the same prompt, so a submission has only prompts-per-round
-    distinct ones); the JSON is the same either way."""
+def trajectory_row(seq: int, round_id: int, a: AcceptedTrajectory, prompt_ref: int) -> tuple:
+    """The row of an accepted trajectory; `prompt_ref`: the `prompts` id of its prompt (`prompt_json`)."""
     t = a.trajectory
-    prompt = None if encoded is None else encoded.get(t.prompt)
-    if prompt is None:
-        prompt = json.dumps([m.as_dict() for m in t.prompt], ensure_ascii=False)
-        if encoded is not None:
-            encoded[t.prompt] = prompt
     return (
-        t.trajectory_id, seq, t.source_id, round_id, t.prompt_id, a.prompt_pos, a.idx, prompt, t.response_text,
+        t.trajectory_id, seq, t.source_id, round_id, t.prompt_id, a.prompt_pos, a.idx, prompt_ref, t.response_text,
         float(t.reward), float(a.claimed_reward), float(t.source_logp_sum), t.source_token_count, t.finish_reason,
         t.policy_version,
     )
 
 
+def prompt_json(prompt: tuple[ChatMessage, ...]) -> str:
+    """How a prompt is stored (`prompts.prompt_json`)."""
+    return json.dumps([m.as_dict() for m in prompt], ensure_ascii=False)
+
+
 def trajectory_from_row(row: sqlite3.Row, parsed: dict[str, tuple[ChatMessage, ...]] | None = None) -> Trajectory:
-    """The trajectory of a row. `parsed`: prompts already read by this query, shared (every lab of a
-    round answers the same prompts, so a pool of N labs holds each prompt once, not N x G times)."""
+    """The trajectory of a row of the `trajectory_rows` view (a trajectory with its prompt's JSON).
+    `parsed`: prompts already read by this query, shared (every lab of a round answers the same
+    prompts, so a pool of N labs holds each prompt once, not N x G times)."""
     text = row["prompt_json"]
     prompt = None if parsed is None else parsed.get(text)
     if prompt is None:

@@ -22,7 +22,7 @@ def test_wal_and_synchronous_full_and_schema_version(tmp_path):
     assert journal.pragma("integrity_check") == "ok"
     journal.close()
     db = sqlite3.connect(tmp_path / "j.sqlite")
-    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
     db.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     db.commit()
     db.close()
@@ -98,12 +98,14 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 def test_previous_release_journal_opens_and_migrates(tmp_path):
     """R10: tests/fixtures/journal-v1.sqlite was written by the first release (schema 1: global
-    trajectory ids); opening it migrates it in place to schema 2 without losing a row."""
+    trajectory ids); opening it migrates it in place, through schema 2, to schema 3 (each prompt
+    stored once) without losing a row."""
     path = tmp_path / "journal.sqlite"
     shutil.copy(FIXTURES / "journal-v1.sqlite", path)
     with sqlite3.connect(path) as db:
         before = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("rounds", "submissions", "trajectories")}
         old_pool = db.execute("SELECT trajectory_id, participant_id, reward FROM trajectories ORDER BY 2, 1").fetchall()
+        old_prompts = db.execute("SELECT trajectory_id, prompt_json FROM trajectories ORDER BY 1").fetchall()
     assert before == {"rounds": 2, "submissions": 4, "trajectories": 24}
     with Journal(path) as journal:
         assert journal.pragma("integrity_check") == "ok"
@@ -112,9 +114,12 @@ def test_previous_release_journal_opens_and_migrates(tmp_path):
         stored = journal.stored_result(next(iter(_hashes(path))))
         assert stored is not None and '"receipt"' in stored
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
         keys = [r[5] for r in db.execute("PRAGMA table_info(trajectories)") if r[5]]
         assert len(keys) == 2  # (participant_id, trajectory_id)
+        assert db.execute("SELECT trajectory_id, prompt_json FROM trajectory_rows ORDER BY 1").fetchall() == old_prompts
+        distinct = len({text for _, text in old_prompts})
+        assert db.execute("SELECT COUNT(*) FROM prompts").fetchone()[0] == distinct < len(old_prompts)
     with Journal(path) as journal:  # opening a migrated journal again changes nothing
         assert journal.count("trajectories") == 24
 

@@ -122,23 +122,29 @@ def test_pool_rows_share_each_prompt_and_equal_fresh_parses(tmp_path: Path) -> N
     pool = coord.journal.pool(0)
     coord.journal._db.row_factory = sqlite3.Row
     rows = coord.journal._db.execute(
-        "SELECT * FROM trajectories WHERE round_id=0 AND purged=0 ORDER BY participant_id, prompt_pos, idx").fetchall()
+        "SELECT * FROM trajectory_rows WHERE round_id=0 AND purged=0 ORDER BY participant_id, prompt_pos, idx").fetchall()
     assert pool == tuple(trajectory_from_row(r) for r in rows) and len(pool) == 9
     assert len({id(t.prompt) for t in pool}) == len({t.prompt_id for t in pool}) == 2  # one tuple per prompt
     assert [t.source_id for t in coord.journal.pool(1)] == ["a"] * 6  # the purge still applies
 
 
-def test_trajectory_rows_are_the_same_with_the_prompt_cache() -> None:
-    from hacfed.server.coordinator.journal_schema import trajectory_row
+def test_trajectory_rows_name_their_prompt_stored_as_before() -> None:
+    """Schema 3 stores a prompt once, as the JSON schema 2 wrote in every row, and a row names it."""
+    import json
+
+    from hacfed.server.coordinator.journal_schema import prompt_json, trajectory_row
     from hacfed.server.coordinator.validation import AcceptedTrajectory
     from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_trajectories
     from hacfed.server.coordinator.plan import make_plan
 
     plan = make_plan(make_config(Path("unused")), TASK, 0)
     accepted = [AcceptedTrajectory(t, t.reward, i // 3, i % 3) for i, t in enumerate(scripted_trajectories(plan, "a"))]
-    cache: dict = {}
-    assert [trajectory_row(7, 0, a, cache) for a in accepted] == [trajectory_row(7, 0, a) for a in accepted]
-    assert len(cache) == len(plan.prompts)
+    for a in accepted:
+        assert prompt_json(a.trajectory.prompt) == json.dumps([m.as_dict() for m in a.trajectory.prompt],
+                                                              ensure_ascii=False)
+        row = trajectory_row(7, 0, a, 42)
+        assert row[7] == 42 and row[:7] == (a.trajectory.trajectory_id, 7, "a", 0, a.trajectory.prompt_id,
+                                            a.prompt_pos, a.idx)
 
 
 def test_an_accepted_claim_is_kept_only_when_it_already_is_the_verified_float() -> None:

@@ -324,7 +324,7 @@ def test_the_pool_is_what_trajectory_from_row_reads(tmp_path: Path) -> None:
     coord = _journal_with_rounds(tmp_path)
     db = coord.journal._db
     for round_id in (0, 1, 5):
-        rows = db.execute("SELECT * FROM trajectories WHERE round_id=? AND purged=0 "
+        rows = db.execute("SELECT * FROM trajectory_rows WHERE round_id=? AND purged=0 "
                           "ORDER BY participant_id, prompt_pos, idx", (round_id,)).fetchall()
         old = tuple(trajectory_from_row(r) for r in rows)
         new = coord.journal.pool(round_id)
@@ -359,7 +359,7 @@ def test_the_quorum_poll_reads_who_submitted_without_counting_samples(tmp_path: 
     assert coord.ready_to_close() == "quorum"
 
 
-OLD_POOL = "SELECT * FROM trajectories WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx"
+OLD_POOL = "SELECT * FROM trajectory_rows WHERE round_id=? AND purged=0 ORDER BY participant_id, prompt_pos, idx"
 OLD_REWARDS = ("SELECT participant_id, reward FROM trajectories WHERE round_id=? AND purged=0 "
                "ORDER BY participant_id, prompt_pos, idx")
 storable = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=4)
@@ -378,9 +378,11 @@ def test_the_pool_and_its_rewards_come_in_the_order_sqlite_sorted_them(tmp_path_
     journal = Journal(tmp_path_factory.mktemp("order") / "journal.sqlite")
     db = journal._db
     db.execute("PRAGMA foreign_keys=OFF")  # rows alone, without their submissions
+    for q in range(3):
+        db.execute("INSERT INTO prompts VALUES (?, ?)", (q + 1, json.dumps([{"role": "user", "content": f"q{q}"}])))
     for i, (pid, pos, idx) in enumerate(keys):
         db.execute("INSERT INTO trajectories VALUES (?, ?, ?, 3, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
-            f"t{i}", i, pid, f"p{pos}", pos, idx, json.dumps([{"role": "user", "content": f"q{pos % 3}"}]),
+            f"t{i}", i, pid, f"p{pos}", pos, idx, pos % 3 + 1,
             f"text {i}", float(i % 2), 0.0, -float(i), i + 1, "stop", i, int(i in purged)))
     old = tuple(trajectory_from_row(r) for r in db.execute(OLD_POOL, (3,)).fetchall())
     assert journal.pool(3) == old and [t.__dict__ for t in journal.pool(3)] == [t.__dict__ for t in old]

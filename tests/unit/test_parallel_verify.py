@@ -218,3 +218,22 @@ def test_the_fast_path_gives_the_decimal_verdict(gold: str, answer: str) -> None
     assert (parsed is None) == (parse_plain_number(answer) is None)
     if parsed is not None:
         assert parsed == parse_plain_number(answer) and Decimal(parsed) == parse_plain_number(answer)
+
+
+def test_repeated_prompt_and_source_ids_are_checked_once_and_bad_ones_still_refused(tmp_path, monkeypatch) -> None:
+    calls: list[object] = []
+    original = validation.is_short_id
+    monkeypatch.setattr(validation, "is_short_id", lambda v: calls.append(v) or original(v))
+    sub, outcome = _judged(tmp_path / "ok", 1, ThreadRecordingTask(), prompts=5, falsify=0)
+    ids = [t.trajectory_id for t in sub.trajectories]
+    expected = ids + [t.prompt_id for t in sub.trajectories[::4]] + ["a", "loss"]  # + the report metric name
+    assert sorted(map(str, calls)) == sorted(expected)
+    assert len(outcome.accepted) == 20
+    coord = make_coordinator(tmp_path / "bad", prompts_per_round=5, group_size=4, expected_participants=1)
+    plan = coord.open_round(0)
+    samples = scripted_trajectories(plan, "a")
+    samples[5] = dataclasses.replace(samples[5], source_id="a\n")  # not printable: refused even after good ones
+    limits = ValidationLimits(group_size=4, max_new_tokens=8, max_response_chars=1000, min_mean_logp=-50.0)
+    refused = validate_submission(scripted_submission(plan, "a", trajectories=samples), plan, TASK, limits)
+    assert [r.code.value for r in refused.rejections if r.trajectory_id == samples[5].trajectory_id] == \
+        ["HACFED-E-SCHEMA"]
