@@ -78,10 +78,20 @@ def fill_chat(m: Any, c: ChatMessage) -> None:
 
 def fill_trajectory(m: Any, t: Trajectory) -> None:
     # response_token_ids are local-only and deliberately not written (security.md T11).
-    m.trajectory_id, m.prompt_id, m.source_id = t.trajectory_id, t.prompt_id, t.source_id
-    m.policy_version = t.policy_version
+    fill_trajectory_head(m, t)
     for c in t.prompt:
         fill_chat(m.prompt.add(), c)
+    fill_trajectory_tail(m, t)
+
+
+def fill_trajectory_head(m: Any, t: Trajectory) -> None:
+    """The fields numbered before the prompt (`hacfed.wire.pool_splice` encodes the prompt apart)."""
+    m.trajectory_id, m.prompt_id, m.source_id = t.trajectory_id, t.prompt_id, t.source_id
+    m.policy_version = t.policy_version
+
+
+def fill_trajectory_tail(m: Any, t: Trajectory) -> None:
+    """The fields numbered after the prompt."""
     m.response_text = t.response_text
     m.reward = t.reward
     m.source_logp_sum = t.source_logp_sum

@@ -26,20 +26,39 @@ from collections.abc import Sequence
 from hacfed.messages import RoundUpdate
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
-from hacfed.wire.convert import fill_hacpo, fill_plan, fill_trajectory
+from hacfed.wire.convert import fill_chat, fill_hacpo, fill_plan, fill_trajectory_head, fill_trajectory_tail
 from hacfed.wire.framing import frame_parts, length_delimited
 
 _POOL_FIELD = pb.RoundUpdate.DESCRIPTOR.fields_by_name["pool"].number
+_PROMPT_FIELD = pb.Trajectory.DESCRIPTOR.fields_by_name["prompt"].number
+if [f.number for f in pb.Trajectory.DESCRIPTOR.fields] != list(range(1, 11)) or _PROMPT_FIELD != 5:
+    # encode_pool_items relies on fields 1-4 (fill_trajectory_head), the prompt, then 6-10 (..._tail)
+    raise ImportError("hacfed.wire.pool_splice: Trajectory's field numbers changed; update encode_pool_items")
 
 
 def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
-    """Each trajectory as its `RoundUpdate.pool` record (tag, length, deterministic encoding)."""
+    """Each trajectory as its `RoundUpdate.pool` record (tag, length, deterministic encoding).
+
+    A trajectory's encoding is [fields 1-4] + [its prompt, field 5] + [fields 6-10] (deterministic
+    serialization writes fields in number order), and a pool holds few distinct prompts (every lab
+    answers the same ones): each prompt object's records are encoded once and the fields around
+    them written per trajectory, at less than half the cost of filling the whole message each time
+    (bench/coordinator_scale.py). Every field of the two reused messages is set for every
+    trajectory (a field set to its default is not written, as in a fresh message)."""
+    head, tail = pb.Trajectory(), pb.Trajectory()
+    prompts: dict[int, bytes] = {}  # id(prompt) -> its field-5 records (the pool keeps every prompt alive)
     items = []
-    m = pb.Trajectory()
     for t in pool:
-        m.Clear()
-        fill_trajectory(m, t)
-        items.append(length_delimited(_POOL_FIELD, m.SerializeToString(deterministic=True)))
+        prompt = prompts.get(id(t.prompt))
+        if prompt is None:
+            m = pb.Trajectory()
+            for c in t.prompt:
+                fill_chat(m.prompt.add(), c)
+            prompt = prompts[id(t.prompt)] = m.SerializeToString(deterministic=True)
+        fill_trajectory_head(head, t)
+        fill_trajectory_tail(tail, t)
+        body = head.SerializeToString(deterministic=True) + prompt + tail.SerializeToString(deterministic=True)
+        items.append(length_delimited(_POOL_FIELD, body))
     return tuple(items)
 
 

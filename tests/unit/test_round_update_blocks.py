@@ -79,3 +79,33 @@ def test_in_threads_keeps_the_order_uses_helpers_and_raises_the_first_error() ->
     assert in_threads(square, [3], 2) == [9] and in_threads(square, [], 2) == []
     with pytest.raises(ValueError, match="97 is not welcome"):
         in_threads(square, list(range(100)), 2)
+
+
+def test_pool_records_with_prompts_encoded_once_are_each_trajectorys_own_encoding() -> None:
+    from hacfed.proto import hacfed_v1_pb2 as pb
+    from hacfed.trajectory import ChatMessage, Trajectory
+    from hacfed.wire.convert import fill_trajectory
+    from hacfed.wire.framing import length_delimited
+    from hacfed.wire.pool_splice import encode_pool_items
+
+    shared = (ChatMessage("system", "Box it."), ChatMessage("user", "q é \x00 \U0001f600"))
+    values = [  # after a sample with every field set, one with defaults: nothing may be left over
+        dict(policy_version=7, response_text="r", reward=1.0, source_logp_sum=-3.5, source_token_count=9,
+             finish_reason="length", prompt=shared),
+        dict(policy_version=0, response_text="", reward=0.0, source_logp_sum=0.0, source_token_count=0,
+             finish_reason="stop", prompt=(ChatMessage("user", ""),)),
+        dict(policy_version=2**40, response_text="x" * 300, reward=-0.0, source_logp_sum=-0.0, source_token_count=1,
+             finish_reason="stop", prompt=shared),
+        dict(policy_version=1, response_text="y", reward=1, source_logp_sum=-2, source_token_count=3,
+             finish_reason="stop", prompt=(ChatMessage("assistant", "a"), ChatMessage("user", "b"))),
+    ]
+    pool = tuple(Trajectory(f"t{i}", f"p{i}", "lab", v["policy_version"], v["prompt"], v["response_text"],
+                            v["reward"], v["source_logp_sum"], v["source_token_count"], v["finish_reason"])
+                 for i, v in enumerate(values * 2))
+
+    def own(t: Trajectory) -> bytes:
+        m = pb.Trajectory()
+        fill_trajectory(m, t)
+        return length_delimited(3, m.SerializeToString(deterministic=True))
+
+    assert list(encode_pool_items(pool)) == [own(t) for t in pool]
