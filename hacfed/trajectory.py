@@ -57,6 +57,12 @@ class Trajectory:
     response_token_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if _plainly_valid(self):
+            return
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """Every check, in order, each refusal naming the bad value (`__post_init__`'s slow path)."""
         for name in ("trajectory_id", "prompt_id", "source_id"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
@@ -100,6 +106,39 @@ class Trajectory:
         if self.response_token_ids is None:
             return self
         return Trajectory(**{**self.__dict__, "response_token_ids": None})
+
+
+_INF = math.inf
+_last_prompt: list[object] = [None]  # the prompt tuple that last passed `_plainly_valid`'s prompt check
+
+
+def _plainly_valid(t: Trajectory) -> bool:
+    """True when `t` passes every check of `Trajectory._check_fields`, decided for the common
+    case of exact built-in types (str, int, float, a tuple of ChatMessage) in one expression:
+    the coordinator builds ~1,000 trajectories per lab per round (bench/coordinator_scale.py) and
+    the field-by-field checks were a tenth of decoding one. False means "not decided here": the
+    full checks then run and raise (or accept an unusual but valid value such as an int reward).
+
+    The prompt check is remembered for the one prompt tuple that last passed it (a group's G
+    samples share their prompt object): a tuple cannot change which objects it holds, and the
+    reference kept here keeps it alive, so `is` can never match a different tuple."""
+    v, reward, lp, n, ids = t.policy_version, t.reward, t.source_logp_sum, t.source_token_count, t.response_token_ids
+    if not (
+        type(t.trajectory_id) is str and t.trajectory_id and type(t.prompt_id) is str and t.prompt_id
+        and type(t.source_id) is str and t.source_id and type(v) is int and v >= 0
+        and type(t.response_text) is str and type(reward) is float and 0.0 <= reward <= 1.0
+        and type(lp) is float and -_INF < lp <= LOGP_EPS and type(n) is int and n >= 0
+        and (n != 0 or lp == 0.0) and (t.finish_reason == "stop" or t.finish_reason == "length")
+        and type(t.finish_reason) is str and ids is None
+    ):
+        return False
+    prompt = t.prompt
+    if prompt is _last_prompt[0]:
+        return True
+    if type(prompt) is not tuple or not prompt or not all(type(m) is ChatMessage for m in prompt):
+        return False
+    _last_prompt[0] = prompt
+    return True
 
 
 @dataclass(frozen=True)
