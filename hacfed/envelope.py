@@ -99,6 +99,21 @@ def seal_parts(
     """`seal(b"".join(parts), ...)` without building the payload first: the parts are hashed in turn
     and copied once, into the envelope. For the coordinator's per-lab updates and deliveries (each
     up to MAX_MESSAGE_BYTES), where every copy of the payload costs ~1.5 ms per MB."""
+    return b"".join(seal_pieces(parts, payload_type, private_key, domain, max_bytes=max_bytes))
+
+
+def seal_pieces(
+    parts: Sequence[bytes],
+    payload_type: str,
+    private_key: Ed25519PrivateKey,
+    domain: bytes = DOMAIN_SUBMIT,
+    *,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> list[bytes]:
+    """`seal_parts` as the pieces whose concatenation is the sealed envelope, nothing copied: for an
+    envelope that is itself only a part of a larger one (a lab's round update inside its delivery,
+    `hacfed.server.round_updates`), so its ~6 MB are copied once, into the outer envelope, instead
+    of twice. The same signature and size cap as `seal_parts`."""
     h = hashlib.sha256()
     for part in parts:
         if not isinstance(part, bytes):
@@ -109,7 +124,7 @@ def seal_parts(
     size = sum(len(p) for p in pieces)
     if size > max_bytes:  # checked before the copy
         raise EnvelopeError(ErrorCode.SIZE, f"sealed envelope of {size} bytes exceeds the cap of {max_bytes}")
-    return b"".join(pieces)
+    return pieces
 
 
 def open_envelope(

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hacfed.crashpoints import crash_point
-from hacfed.envelope import DOMAIN_UPDATE, load_private_key, seal
+from hacfed.envelope import DOMAIN_UPDATE, load_private_key, seal, seal_parts
 from hacfed.exchange import seal_delivery
 from hacfed.flower_pulls import shorten_pull_retries
 from hacfed.hello import HELLO_REQUEST_TYPE, hello_challenge
@@ -63,6 +63,8 @@ from hacfed.server.reporting import (
 )
 from hacfed.server.round_updates import RoundUpdates
 from hacfed.server.run_end import RunEnd
+from hacfed.wire import PayloadType
+from hacfed.wire.framing import delivery_parts_of
 
 log = logging.getLogger("hacfed.server.driver")
 T, R = TypeVar("T"), TypeVar("R")
@@ -294,7 +296,7 @@ class FederationDriver(LabReplies, RunEnd):
         return {node: pid for node, pid in self._nodes.items()
                 if pid in active and pid not in busy and not done(pid) and self._retry_at.get(pid, 0.0) <= now}
 
-    def _sealed_update(self, next_round: int) -> Callable[[str], bytes]:
+    def _sealed_update(self, next_round: int) -> Callable[[str], Sequence[bytes]]:
         """The sealed update of `next_round` for each lab (`hacfed.server.round_updates`), built once
         per round and active set."""
         active = tuple(sorted(p.participant_id for p in self.coordinator.participants() if not p.quarantined))
@@ -304,7 +306,7 @@ class FederationDriver(LabReplies, RunEnd):
             self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,
                                                salt=f"{self.cfg.run_id}/{self.cfg.seed}/{next_round}",
                                                console=self.console)}
-        return self._updates[key].for_lab
+        return self._updates[key].pieces_for_lab
 
     def _round_payloads(self, admitted: set[str]) -> dict[int, bytes]:
         round_id = self.coordinator.current_round
@@ -312,18 +314,22 @@ class FederationDriver(LabReplies, RunEnd):
         return self._send(targets, round_id, self._sealed_update(round_id)) if targets else {}
 
     def _send(
-        self, targets: Mapping[int, str], round_id: int | None, request: bytes | Callable[[str], bytes],
+        self, targets: Mapping[int, str], round_id: int | None, request: bytes | Callable[[str], Sequence[bytes]],
     ) -> dict[int, bytes]:
         """A delivery per node: its lab's queued answers plus `request` (sealed once for all, or one
-        per lab: a callable from participant id to the sealed request). Per-lab requests are sealed
-        over SEAL_THREADS threads: hashing a lab's update and its delivery (SHA-256 of ~6 MB each
-        at 64 labs, bench/coordinator_scale.py) releases the GIL, so two labs are sealed at once."""
+        per lab: a callable from participant id to the sealed request as the pieces of its envelope,
+        `RoundUpdates.pieces_for_lab`, spliced into the delivery without joining them first). Per-lab
+        requests are sealed over SEAL_THREADS threads: hashing a lab's update and its delivery
+        (SHA-256 of ~6 MB each at 64 labs, bench/coordinator_scale.py) releases the GIL, so two labs
+        are sealed at once."""
         now = self._monotonic()
         jobs = [(node, pid, self.answers.pending(pid)) for node, pid in targets.items()]
 
         def seal(job: tuple[int, str, tuple[bytes, ...]]) -> bytes:
             _, pid, answers = job
-            return seal_delivery(answers, request(pid) if callable(request) else request, self._key)
+            if not callable(request):
+                return seal_delivery(answers, request, self._key)
+            return seal_parts(delivery_parts_of(answers, request(pid)), PayloadType.DELIVERY, self._key, DOMAIN_UPDATE)
 
         sealed = in_threads(seal, jobs, SEAL_THREADS if callable(request) else 1)
         for node, pid, answers in jobs:  # only once every delivery is sealed

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from hacfed.envelope import DOMAIN_UPDATE, seal_parts
+from hacfed.envelope import DOMAIN_UPDATE, seal_pieces
 from hacfed.messages import RoundUpdate
 from hacfed.server.coordinator.pool_share import PoolShares
 from hacfed.wire import MAX_MESSAGE_BYTES, PayloadType
@@ -48,15 +48,34 @@ class RoundUpdates:
         if self._blocks is not None:
             self._items = ()  # every record lives on in its group's block
         self._lock = threading.Lock()
-        self._sealed: dict[str, bytes] = {}
-        self._shared: bytes | None = None
+        self._sealed: dict[str, tuple[bytes, ...]] = {}  # a lab's sealed update, as its envelope's pieces
+        self._joined: dict[str, bytes] = {}
+        self._shared: tuple[bytes, ...] | None = None
         self._too_big = False
         self._warned = False
 
     def for_lab(self, pid: str) -> bytes:
-        """The sealed RoundUpdate envelope for participant `pid` (cached for the round). Thread-safe:
-        the driver seals several labs' deliveries at once (`FederationDriver._send`); the shared
-        update is built once, each lab's own selection outside the lock."""
+        """The sealed RoundUpdate envelope for participant `pid` (cached for the round, the same
+        object each time); thread-safe."""
+        pieces = self.pieces_for_lab(pid)
+        if len(pieces) == 1:
+            return pieces[0]
+        with self._lock:
+            joined = self._joined.get(pid)
+        if joined is None:
+            joined = b"".join(pieces)
+            with self._lock:
+                joined = self._joined.setdefault(pid, joined)
+        return joined
+
+    def pieces_for_lab(self, pid: str) -> tuple[bytes, ...]:
+        """`for_lab(pid)` as pieces whose concatenation it is (cached for the round): the driver
+        splices them into the lab's delivery (`hacfed.wire.framing.delivery_parts_of`), so a lab's
+        ~6 MB update is copied once, into the delivery, and never joined on its own
+        (bench/coordinator_scale.py). The pieces are the group blocks shared by every lab, so
+        caching them holds no copy. Thread-safe: the driver seals several labs' deliveries at once
+        (`FederationDriver._send`); the shared update is built once, each lab's own selection
+        outside the lock."""
         with self._lock:
             if pid in self._sealed:
                 return self._sealed[pid]
@@ -65,7 +84,7 @@ class RoundUpdates:
                 if self._shared is None:
                     payload = self._splice(groups)
                     if _size(payload) <= self._max_bytes:
-                        self._shared = self._seal(payload)
+                        self._shared = (b"".join(self._seal(payload)),)  # one copy, shared by every lab
                     else:
                         self._too_big = True  # every lab gets its own, smaller selection
                 if self._shared is not None:
@@ -102,8 +121,8 @@ class RoundUpdates:
         indices = sorted(i for g in groups for i in self._groups[g])
         return round_update_parts(self._header, [self._items[i] for i in indices])
 
-    def _seal(self, parts: list[bytes]) -> bytes:
-        return seal_parts(parts, PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE)
+    def _seal(self, parts: list[bytes]) -> tuple[bytes, ...]:
+        return tuple(seal_pieces(parts, PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE))
 
 
 def _size(parts: list[bytes]) -> int:

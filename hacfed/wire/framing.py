@@ -210,9 +210,21 @@ def delivery_parts(delivery: Delivery) -> list[bytes]:
     protobuf (tests/unit/test_pool_splice.py checks the identity with the generic encoding)."""
     if not isinstance(delivery, Delivery):
         raise TypeError(f"encode delivery: expected Delivery, got {type(delivery).__name__}")
-    parts = [part for a in delivery.answers for part in (_TAG_1, varint(len(a)), a)]
-    if delivery.request:  # proto3: an empty singular bytes field is not written
-        parts += (_TAG_2, varint(len(delivery.request)), delivery.request)
+    return delivery_parts_of(delivery.answers, (delivery.request,))
+
+
+def delivery_parts_of(answers: Sequence[bytes], request_parts: Sequence[bytes]) -> list[bytes]:
+    """`delivery_parts(Delivery(answers, b"".join(request_parts)))` without joining the request:
+    a lab's sealed round update arrives as the pieces of its envelope (`hacfed.envelope.seal_pieces`)
+    and is copied only once, into the delivery's envelope (tests/unit/test_delivery_pieces.py)."""
+    answers = Delivery(tuple(answers)).answers  # Delivery's own checks: non-empty bytes, at most MAX_DELIVERY_ITEMS
+    for piece in request_parts:
+        if not isinstance(piece, bytes):
+            raise ValueError(f"Delivery.request must be bytes, got a part of type {type(piece).__name__}")
+    parts = [part for a in answers for part in (_TAG_1, varint(len(a)), a)]
+    size = sum(map(len, request_parts))
+    if size:  # proto3: an empty singular bytes field is not written
+        parts += (_TAG_2, varint(size), *request_parts)
     return frame_parts("delivery", parts)
 
 
