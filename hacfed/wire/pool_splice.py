@@ -21,19 +21,25 @@ checks the identity on updates with and without optional fields.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Sequence
 
 from hacfed.messages import RoundUpdate
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
 from hacfed.wire.convert import fill_chat, fill_hacpo, fill_plan, fill_trajectory_head, fill_trajectory_tail
-from hacfed.wire.framing import frame_parts, length_delimited
+from hacfed.wire.framing import frame_parts, length_delimited, varint
 
 _POOL_FIELD = pb.RoundUpdate.DESCRIPTOR.fields_by_name["pool"].number
 _PROMPT_FIELD = pb.Trajectory.DESCRIPTOR.fields_by_name["prompt"].number
 if [f.number for f in pb.Trajectory.DESCRIPTOR.fields] != list(range(1, 11)) or _PROMPT_FIELD != 5:
     # encode_pool_items relies on fields 1-4 (fill_trajectory_head), the prompt, then 6-10 (..._tail)
     raise ImportError("hacfed.wire.pool_splice: Trajectory's field numbers changed; update encode_pool_items")
+_FD = pb.Trajectory.DESCRIPTOR.fields_by_name
+if ([_FD[f].type for f in ("policy_version", "reward", "source_logp_sum", "source_token_count", "finish_reason")]
+        != [_FD["policy_version"].TYPE_UINT64, *[_FD["reward"].TYPE_DOUBLE] * 2, _FD["reward"].TYPE_UINT32,
+            _FD["reward"].TYPE_ENUM]):  # _plain_record writes these wire types
+    raise ImportError("hacfed.wire.pool_splice: Trajectory's field types changed; update _plain_record")
 
 
 def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
@@ -47,6 +53,7 @@ def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
     trajectory (a field set to its default is not written, as in a fresh message)."""
     head, tail = pb.Trajectory(), pb.Trajectory()
     prompts: dict[int, bytes] = {}  # id(prompt) -> its field-5 records (the pool keeps every prompt alive)
+    ids: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})  # prompt / source id -> its record (each repeats)
     items = []
     for t in pool:
         prompt = prompts.get(id(t.prompt))
@@ -55,11 +62,73 @@ def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
             for c in t.prompt:
                 fill_chat(m.prompt.add(), c)
             prompt = prompts[id(t.prompt)] = m.SerializeToString(deterministic=True)
-        fill_trajectory_head(head, t)
-        fill_trajectory_tail(tail, t)
-        body = head.SerializeToString(deterministic=True) + prompt + tail.SerializeToString(deterministic=True)
-        items.append(length_delimited(_POOL_FIELD, body))
+        record = _plain_record(t, prompt, ids)
+        if record is None:
+            fill_trajectory_head(head, t)
+            fill_trajectory_tail(tail, t)
+            body = head.SerializeToString(deterministic=True) + prompt + tail.SerializeToString(deterministic=True)
+            record = length_delimited(_POOL_FIELD, body)
+        items.append(record)
     return tuple(items)
+
+
+_POOL_TAG = varint(_POOL_FIELD << 3 | 2)
+_VARINTS = tuple(varint(n) for n in range(1 << 14))  # every length and count below 16 KiB: one lookup
+_ZERO_DOUBLE = bytes(8)
+_FINISH = {"stop": pb.FINISH_REASON_STOP, "length": pb.FINISH_REASON_LENGTH}
+_pack_double = struct.Struct("<d").pack
+
+
+def _plain_record(t: Trajectory, prompt: bytes, ids: tuple[dict[str, bytes], dict[str, bytes]]) -> bytes | None:
+    """`t`'s pool record (tag, length, deterministic encoding; its prompt's records given), written
+    directly, for the plain case: exact str ids and text that encode to UTF-8, a policy version in
+    uint64, a token count in uint32, a known finish reason, float reward and log-prob. None
+    otherwise (the caller then fills the protobuf messages, which refuse what does not fit as
+    before). Deterministic proto3 writes fields in number order and leaves out a field at its
+    default (an empty string, 0, a double whose bits are all 0: -0.0 is written);
+    tests/unit/test_pool_record_direct.py checks the bytes against protobuf's for any trajectory
+    hypothesis draws. About 2x faster than filling and serializing two messages per trajectory.
+    `ids`: the field-2 and field-3 records by prompt and source id (each repeats G x labs times)."""
+    tid, pid, sid, text = t.trajectory_id, t.prompt_id, t.source_id, t.response_text
+    v, n, fr = t.policy_version, t.source_token_count, t.finish_reason
+    finish = _FINISH.get(fr) if type(fr) is str else None
+    if not (type(tid) is str and type(pid) is str and type(sid) is str and type(text) is str
+            and type(v) is int and 0 <= v < 1 << 64 and type(n) is int and 0 <= n < 1 << 32
+            and finish is not None and type(t.reward) is float and type(t.source_logp_sum) is float):
+        return None
+    pids, sids = ids  # the records of field 2 and of field 3 apart: the same text has another tag
+    try:
+        pid_field = pids.get(pid)
+        if pid_field is None:
+            pid_field = pids[pid] = b"".join(_string_field(b"\x12", pid))
+        sid_field = sids.get(sid)
+        if sid_field is None:
+            sid_field = sids[sid] = b"".join(_string_field(b"\x1a", sid))
+        parts = [*_string_field(b"\x0a", tid), pid_field, sid_field]
+        if v:
+            parts += (b"\x20", _VARINTS[v] if v < 1 << 14 else varint(v))
+        parts.append(prompt)
+        parts += _string_field(b"\x32", text)
+    except UnicodeEncodeError:  # a lone surrogate: protobuf's own refusal comes from the slow path
+        return None
+    reward, lp = _pack_double(t.reward), _pack_double(t.source_logp_sum)
+    if reward != _ZERO_DOUBLE:
+        parts += (b"\x39", reward)
+    if lp != _ZERO_DOUBLE:
+        parts += (b"\x41", lp)
+    if n:
+        parts += (b"\x48", _VARINTS[n] if n < 1 << 14 else varint(n))
+    parts += (b"\x50", _VARINTS[finish])
+    size = sum(map(len, parts))
+    return b"".join((_POOL_TAG, _VARINTS[size] if size < 1 << 14 else varint(size), *parts))
+
+
+def _string_field(tag: bytes, value: str) -> tuple[bytes, ...]:
+    """A string field's record as (tag, length, UTF-8 bytes); () for "" (not written)."""
+    if not value:
+        return ()
+    data = value.encode("utf-8")
+    return tag, _VARINTS[len(data)] if len(data) < 1 << 14 else varint(len(data)), data
 
 
 def round_update_parts(header: RoundUpdate, items: Sequence[bytes]) -> list[bytes]:
