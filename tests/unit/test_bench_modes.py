@@ -45,7 +45,7 @@ def _matrix(settings=None, defaults=None, comparisons=None):
 
 def test_shipped_matrices_parse():
     modes = load_matrix(ROOT / "bench" / "modes.toml")
-    assert modes.names == ("model", "state", "size", "skills", "model3", "char-bpe")
+    assert modes.names == ("model", "state", "size", "skills", "skills-mostly", "model3", "char-bpe")
     assert modes.setting("skills").agents == ("chain-llama-add", "chain-qwen2-sub")
     assert modes.setting("model3").run.modes == ("xhacpo", "gspo2")
     assert modes.setting("model").run.rounds == 20 and modes.comparisons[0].settings == ("model3", "model")
@@ -61,7 +61,7 @@ def test_core_matrix_shares_its_runs_with_the_headline_matrix():
     """bench/modes-core.toml is a subset of bench/modes.toml: each of its runs is the very `hacfed sim`
     command of the headline run with the same setting, mode and seed (so the runs are shared)."""
     core, headline = load_matrix(ROOT / "bench" / "modes-core.toml"), load_matrix(ROOT / "bench" / "modes.toml")
-    assert core.names == ("char-bpe", "skills", "model3", "model", "state", "size")
+    assert core.names == ("char-bpe", "skills", "skills-mostly", "model3", "model", "state", "size")
     for run in plan_runs(core):
         assert run.sim_args == sim_args(headline.setting(run.setting), run.mode, run.seed), run.label
     assert {s.run.eval_split for s in core.settings} == {"test"}
