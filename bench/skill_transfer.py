@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -50,15 +51,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="write the scores as JSON here")
     args = parser.parse_args(argv)
     for name in ("lr", "batch", "steps", "problems"):
-        if not getattr(args, name) > 0:
-            parser.error(f"--{name} must be > 0, got {getattr(args, name)!r}")
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            parser.error(f"--{name} must be a finite number > 0, got {value!r}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    loaded = load_model(args.model, progress=False)
+    try:
+        loaded = load_model(args.model, progress=False)
+    except ValueError as exc:  # an unknown or unusable --model: the message names it
+        print(f"skill_transfer.py: error: {exc}", file=sys.stderr)
+        return 2
     model, tokenizer = loaded.model, loaded.tokenizer
     new_half, whole = ChainTask(operations=(args.learn,)), ChainTask()
     source = new_half if args.data == "other" else whole
