@@ -53,6 +53,8 @@ class SimConfig:
     eval_split: str = "test"
     eval_sampled: bool = False
     nproc: int = 1  # data-parallel processes per agent's training and rollouts (hacfed.clients.distributed)
+    # Samples per optimizer step; None: prompts × G / 2, the paper's 2 updates per source (2N per round).
+    minibatch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -67,6 +69,9 @@ class SimConfig:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every!r}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        m = self.minibatch_size
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"minibatch_size must be an int >= 1, got {m!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
 
@@ -114,7 +119,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     task = load_task(cfg.task)
     ids = participant_ids(cfg.agents)
     group = cfg.group_size * get_mode(cfg.mode).rollout_multiplier
-    minibatch = max(1, cfg.prompts_per_round * cfg.group_size // 2)  # the paper's 2 updates per source
+    minibatch = cfg.minibatch_size or max(1, cfg.prompts_per_round * cfg.group_size // 2)  # paper: 2 per source
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.mkdtemp(prefix="hacfed-sim-"))
     ccfg = CoordinatorConfig(
         run_id=f"sim-{cfg.mode}-s{cfg.seed}", task=cfg.task, rounds=cfg.rounds,
@@ -242,6 +247,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nproc", type=int, default=1,
                    help="data-parallel processes for each agent's training and rollouts (torch.distributed: gloo on "
                         "CPU, NCCL on CUDA); 2 or more start child processes, each with OMP_NUM_THREADS=1 unless set")
+    p.add_argument("--minibatch-size", type=int, default=None,
+                   help="samples per optimizer step (default: prompts x G / 2, the paper's 2 updates per source, so "
+                        "N labs make 2N updates per round; e.g. prompts x G x N / 4 keeps 4 whatever N)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
@@ -267,6 +275,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
+        minibatch_size=args.minibatch_size,
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

@@ -4,8 +4,9 @@
 
 `[defaults]` holds every run setting (task, rounds, lr, ...); each `[settings.NAME]` table names its
 agents and may override any default; optional `[[comparisons]]` pair one agent and mode across two
-settings. Every key is required somewhere (no hidden defaults) and unknown keys are errors, so a typo
-never silently runs the wrong experiment. Errors are `MatrixError`s naming the file, table and key.
+settings. Every key is required somewhere (no hidden defaults) except `minibatch_size` (absent: the
+paper's prompts × G / 2, as `hacfed sim` without --minibatch-size), and unknown keys are errors, so a
+typo never silently runs the wrong experiment. Errors are `MatrixError`s naming the file, table and key.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hacfed.tomlfile import read_toml
 # Keys of [defaults], each also allowed in a setting's table.
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
             "group_size", "seeds", "modes", "baseline")
+OPTIONAL_RUN_KEYS = ("minibatch_size",)  # absent: `hacfed sim`'s default (the paper's 2 updates per source)
 SETTING_ONLY_KEYS = ("agents", "description")
 COMPARISON_KEYS = ("agent", "mode", "settings")
 EVAL_SPLITS = ("test", "validation")
@@ -48,6 +50,7 @@ class RunSettings:
     seeds: tuple[int, ...]
     modes: tuple[str, ...]
     baseline: str
+    minibatch_size: int | None = None
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -107,7 +110,7 @@ def parse_matrix(data: dict[str, Any], path: Path) -> Matrix:
     where = str(path)
     _only_keys(data, ("defaults", "settings", "comparisons"), where)
     defaults = _table(data.get("defaults", {}), f"{where}: [defaults]")
-    _only_keys(defaults, RUN_KEYS, f"{where}: [defaults]")
+    _only_keys(defaults, RUN_KEYS + OPTIONAL_RUN_KEYS, f"{where}: [defaults]")
     raw_settings = _table(data.get("settings"), f"{where}: [settings]")
     if not raw_settings:
         raise MatrixError(f"{where}: no [settings.NAME] table; at least one setting is needed")
@@ -125,7 +128,7 @@ def _parse_setting(name: str, raw: Any, defaults: dict[str, Any], where: str) ->
     if not _NAME.match(name):
         raise MatrixError(f"{table}: a setting name must be letters, digits, '-' or '_' (it names a directory)")
     raw = _table(raw, table)
-    _only_keys(raw, RUN_KEYS + SETTING_ONLY_KEYS, table)
+    _only_keys(raw, RUN_KEYS + OPTIONAL_RUN_KEYS + SETTING_ONLY_KEYS, table)
     merged = {**defaults, **raw}
     missing = [k for k in RUN_KEYS + ("agents",) if k not in merged]
     if missing:
@@ -173,6 +176,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         eval_split=_choice(merged["eval_split"], EVAL_SPLITS, origin("eval_split"), "eval_split"),
         prompts_per_round=positive_int("prompts_per_round"), group_size=positive_int("group_size"),
         seeds=tuple(seeds), modes=modes, baseline=baseline,
+        minibatch_size=positive_int("minibatch_size") if "minibatch_size" in merged else None,
     )
 
 

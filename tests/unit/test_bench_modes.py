@@ -100,6 +100,9 @@ def test_setting_overrides_defaults_and_rollout_cost():
     (lambda d: d["defaults"].update(rounds=True), r"\[defaults\]: rounds must be an int >= 1, got True"),
     (lambda d: d["settings"]["pair"].update(rounds=0), r"\[settings.pair\]: rounds must be an int >= 1, got 0"),
     (lambda d: d["defaults"].update(lr=-1.0), r"lr must be a number > 0, got -1.0"),
+    (lambda d: d["settings"]["pair"].update(minibatch_size=0), r"\[settings.pair\]: minibatch_size must be an int >= 1, got 0"),
+    (lambda d: d["defaults"].update(minibatch_size=True), r"\[defaults\]: minibatch_size must be an int >= 1, got True"),
+    (lambda d: d["defaults"].update(minibatch_size="96"), r"minibatch_size must be an int >= 1, got '96'"),
     (lambda d: d["defaults"].update(task="chess"), r"task must be one of add2, chain, got 'chess'"),
     (lambda d: d["defaults"].update(eval_split="train"), r"eval_split must be one of test, validation"),
     (lambda d: d["settings"]["pair"].update(agents=["a,b"]), r"without commas"),
@@ -179,6 +182,10 @@ def test_sim_command_line_of_a_run():
         "--prompts-per-round", "16", "--group-size", "8", "--threads", "1", "--quiet", "--eval-sampled",
     )
     assert run.metrics_path(Path("o")) == Path("o/pair/naive/seed-0.jsonl")
+    # A setting's minibatch size reaches `hacfed sim`; without one, the command line is as before.
+    fixed = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"]}, "three": {"agents": ["m1", "m2", "m3"], "minibatch_size": 96}}))
+    assert [r.sim_args[-2:] for r in fixed if r.setting == "three"] == [("--minibatch-size", "96")] * 6
+    assert all("--minibatch-size" not in r.sim_args for r in fixed if r.setting == "pair")
 
 
 def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):

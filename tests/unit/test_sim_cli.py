@@ -34,3 +34,16 @@ def test_sim_config_validation_and_ids():
     with pytest.raises(ValueError, match="mode must be one of"):
         SimConfig(mode="ppo")
     assert participant_ids(["tiny-llama", "tiny-llama", "tiny-gpt2"]) == ["tiny-llama", "tiny-llama-2", "tiny-gpt2"]
+
+
+@pytest.mark.parametrize("bad", [0, -4, True, 1.5, "96"])
+def test_sim_minibatch_size_is_a_positive_int(bad):
+    with pytest.raises(ValueError, match=f"minibatch_size must be an int >= 1, got {bad!r}"):
+        SimConfig(minibatch_size=bad)
+    assert SimConfig(minibatch_size=96).minibatch_size == 96
+
+
+def test_cli_refuses_a_bad_minibatch_size_without_traceback(capsys):
+    assert main(["sim", "--minibatch-size", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "minibatch_size must be an int >= 1, got 0" in err and "Traceback" not in err
