@@ -12,6 +12,7 @@ few steps, with a hard cap on steps.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -22,6 +23,7 @@ from tqdm.auto import tqdm
 from hacfed.tasks.base import Problem, Task
 from hacfed.trajectory import render_prompt_ids
 
+PLAIN_PROGRESS_EVERY_S = 60.0  # a warm-up without a bar prints a line this often
 IGNORE_INDEX = -100  # label value the HF causal-LM loss skips
 Evaluator = Callable[[torch.nn.Module, object, Task, Sequence[Problem], int], float]
 
@@ -162,6 +164,7 @@ def warm_up(
     evaluate: Evaluator = default_evaluator,
     progress: bool = True,
     desc: str = "warm-up",
+    progress_lines: bool = True,
 ) -> WarmupResult:
     """Train `model` in place until held-out greedy accuracy lies in the config's target band.
 
@@ -169,7 +172,8 @@ def warm_up(
     the band, `evaluate` (greedy generation) confirms it and training stops. Frequent cheap
     checks matter: greedy accuracy of a tiny model can jump by 0.15 in five steps, and stopping
     late overshoots the band RL needs. Deterministic in `seed` (data order; zoo models have no
-    dropout). Leaves the model in eval mode.
+    dropout). Leaves the model in eval mode. Without a bar (`progress` off, or off a terminal),
+    `progress_lines` prints one plain line to stderr at most every `PLAIN_PROGRESS_EVERY_S`.
     """
     start = time.monotonic()
     if len(task.train_problems()) < config.batch_size:
@@ -189,6 +193,9 @@ def warm_up(
     order, cursor, step = torch.randperm(len(train), generator=generator), 0, 0
     next_check = config.coarse_check_every
     bar = tqdm(total=config.max_steps, desc=desc, disable=not progress, leave=False)
+    # Without a bar (off a terminal: a log file, CI, nohup) a build still says how it goes, at most
+    # once a minute, so a ten-minute warm-up is never silent.
+    next_line = start + PLAIN_PROGRESS_EVERY_S
     try:
         while step < config.max_steps:
             if cursor + config.batch_size > len(order):  # new epoch, fresh shuffle
@@ -199,6 +206,11 @@ def warm_up(
             loss = _train_step(model, optimizer, scheduler, batch, config.max_grad_norm)
             step += 1
             bar.update(1)
+            if bar.disable and progress_lines and time.monotonic() >= next_line:
+                next_line = time.monotonic() + PLAIN_PROGRESS_EVERY_S
+                last = f", held-out screen {screens[-1][1]:.2f}" if screens else ""
+                print(f"[hacfed] {desc}: step {step} of at most {config.max_steps}, loss {loss:.3f}{last}, "
+                      f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
             if step < next_check or config.fixed_steps:
                 continue
             model.eval()

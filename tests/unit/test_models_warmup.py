@@ -131,3 +131,18 @@ def test_warm_up_stops_at_first_confirmed_in_band_check(monkeypatch):
 def test_warmup_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         WarmupConfig(**kwargs)
+
+
+def test_warm_up_without_a_bar_prints_plain_progress_lines(monkeypatch, capsys):
+    import hacfed.models.warmup as warmup_module
+
+    config = WarmupConfig(max_steps=3, check_every=1, coarse_check_every=1, batch_size=16, lr_warmup_steps=2)
+    model, tok = build_untrained("tiny-llama", seed=0)
+    monkeypatch.setattr(warmup_module, "PLAIN_PROGRESS_EVERY_S", 0.0)  # a line at every step
+    warm_up(model, tok, TASK, config, seed=7, evaluate=lambda *a: 0.0, progress=False, desc="warm-up tiny")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("[hacfed] warm-up tiny: step 1 of at most 3, loss ")
+    assert "held-out screen 0.00" in lines[1]  # the screen of step 1, shown from step 2 on
+    monkeypatch.setattr(warmup_module, "PLAIN_PROGRESS_EVERY_S", 3600.0)  # a short build says nothing
+    warm_up(model, tok, TASK, config, seed=7, evaluate=lambda *a: 0.0, progress=False)
+    assert capsys.readouterr().err == ""
