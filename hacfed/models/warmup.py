@@ -164,7 +164,6 @@ def warm_up(
     evaluate: Evaluator = default_evaluator,
     progress: bool = True,
     desc: str = "warm-up",
-    progress_lines: bool = True,
 ) -> WarmupResult:
     """Train `model` in place until held-out greedy accuracy lies in the config's target band.
 
@@ -173,7 +172,7 @@ def warm_up(
     checks matter: greedy accuracy of a tiny model can jump by 0.15 in five steps, and stopping
     late overshoots the band RL needs. Deterministic in `seed` (data order; zoo models have no
     dropout). Leaves the model in eval mode. Without a bar (`progress` off, or off a terminal),
-    `progress_lines` prints one plain line to stderr at most every `PLAIN_PROGRESS_EVERY_S`.
+    it prints one plain line to stderr at most every `PLAIN_PROGRESS_EVERY_S`.
     """
     start = time.monotonic()
     if len(task.train_problems()) < config.batch_size:
@@ -206,7 +205,7 @@ def warm_up(
             loss = _train_step(model, optimizer, scheduler, batch, config.max_grad_norm)
             step += 1
             bar.update(1)
-            if bar.disable and progress_lines and time.monotonic() >= next_line:
+            if bar.disable and time.monotonic() >= next_line:
                 next_line = time.monotonic() + PLAIN_PROGRESS_EVERY_S
                 last = f", held-out screen {screens[-1][1]:.2f}" if screens else ""
                 print(f"[hacfed] {desc}: step {step} of at most {config.max_steps}, loss {loss:.3f}{last}, "
