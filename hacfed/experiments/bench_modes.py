@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="run directory: OUT/SETTING/MODE/seed-S.jsonl (+ .log)")
     p.add_argument("--jobs", type=int, default=2, help="runs at once, one torch thread each (default 2)")
     p.add_argument("--only", action="append", default=[], metavar="SETTING",
-                   help="run only this setting (repeatable or comma-separated); the report still covers all")
+                   help="run only this setting (repeatable or comma-separated; the only way to rerun an "
+                        "archived one); the report still covers all")
     p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from complete runs")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"markdown file for the report (default {DEFAULT_RESULTS})")
     p.add_argument("--img-dir", default=DEFAULT_IMG_DIR, help=f"directory for the PNGs (default {DEFAULT_IMG_DIR})")

@@ -5,7 +5,8 @@
 `[defaults]` holds every run setting (task, rounds, lr, ...); each `[settings.NAME]` table names its
 agents and may override any default; optional `[[comparisons]]` pair one agent and mode across two
 settings. Every key is required somewhere (no hidden defaults) except `minibatch_size` (absent: the
-paper's prompts × G / 2, as `hacfed sim` without --minibatch-size), and unknown keys are errors, so a
+paper's prompts × G / 2, as `hacfed sim` without --minibatch-size) and a setting's `archived` (absent:
+false; true keeps an earlier design in the report without rerunning it), and unknown keys are errors, so a
 typo never silently runs the wrong experiment. Errors are `MatrixError`s naming the file, table and key.
 """
 
@@ -25,7 +26,7 @@ from hacfed.tomlfile import read_toml
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
             "group_size", "seeds", "modes", "baseline")
 OPTIONAL_RUN_KEYS = ("minibatch_size",)  # absent: `hacfed sim`'s default (the paper's 2 updates per source)
-SETTING_ONLY_KEYS = ("agents", "description")
+SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
 EVAL_SPLITS = ("test", "validation")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # a setting name is also a directory name
@@ -63,6 +64,9 @@ class Setting:
     agents: tuple[str, ...]  # model specs, as `hacfed sim --agents` takes them
     description: str
     run: RunSettings
+    # An earlier design kept for the record: the report covers it (its runs on disk, or its earlier
+    # block), but `hacfed bench modes` runs it only when --only names it.
+    archived: bool = False
 
     @property
     def agent_ids(self) -> tuple[str, ...]:
@@ -144,7 +148,10 @@ def _parse_setting(name: str, raw: Any, defaults: dict[str, Any], where: str) ->
     description = merged.get("description", "")
     if not isinstance(description, str):
         raise MatrixError(f"{table}: description must be a string, got {description!r}")
-    return Setting(name, agents, description.strip(), run)
+    archived = merged.get("archived", False)
+    if not isinstance(archived, bool):
+        raise MatrixError(f"{table}: archived must be true or false, got {archived!r}")
+    return Setting(name, agents, description.strip(), run, archived)
 
 
 def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSettings:

@@ -25,6 +25,9 @@ BEGIN = "<!-- BEGIN hacfed bench modes -->"
 END = "<!-- END hacfed bench modes -->"
 METRIC_NAMES: dict[Metric, str] = {"accuracy": "greedy accuracy", "pass1": "sampled pass@1"}
 DASH = "–"
+COMPARISONS_TITLE = "Comparisons across settings"
+COMPARISONS = "\0comparisons"  # previous_blocks' key for that block (no setting name can be it)
+KEPT_PREFIX = "*Kept from the previous report:"
 
 
 class NothingToReport(ValueError):
@@ -50,8 +53,8 @@ def write_report(matrix: Matrix, out: Path, paths: ReportPaths) -> list[Path]:
             png = plot_setting(results, paths.img_dir / f"modes-{name}.png")
             written.append(png)
             images[name] = Path(os.path.relpath(png, paths.results_md.parent)).as_posix()
-    section = render(matrix, all_results, images, paths.command, out)
     old = paths.results_md.read_text(encoding="utf-8") if paths.results_md.exists() else ""
+    section = render(matrix, all_results, images, paths.command, out, kept=previous_blocks(old))
     paths.results_md.parent.mkdir(parents=True, exist_ok=True)
     tmp = paths.results_md.with_name(paths.results_md.name + ".tmp")
     tmp.write_text(replace_section(old, section, paths.results_md), encoding="utf-8")
@@ -72,8 +75,47 @@ def replace_section(document: str, section: str, where: Path | str = "results fi
     return head + block + tail
 
 
+def previous_blocks(document: str) -> dict[str, list[str]]:
+    """The generated section's blocks in `document`, by setting name (and COMPARISONS), each from its
+    `### ` heading to the line before the next one; {} when the document has no generated section."""
+    if document.count(BEGIN) != 1 or document.count(END) != 1 or document.index(BEGIN) > document.index(END):
+        return {}
+    section = document.split(BEGIN, 1)[1].split(END, 1)[0]
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in section.strip("\n").splitlines():
+        if line.startswith("### "):
+            heading = line[4:].strip()
+            name = COMPARISONS if heading == COMPARISONS_TITLE else heading.split(":", 1)[0].strip()
+            current = blocks.setdefault(name, [])
+            current.clear()  # a name twice: the last block wins
+        if current is not None:
+            current.append(line)
+    return {name: _strip_blank(lines) for name, lines in blocks.items()}
+
+
+def kept_block(block: Sequence[str], out: Path, what: str = "this setting") -> list[str]:
+    """An earlier report's block, marked as such (once), for a setting with no runs on disk now."""
+    lines = list(block)
+    if not any(line.startswith(KEPT_PREFIX) for line in lines):
+        lines[1:1] = ["", f"{KEPT_PREFIX} no complete run of {what} was under `{out}` where the report "
+                          "was regenerated, so this block is the earlier report's, unchanged.*"]
+    return lines
+
+
+def _strip_blank(lines: list[str]) -> list[str]:
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
 def render(matrix: Matrix, all_results: dict[str, SettingResults], images: dict[str, str], command: str,
-           out: Path) -> str:
+           out: Path, kept: dict[str, list[str]] | None = None) -> str:
+    """The generated section. A setting with no complete run under `out` whose block is in `kept` (the
+    previous report's, `previous_blocks`) keeps that block, marked; likewise the comparisons when one
+    of their settings has no runs. So a machine that holds only some settings' runs (a fresh clone
+    that reran one setting) regenerates those and loses nothing of the others."""
+    kept = kept or {}
     lines = [
         "## Modes benchmark (generated)",
         "",
@@ -84,9 +126,16 @@ def render(matrix: Matrix, all_results: dict[str, SettingResults], images: dict[
         "**bold**: the CI lies entirely above 0.",
     ]
     for name, results in all_results.items():
-        lines += ["", *setting_section(results, f"{command} --only {name}", images.get(name), out)]
+        if not results.runs and name in kept:
+            lines += ["", *kept_block(kept[name], out)]
+        else:
+            lines += ["", *setting_section(results, f"{command} --only {name}", images.get(name), out)]
     if matrix.comparisons:
-        lines += ["", *comparisons_section(matrix.comparisons, all_results)]
+        compared = {name for c in matrix.comparisons for name in c.settings}
+        if COMPARISONS in kept and any(not all_results[name].runs for name in compared):
+            lines += ["", *kept_block(kept[COMPARISONS], out, "some of these settings")]
+        else:
+            lines += ["", *comparisons_section(matrix.comparisons, all_results)]
     return "\n".join(lines)
 
 
@@ -187,7 +236,7 @@ def comparisons_section(comparisons: Sequence[Comparison], all_results: dict[str
             rows.append([c.agent, c.mode, f"{c.settings[0]} vs {c.settings[1]}", METRIC_NAMES[metric],
                          format_estimate(_estimate(a)), format_estimate(_estimate(b)),
                          format_difference(paired_difference(a, b))])
-    return ["### Comparisons across settings", "",
+    return [f"### {COMPARISONS_TITLE}", "",
             "The same agent and mode in two settings A and B, final accuracy paired by seed.", "",
             *markdown_table(["agent", "mode", "A vs B", "metric", "A", "B", "A − B (k/n > 0)"], rows)]
 

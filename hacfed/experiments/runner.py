@@ -79,8 +79,8 @@ def runs_of(setting: Setting) -> list[Run]:
 
 
 def plan_runs(matrix: Matrix, only: Sequence[str] = ()) -> list[Run]:
-    """Every run of the selected settings (all when `only` is empty)."""
-    settings = [matrix.setting(name) for name in only] if only else list(matrix.settings)
+    """Every run of the selected settings (when `only` is empty: every setting not archived)."""
+    settings = [matrix.setting(name) for name in only] if only else [s for s in matrix.settings if not s.archived]
     return [run for s in settings for run in runs_of(s)]
 
 

@@ -24,6 +24,7 @@ from hacfed.experiments.runner import (
     StaleRunError, has_final_rows, plan_runs, run_matrix, runs_of, sim_args, split_done,
 )
 from hacfed.experiments.stats import mean_ci, paired_difference, t_975
+from hacfed.sim import SIM_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,38 +44,49 @@ def _matrix(settings=None, defaults=None, comparisons=None):
 
 # --- matrix validation ---------------------------------------------------------------------------
 
+HEADLINE_SETTINGS = ("char-bpe", "state", "size-band", "skills-mostly")  # the four kinds of heterogeneity
+
+
 def test_shipped_matrices_parse():
     modes = load_matrix(ROOT / "bench" / "modes.toml")
-    assert modes.names == ("model", "state", "size", "skills", "skills-mostly", "model3", "char-bpe")
+    assert modes.names == (*HEADLINE_SETTINGS, "model3", "model", "size", "skills")
     assert modes.setting("skills").agents == ("chain-llama-add", "chain-qwen2-sub")
-    assert modes.setting("model3").run.modes == ("xhacpo", "gspo2")
-    assert modes.setting("model").run.rounds == 20 and modes.comparisons[0].settings == ("model3", "model")
-    assert modes.setting("model").run.eval_split == "test" and modes.setting("model").run.eval_problems >= 1000
-    assert len(modes.setting("model").run.seeds) >= 5
+    assert modes.setting("size-band").agents == ("chain-qwen2", "chain-qwen2-wide")
+    assert modes.setting("model3").run.modes == ("xhacpo",)
+    assert modes.setting("model").run.rounds == 20 and modes.comparisons[0].settings == ("model3", "char-bpe")
     for tune in sorted((ROOT / "bench").glob("tune*.toml")):  # settings are chosen on validation only
         assert {s.run.eval_split for s in load_matrix(tune).settings} == {"validation"}, tune
     smoke = load_matrix(ROOT / "bench" / "smoke.toml")
     assert {s.run.task for s in smoke.settings} == {"add2"}
+    baselines = load_matrix(ROOT / "bench" / "baselines.toml")
+    assert set(baselines.setting("char-bpe").run.modes) == set(SIM_MODES)  # every mode, beside the headline
 
 
-def test_core_matrix_shares_its_runs_with_the_headline_matrix():
-    """bench/modes-core.toml is a subset of bench/modes.toml: each of its runs is the very `hacfed sim`
-    command of the headline run with the same setting, mode and seed (so the runs are shared)."""
-    core, headline = load_matrix(ROOT / "bench" / "modes-core.toml"), load_matrix(ROOT / "bench" / "modes.toml")
-    assert core.names == ("char-bpe", "skills", "skills-mostly", "model3", "model", "state", "size")
-    for run in plan_runs(core):
-        assert run.sim_args == sim_args(headline.setting(run.setting), run.mode, run.seed), run.label
-    assert {s.run.eval_split for s in core.settings} == {"test"}
-    assert all(s.run.eval_problems >= 1000 and len(s.run.seeds) >= 5 for s in core.settings)
+def test_headline_matrix_holds_what_issue_8_asks():
+    """Each kind of heterogeneity: the recommended mode, GSPO×2 and paper HACPO, >= 5 seeds on >= 1,000
+    test problems; three labs compared with two for every agent; earlier designs archived, not rerun;
+    runs shared with bench/baselines.toml (the same `hacfed sim` command for the same setting, mode, seed)."""
+    modes = load_matrix(ROOT / "bench" / "modes.toml")
+    for name in HEADLINE_SETTINGS:
+        run = modes.setting(name).run
+        assert run.modes == ("xhacpo", "gspo2", "hacpo") and run.baseline == "gspo2", name
+        assert run.eval_split == "test" and run.eval_problems >= 1000 and len(run.seeds) >= 5, name
+    assert {(c.agent, c.settings[1]) for c in modes.comparisons if c.settings[0] == "model3"} >= {
+        ("chain-llama", "char-bpe"), ("chain-qwen2", "char-bpe"), ("chain-gpt2", "model")}
+    assert [s.name for s in modes.settings if s.archived] == ["size", "skills"]
+    planned = plan_runs(modes)
+    assert {r.setting for r in planned} == {*HEADLINE_SETTINGS, "model3", "model"}
+    assert len(planned) == 70  # ~2 hours on 2 cores at the run times of docs/results.md
+    assert {r.setting for r in plan_runs(modes, ["size"])} == {"size"}  # --only reruns an archived one
+    baselines = load_matrix(ROOT / "bench" / "baselines.toml")
+    for run in plan_runs(modes, ["char-bpe"]):
+        assert run.sim_args == sim_args(baselines.setting("char-bpe"), run.mode, run.seed), run.label
 
 
-def test_core_matrix_compares_three_labs_with_two():
-    """The core matrix's model3 runs are compared, agent by agent and seed by seed, with the same
-    agent's two-lab run of the recommended mode."""
-    core = load_matrix(ROOT / "bench" / "modes-core.toml")
-    assert {(c.agent, c.mode, c.settings) for c in core.comparisons} >= {
-        ("chain-llama", "xhacpo", ("model3", "model")), ("chain-gpt2", "xhacpo", ("model3", "model")),
-        ("chain-qwen2", "xhacpo", ("model3", "char-bpe"))}
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_archived_must_be_a_bool(value):
+    with pytest.raises(MatrixError, match=r"\[settings.pair\]: archived must be true or false, got"):
+        _matrix({"pair": {"agents": ["m1", "m2"], "archived": value}})
 
 
 def test_setting_overrides_defaults_and_rollout_cost():
@@ -409,6 +421,47 @@ def test_comparison_pairs_two_settings_by_seed(tmp_path):
     # a setting with no mode but its baseline has no difference table
     assert text.count("Paired difference mode − gspo2, final greedy accuracy") == 1
     assert "Paired difference mode − naive" not in text
+
+
+def test_a_setting_without_runs_keeps_its_previous_block(tmp_path):
+    """A machine holding only some settings' runs regenerates those and keeps the others' earlier
+    blocks (and the comparisons) verbatim, each marked once as kept."""
+    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}, "later": {"agents": ["m1"], "modes": ["naive"],
+                                                                  "baseline": "naive"}},
+                     comparisons=[{"agent": "m1", "mode": "naive", "settings": ["pair", "later"]}])
+    out = tmp_path / "runs"
+    _synthetic(out, matrix)
+    for run, final in zip(runs_of(matrix.setting("later")), (0.45, 0.50, 0.50)):
+        _write_complete(run, out, _rows(["m1"], "naive", run.seed, {"m1": final}))
+    paths = ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd")
+    write_report(matrix, out, paths)
+    first = paths.results_md.read_text()
+    assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in first and "Kept from the previous report" not in first
+    # a fresh machine: later's runs are gone, pair's were rerun with other results
+    for run in runs_of(matrix.setting("later")):
+        run.metrics_path(out).unlink()
+    FINALS_BEFORE = dict(FINALS)
+    try:
+        FINALS.update({("naive", 0): (0.60, 0.30)})
+        _synthetic(out, matrix)
+    finally:
+        FINALS.clear()
+        FINALS.update(FINALS_BEFORE)
+    write_report(matrix, out, paths)
+    second = paths.results_md.read_text()
+    later = second.split("### later", 1)[1]
+    assert later.splitlines()[2].startswith("*Kept from the previous report: no complete run of this setting was under")
+    assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in later  # the earlier numbers, unchanged
+    assert "| pair vs later | greedy accuracy | 0.520 ± 0.050 (n=3) | 0.483 ± 0.072 (n=3)" in second  # kept too
+    assert "| naive | 128 | 0.553 ±" in second  # pair regenerated from its new runs: (0.60+0.52+0.54)/3
+    write_report(matrix, out, paths)  # kept twice: still one mark per block
+    third = paths.results_md.read_text()
+    assert third == second and third.count("Kept from the previous report") == 2
+    assert "no complete run of some of these settings was under" in third
+    # without an earlier block a setting with no runs says so, as before
+    paths.results_md.write_text("# fresh\n")
+    write_report(matrix, out, paths)
+    assert "No complete runs yet under" in paths.results_md.read_text()
 
 
 def test_report_counts_incomplete_runs_and_single_seeds(tmp_path):
