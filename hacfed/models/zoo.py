@@ -109,6 +109,10 @@ def _chain(operations: tuple[str, ...] = ("add", "sub"), other_train: int = 0) -
 # their ~4,000 own): bench/skill_transfer.py measured that a pure specialist cannot learn the other
 # half within an RL run's budget even from gold solutions, so sharing has nothing to amplify.
 MOSTLY_OTHER_TRAIN = 400
+# "Partly" specialists (stop 20): 1,000 of the other half (~20 % of their warm-up's train problems).
+# The mostly specialists solve the other half 1 % of the time, and a 20-round run does not turn that
+# into a skill in any mode; these start with a partial skill for rollouts, own or a peer's, to grow.
+PARTLY_OTHER_TRAIN = 1000
 
 
 # The testbed presets warm up on worked multi-step arithmetic (hacfed.tasks.chain): responses of
@@ -155,6 +159,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
            {**QWEN2_CONFIG, "hidden_size": 192, "intermediate_size": 576, "num_attention_heads": 6,
             "num_key_value_heads": 3},
            CHAIN_WARMUP_FIXED, task=_chain(), description="tiny-qwen2 at 1.5x width, fixed warm-up steps"),
+    # "size", second design: one tokenizer, two widths, both warmed up into the same band as
+    # chain-qwen2, so the narrower model starts inside the task's reach (with the fixed 900 steps
+    # above, chain-qwen2-small starts at ~0.05 and barely learns in any mode).
+    Preset("chain-qwen2-wide", "qwen2", "bpe",
+           {**QWEN2_CONFIG, "hidden_size": 192, "intermediate_size": 576, "num_attention_heads": 6,
+            "num_key_value_heads": 3},
+           CHAIN_WARMUP, task=_chain(), description="tiny-qwen2 at 1.5x width, warmed up into chain-qwen2's band"),
     # "skills": agents warmed up on different halves of the mix; each rarely solves the other half.
     Preset("chain-llama-add", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP_SPECIALIST, task=_chain(("add",)),
            description="tiny-llama warmed up on addition chains only"),
@@ -167,6 +178,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("chain-qwen2-mostly-sub", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP_SUB,
            task=_chain(("sub",), MOSTLY_OTHER_TRAIN),
            description="tiny-qwen2 warmed up on subtraction chains plus a few addition chains (~10 %)"),
+    # "skills", third design: each specialist's warm-up holds a fifth of the other half's examples.
+    Preset("chain-llama-partly-add", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP_SPECIALIST,
+           task=_chain(("add",), PARTLY_OTHER_TRAIN),
+           description="tiny-llama warmed up on addition chains plus some subtraction chains (~20 %)"),
+    Preset("chain-qwen2-partly-sub", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP_SUB,
+           task=_chain(("sub",), PARTLY_OTHER_TRAIN),
+           description="tiny-qwen2 warmed up on subtraction chains plus some addition chains (~20 %)"),
 )})
 
 

@@ -98,14 +98,15 @@ def test_preset_config_is_read_only_and_recipe_tracks_changes():
     assert changed.recipe() != preset.recipe()
 
 
-def test_mostly_specialists_see_a_few_of_the_other_half_and_are_scored_on_their_own():
+@pytest.mark.parametrize("kind, share", [("mostly", 0.10), ("partly", 0.20)])
+def test_mostly_and_partly_specialists_see_some_of_the_other_half_and_are_scored_on_their_own(kind, share):
     from hacfed.tasks.chain import operation_of
 
-    for name, own, other in (("chain-llama-mostly-add", "add", "sub"), ("chain-qwen2-mostly-sub", "sub", "add")):
+    for name, own, other in ((f"chain-llama-{kind}-add", "add", "sub"), (f"chain-qwen2-{kind}-sub", "sub", "add")):
         task = get_preset(name).warmup_task()
         train_ops = [operation_of(p) for p in task.train_problems()]
-        assert 0 < train_ops.count(other) <= 0.15 * len(train_ops), name
+        assert train_ops.count(other) == pytest.approx(share * len(train_ops), rel=0.1), name
         assert {operation_of(p) for p in task.validation_problems()} == {own}, name
         # The pure specialist of the same half is a different build (its recipe has no other_train).
-        pure = name.replace("mostly-", "")
+        pure = name.replace(f"{kind}-", "")
         assert preset_recipe(pure, 0)["task"] != preset_recipe(name, 0)["task"]
