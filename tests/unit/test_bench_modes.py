@@ -403,7 +403,8 @@ def test_report_tables_from_synthetic_runs(tmp_path):
     assert again.count(BEGIN) == 1 and again.endswith("## After\n") and "hand-written text" in again
 
 
-def test_comparison_pairs_two_settings_by_seed(tmp_path):
+def _pair_and_later(tmp_path):
+    """Two settings with complete runs (pair: FINALS; later: m1 naive 0.45, 0.50, 0.50) and one comparison."""
     matrix = _matrix({"pair": {"agents": ["m1", "m2"]}, "later": {"agents": ["m1"], "modes": ["naive"],
                                                                   "baseline": "naive"}},
                      comparisons=[{"agent": "m1", "mode": "naive", "settings": ["pair", "later"]}])
@@ -411,6 +412,11 @@ def test_comparison_pairs_two_settings_by_seed(tmp_path):
     _synthetic(out, matrix)
     for run, final in zip(runs_of(matrix.setting("later")), (0.45, 0.50, 0.50)):
         _write_complete(run, out, _rows(["m1"], "naive", run.seed, {"m1": final}))
+    return matrix, out
+
+
+def test_comparison_pairs_two_settings_by_seed(tmp_path):
+    matrix, out = _pair_and_later(tmp_path)
     write_report(matrix, out, ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd"))
     text = (tmp_path / "r.md").read_text()
     # pair − later: 0.50−0.45, 0.52−0.50, 0.54−0.50 = 0.05, 0.02, 0.04 -> mean 0.036667
@@ -426,13 +432,7 @@ def test_comparison_pairs_two_settings_by_seed(tmp_path):
 def test_a_setting_without_runs_keeps_its_previous_block(tmp_path):
     """A machine holding only some settings' runs regenerates those and keeps the others' earlier
     blocks (and the comparisons) verbatim, each marked once as kept."""
-    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}, "later": {"agents": ["m1"], "modes": ["naive"],
-                                                                  "baseline": "naive"}},
-                     comparisons=[{"agent": "m1", "mode": "naive", "settings": ["pair", "later"]}])
-    out = tmp_path / "runs"
-    _synthetic(out, matrix)
-    for run, final in zip(runs_of(matrix.setting("later")), (0.45, 0.50, 0.50)):
-        _write_complete(run, out, _rows(["m1"], "naive", run.seed, {"m1": final}))
+    matrix, out = _pair_and_later(tmp_path)
     paths = ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd")
     write_report(matrix, out, paths)
     first = paths.results_md.read_text()
