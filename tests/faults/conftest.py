@@ -164,9 +164,16 @@ class Federation:
         return [p.pid for p in tree]
 
     def kill_tree(self, proc: Proc) -> None:
-        """kill -9 the process and everything it started (the whole coordinator, or a whole lab)."""
-        self.signal_tree(proc, signal.SIGKILL)
+        """kill -9 the process and everything it started (the whole coordinator, or a whole lab), and
+        wait until every one of them is gone: a killed process may run on for a moment after its
+        parent has exited (the ServerApp committing the next round's opening), and a test that reads
+        the journal right after the kill must see its final state."""
+        pids = set(self.signal_tree(proc, signal.SIGKILL))
         assert proc.exit_code(30) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        while alive := _still_running(pids):
+            assert time.monotonic() < deadline, f"still running 30 s after kill -9: {sorted(alive)}"
+            time.sleep(0.05)
 
     def kill(self, proc: Proc) -> None:
         """kill -9 only this process: its children (SuperLink, SuperNode) outlive it."""
