@@ -79,8 +79,8 @@ def test_headline_matrix_holds_what_issue_8_asks():
     assert len(planned) == 70  # ~2 hours on 2 cores at the run times of docs/results.md
     assert {r.setting for r in plan_runs(modes, ["size"])} == {"size"}  # --only reruns an archived one
     baselines = load_matrix(ROOT / "bench" / "baselines.toml")
-    for run in plan_runs(modes, ["char-bpe"]):
-        assert run.sim_args == sim_args(baselines.setting("char-bpe"), run.mode, run.seed), run.label
+    for run in plan_runs(modes, ["char-bpe", "size-band"]):
+        assert run.sim_args == sim_args(baselines.setting(run.setting), run.mode, run.seed), run.label
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
