@@ -20,7 +20,8 @@ RSS is the coordinator's alone. Per round it reports the coordinator time split 
 (exclusive times, so they add up to the total):
 
   decode   open_lab_reply + open_envelope (Ed25519) + decode_submission (protobuf -> dataclasses)
-  intake   caps and whole-submission gates, the content digest (canonical JSON + sha256)
+  intake   caps and whole-submission gates, the content digest (sha256 of the submitted wire bytes),
+           the accepted samples' pool records cut from those bytes
   validate the cheap per-trajectory checks of `validate_submission`
   reward   reward re-verification (`task.verify` of every sample, over two threads and up to two
            sandboxed math-verify workers; the workers' CPU is reported as "+wrk s")
@@ -29,8 +30,9 @@ RSS is the coordinator's alone. Per round it reports the coordinator time split 
   poll     `round_done`, which the ServerApp's round loop calls after each pull while a round is open
            (every 0.2 s); here once after each reply
   close    `close_round` (capabilities, round summary, metrics rows)
-  pool     the next round's update: the pool (kept from intake, or read back from the journal),
-           encoded, each lab's selection spliced and signed, and one signed delivery per lab
+  pool     the next round's update: the pool (kept from intake with the records cut from the
+           submitted bytes, or read back from the journal and encoded), each lab's selection
+           spliced and signed, and one signed delivery per lab
            (sealed over two threads)
   other    the rest of the driver (membership refresh, console lines, bookkeeping)
 

@@ -303,7 +303,9 @@ class FederationDriver(LabReplies, RunEnd):
         key = (next_round, active)
         if key not in self._updates:
             update = self.coordinator.make_update(next_round)
+            records = self.coordinator.pool_records(update.pool_round) if update.pool_round is not None else None
             self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,
+                                               records=records,
                                                salt=f"{self.cfg.run_id}/{self.cfg.seed}/{next_round}",
                                                console=self.console)}
         return self._updates[key].pieces_for_lab

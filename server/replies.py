@@ -77,14 +77,15 @@ class LabReplies:
             self._refuse(sent, problem.code.value, problem.detail, primary=primary, journaled=True,
                          retry_after_s=problem.retry_after_s)
             return
-        submission = self._open_submission(sent, item, primary)
-        if submission is None:
+        opened = self._open_submission(sent, item, primary)
+        if opened is None:
             return
+        submission, body = opened
         if (sent.round_id == FINAL or self.coordinator.finished) and submission.round_id == self.cfg.rounds \
                 and not submission.trajectories:
             self._final_report(sent, submission, primary)
             return
-        result = self.coordinator.submit(submission, sender=pid, admitted=True)
+        result = self.coordinator.submit(submission, sender=pid, admitted=True, encoded=body)
         if result.refusal is not None:
             refusal = result.rejected[0]
             self._refuse(sent, refusal.code.value, refusal.detail, primary=primary, journaled=True,
@@ -101,9 +102,10 @@ class LabReplies:
         if result.rejected and not result.replayed:
             self.console(rejection_line(submission.round_id, pid, result.rejected, len(submission.trajectories)))
 
-    def _open_submission(self, sent: _Sent, item: bytes, primary: bool) -> Submission | None:
+    def _open_submission(self, sent: _Sent, item: bytes, primary: bool) -> tuple[Submission, bytes] | None:
         """The envelope (a registered key, a valid signature, signed by the participant whose node
-        sent it), then decoding; None when refused (answered here)."""
+        sent it), then decoding: the submission and the signed bytes it was decoded from; None
+        when refused (answered here)."""
         pid = sent.participant_id
         try:
             body, kid = open_envelope(item, self.membership.keys(), DOMAIN_SUBMIT, PayloadType.SUBMISSION)
@@ -116,7 +118,7 @@ class LabReplies:
                          f"envelope signed with the key of {signer}, sent by the node of {pid}", primary=primary)
             return None
         try:  # more trajectories than a full plan are refused before any is built (T8, security.md S4)
-            return decode_submission(body, max_trajectories=self.coordinator.max_trajectories)
+            return decode_submission(body, max_trajectories=self.coordinator.max_trajectories), body
         except WireError as exc:
             self._refuse(sent, str(exc.code), exc.message, primary=primary)
             return None

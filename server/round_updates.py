@@ -35,12 +35,15 @@ class RoundUpdates:
     def __init__(
         self, update: RoundUpdate, key: Ed25519PrivateKey, *, peers_per_prompt: int, salt: str,
         console: Callable[[str], None] = lambda line: None, max_bytes: int = MAX_MESSAGE_BYTES - DELIVERY_ROOM,
+        records: Sequence[bytes | None] | None = None,
     ) -> None:
+        """records: the pool's records where the coordinator kept them from the submitted bytes
+        (`Coordinator.pool_records`), aligned with `update.pool`; the rest are encoded here."""
         self._key = key
         self._console = console
         self._max_bytes = max_bytes
         self._header = header_of(update)
-        self._items = encode_pool_items(update.pool)
+        self._items = encode_pool_items(update.pool, records)
         self._shares = PoolShares(update.pool, peers_per_prompt, salt)
         self._groups = self._shares.group_indices()  # (prompt, source) -> pool indices
         self._first = {group: indices[0] for group, indices in self._groups.items()}  # its place in the pool

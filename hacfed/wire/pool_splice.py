@@ -42,8 +42,16 @@ if ([_FD[f].type for f in ("policy_version", "reward", "source_logp_sum", "sourc
     raise ImportError("hacfed.wire.pool_splice: Trajectory's field types changed; update _plain_record")
 
 
-def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
+def encode_pool_items(
+    pool: Sequence[Trajectory], known: Sequence[bytes | None] | None = None,
+) -> tuple[bytes, ...]:
     """Each trajectory as its `RoundUpdate.pool` record (tag, length, deterministic encoding).
+
+    `known`: records already at hand, aligned with `pool` (None where there is none): the
+    coordinator keeps each accepted sample's record from the bytes its lab submitted
+    (`submission_pool_records`), so a round's pool is not encoded again (bench/coordinator_scale.py).
+    The caller vouches that each is the record of its trajectory; a `known` of another length is
+    not used.
 
     A trajectory's encoding is [fields 1-4] + [its prompt, field 5] + [fields 6-10] (deterministic
     serialization writes fields in number order), and a pool holds few distinct prompts (every lab
@@ -55,7 +63,12 @@ def encode_pool_items(pool: Sequence[Trajectory]) -> tuple[bytes, ...]:
     prompts: dict[int, bytes] = {}  # id(prompt) -> its field-5 records (the pool keeps every prompt alive)
     ids: tuple[dict[str, bytes], dict[str, bytes]] = ({}, {})  # prompt / source id -> its record (each repeats)
     items = []
-    for t in pool:
+    if known is not None and len(known) != len(pool):
+        known = None
+    for i, t in enumerate(pool):
+        if known is not None and (record := known[i]) is not None:
+            items.append(record)
+            continue
         prompt = prompts.get(id(t.prompt))
         if prompt is None:
             m = pb.Trajectory()
@@ -123,6 +136,84 @@ def _plain_record(t: Trajectory, prompt: bytes, ids: tuple[dict[str, bytes], dic
     return b"".join((_POOL_TAG, _VARINTS[size] if size < 1 << 14 else varint(size), *parts))
 
 
+_SUBMISSION_FIELD = pb.WireMessage.DESCRIPTOR.fields_by_name["submission"].number
+_TRAJECTORIES_FIELD = pb.Submission.DESCRIPTOR.fields_by_name["trajectories"].number
+if _POOL_TAG != b"\x1a" or varint(_TRAJECTORIES_FIELD << 3 | 2) != b"\x22":
+    # submission_pool_records swaps the one-byte tag of a submitted record for the pool's
+    raise ImportError("hacfed.wire.pool_splice: Submission.trajectories or RoundUpdate.pool moved; "
+                      "update submission_pool_records")
+
+
+def submission_pool_records(frame: bytes) -> tuple[bytes, ...] | None:
+    """The `RoundUpdate.pool` record of each trajectory of an encoded submission, in order, cut
+    from its bytes: `Submission.trajectories` and `RoundUpdate.pool` are both a repeated
+    `Trajectory`, so a submitted record becomes a pool record by its tag alone (field 4 -> 3, the
+    length and the trajectory's bytes unchanged). `frame` must be the canonical `WireMessage`
+    that the trajectories were decoded from (`framing.decode_submission` accepts nothing else):
+    each record is then exactly `encode_pool_items` of the decoded trajectory
+    (tests/unit/test_pool_splice.py). None when the bytes are not a submission frame this walk
+    understands (the caller then encodes the pool as before)."""
+    try:
+        body = next(((s, e) for number, s, e in _fields(frame, 0, len(frame)) if number == _SUBMISSION_FIELD), None)
+        if body is None:
+            return None
+        return tuple(b"\x1a" + frame[s:e] for number, s, e in _fields(frame, *body, with_length=True)
+                     if number == _TRAJECTORIES_FIELD)
+    except (IndexError, ValueError):
+        return None
+
+
+def _fields(data: bytes, start: int, end: int, *, with_length: bool = False) -> list[tuple[int, int, int]]:
+    """(field number, start, end) of each length-delimited field of the message in data[start:end];
+    with `with_length`, start is the byte after the tag (the slice holds the length too). Other
+    wire types are skipped. ValueError on a group or an unknown wire type, IndexError on a cut."""
+    out = []
+    i = start
+    while i < end:
+        key = data[i]
+        if key >= 0x80:
+            key, i = _read_varint(data, i)
+        else:
+            i += 1
+        wire_type = key & 7
+        if wire_type == 2:
+            head = i
+            n = data[i]
+            if n < 0x80:
+                i += 1
+            else:
+                n, i = _read_varint(data, i)
+            out.append((key >> 3, head if with_length else i, i + n))
+            i += n
+        elif wire_type == 0:
+            _, i = _read_varint(data, i)
+        elif wire_type == 1:
+            i += 8
+        elif wire_type == 5:
+            i += 4
+        else:
+            raise ValueError(f"wire type {wire_type}")
+    if i != end:
+        raise IndexError("a field runs past its message")
+    return out
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    b = data[i]
+    if b < 0x80:
+        return b, i + 1
+    value, shift = 0, 0
+    while True:
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
 def _string_field(tag: bytes, value: str) -> tuple[bytes, ...]:
     """A string field's record as (tag, length, UTF-8 bytes); () for "" (not written)."""
     if not value:
@@ -162,4 +253,4 @@ def header_of(update: RoundUpdate) -> RoundUpdate:
     return dataclasses.replace(update, pool=())
 
 
-__all__ = ["encode_pool_items", "header_of", "round_update_parts", "splice_round_update"]
+__all__ = ["encode_pool_items", "header_of", "round_update_parts", "splice_round_update", "submission_pool_records"]

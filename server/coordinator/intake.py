@@ -25,10 +25,11 @@ from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
 from hacfed.server.coordinator.journal import SubmissionRecord
 from hacfed.server.coordinator.results import Receipt, SubmissionResult
 from hacfed.server.coordinator.validation import (
-    Rejection, ValidationLimits, check_report, is_short_id, quick_size_rejection, report_to_dict, submission_digest,
-    validate_submission,
+    Rejection, ValidationLimits, check_report, is_short_id, json_submission_digest, quick_size_rejection, report_to_dict,
+    submission_digest, validate_submission,
 )
 from hacfed.trajectory import Trajectory
+from hacfed.wire.pool_splice import submission_pool_records
 
 log = logging.getLogger("hacfed.server.coordinator")
 
@@ -56,19 +57,25 @@ class SubmissionIntake:
                 self._journal_refusal(participant_id, self.current_round, problem)
             return problem
 
-    def submit(self, sub: Submission, sender: str | None = None, *, admitted: bool = False) -> SubmissionResult:
+    def submit(
+        self, sub: Submission, sender: str | None = None, *, admitted: bool = False, encoded: bytes | None = None,
+    ) -> SubmissionResult:
         """Judge and journal one submission; returns only after the journal commit (the ACK point).
 
         sender: the authenticated identity the transport verified (mTLS / envelope key), if any;
         a refusal is journaled under it (else under the id the submission claims).
         admitted: the transport already applied `admit` to this submission's raw bytes.
+        encoded: the wire bytes (`hacfed.wire.decode_submission`'s input) that `sub` was decoded
+        from, when the transport has them: hashed for the digest as they are, and the accepted
+        samples' pool records are cut from them (`pool_splice.submission_pool_records`) instead of
+        being encoded again for the next round's update. Only ever the bytes `sub` came from.
         An identical resend returns the stored result and receipt; nothing is written twice.
         """
         with self._lock:
             if self.failed_closed is not None:
                 return SubmissionResult((), (self._closed_rejection(),), None)
             try:
-                gate = self._gate(sub, sender, admitted)
+                gate = self._gate(sub, sender, admitted, encoded)
                 if isinstance(gate, SubmissionResult):
                     return gate
                 if isinstance(gate, Rejection):  # (a NamedTuple: test it before the plain tuple)
@@ -77,7 +84,7 @@ class SubmissionIntake:
                     return SubmissionResult((), (gate,), None)
                 n_bytes, digest = gate
                 with self._audited():
-                    result = self._judge_and_record(sub, self._clock(), n_bytes, digest)
+                    result = self._judge_and_record(sub, self._clock(), n_bytes, digest, encoded)
             except AuditError:
                 return SubmissionResult((), (self._closed_rejection(),), None)
             crash_point("after_commit_before_ack")
@@ -99,7 +106,9 @@ class SubmissionIntake:
             return 1.0
         return max(record.deadline - self._clock(), 1.0)
 
-    def _gate(self, sub: object, sender: str | None, admitted: bool) -> Rejection | SubmissionResult | tuple[int, str]:
+    def _gate(
+        self, sub: object, sender: str | None, admitted: bool, encoded: bytes | None = None,
+    ) -> Rejection | SubmissionResult | tuple[int, str]:
         """Whole-submission checks, cheapest first. Returns the refusal, the stored result of an
         identical resend, or (size in bytes, content hash) of a submission to judge."""
         if not isinstance(sub, Submission):
@@ -121,7 +130,7 @@ class SubmissionIntake:
         too_big = quick_size_rejection(sub, self.max_trajectories, self.cfg.max_submission_bytes)
         if too_big is not None:
             return too_big
-        n_bytes, digest = submission_digest(sub)
+        n_bytes, digest = submission_digest(sub, encoded)
         if n_bytes > self.cfg.max_submission_bytes:
             return Rejection(None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}")
         if not admitted and (problem := self.limiter.charge_bytes(pid, round_key, n_bytes)) is not None:
@@ -130,6 +139,11 @@ class SubmissionIntake:
         if stored is not None:
             return SubmissionResult.from_json(stored, replayed=True)
         if sub.nonce and self.journal.hash_for_nonce(pid, sub.nonce) is not None:
+            # A resend of a submission journaled by a hacfed that digested the canonical JSON
+            # (before the wire digest) is still an identical resend, not a reused nonce.
+            stored = self.journal.stored_result(json_submission_digest(sub)[1])
+            if stored is not None:
+                return SubmissionResult.from_json(stored, replayed=True)
             return Rejection(None, ErrorCode.NONCE_REUSE, f"nonce {sub.nonce} was used for a different payload")
         participant = self.journal.participant(pid)
         if participant is None:
@@ -149,7 +163,9 @@ class SubmissionIntake:
             return Rejection(None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})")
         return n_bytes, digest
 
-    def _judge_and_record(self, sub: Submission, now: float, n_bytes: int, digest: str) -> SubmissionResult:
+    def _judge_and_record(
+        self, sub: Submission, now: float, n_bytes: int, digest: str, encoded: bytes | None = None,
+    ) -> SubmissionResult:
         pid, round_id = sub.participant_id, sub.round_id
         plan = self.plan_for(round_id)
         limits = ValidationLimits(
@@ -181,7 +197,7 @@ class SubmissionIntake:
             pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
         )
         seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
-        self._remember_accepted(round_id, outcome.accepted)  # after the COMMIT: the next round's pool
+        self._remember_accepted(round_id, outcome.accepted, _records_by_sample(sub, encoded))  # after the COMMIT
         if strikes:
             log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
         if quarantine:
@@ -220,6 +236,18 @@ class SubmissionIntake:
             except AuditError:
                 return self._closed_rejection()
             return None
+
+
+def _records_by_sample(sub: Submission, encoded: bytes | None) -> dict[int, bytes] | None:
+    """The pool record of each decoded sample of `sub`, by `id()` (the samples are alive while the
+    caller uses the map), cut from the bytes it was decoded from; None without them, or when they
+    do not hold exactly one record per sample."""
+    if encoded is None:
+        return None
+    records = submission_pool_records(encoded)
+    if records is None or len(records) != len(sub.trajectories):
+        return None
+    return {id(t): record for t, record in zip(sub.trajectories, records)}
 
 
 def _refused_sender(sub: object, sender: str | None) -> str | None:

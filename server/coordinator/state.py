@@ -43,7 +43,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from operator import itemgetter
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from hacfed.capability import CapabilityTracker
 from hacfed.messages import RoundPlan, RoundUpdate
@@ -71,9 +71,11 @@ class Coordinator(SubmissionIntake):
         self._lock = threading.RLock()
         self._plans: dict[int, RoundPlan] = {}
         self._pools: dict[int, tuple[Trajectory, ...]] = {}
-        # round -> (participant, prompt position, sample index, trajectory) of every sample this
-        # process saw committed as accepted in that round (`_remember_accepted`, `_pool_of`).
-        self._accepted: dict[int, list[tuple[str, int, int, Trajectory]]] = {}
+        self._pool_records: dict[int, tuple[bytes, ...]] = {}  # the pool's records, when all kept (`pool_records`)
+        # round -> (participant, prompt position, sample index, trajectory, its pool record or None)
+        # of every sample this process saw committed as accepted in that round (`_remember_accepted`,
+        # `_pool_of`).
+        self._accepted: dict[int, list[tuple[str, int, int, Trajectory, bytes | None]]] = {}
         self._tracker = self._restore_tracker()
         self.limiter = SubmissionLimiter(
             rate_per_s=cfg.rate_limit_per_s, burst=cfg.rate_limit_burst, quota_bytes=cfg.quota_bytes,
@@ -249,7 +251,9 @@ class Coordinator(SubmissionIntake):
                 if record is None or record.state == "OPEN":
                     raise CoordinatorStateError(f"round {pool_round} must be closed before its pool is published")
                 if pool_round not in self._pools:  # only the latest: memory does not grow with the rounds
-                    self._pools = {pool_round: self._pool_of(pool_round)}
+                    pool, records = self._pool_of(pool_round)
+                    self._pools = {pool_round: pool}
+                    self._pool_records = {pool_round: records} if records is not None else {}
                 pool = self._pools[pool_round]
                 capabilities = {pid: 1.0 for pid in active} | dict(record.capabilities or {})
             next_plan = None
@@ -261,15 +265,22 @@ class Coordinator(SubmissionIntake):
                 self.journal.mark_published(pool_round)
             return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
 
-    def _remember_accepted(self, round_id: int, accepted: Sequence[AcceptedTrajectory]) -> None:
+    def _remember_accepted(
+        self, round_id: int, accepted: Sequence[AcceptedTrajectory], records: Mapping[int, bytes] | None = None,
+    ) -> None:
         """Keep a committed submission's accepted samples for `_pool_of` (called after the COMMIT:
-        nothing is kept that the journal does not hold). Rounds before round_id - 1 are dropped."""
+        nothing is kept that the journal does not hold). Rounds before round_id - 1 are dropped.
+        `records`: the pool record of each sample as submitted, by `id()` of the decoded sample; a
+        sample is kept with its record only when it is that very object (judging left it as
+        submitted: the verified reward equals the claim, no local ids), so the record is its own."""
         for old in [r for r in self._accepted if r < round_id - 1]:
             del self._accepted[old]
         kept = self._accepted.setdefault(round_id, [])
-        kept.extend((a.trajectory.source_id, a.prompt_pos, a.idx, a.trajectory) for a in accepted)
+        records = records or {}
+        kept.extend((a.trajectory.source_id, a.prompt_pos, a.idx, a.trajectory, records.get(id(a.trajectory)))
+                    for a in accepted)
 
-    def _kept(self, round_id: int) -> list[tuple[str, int, int, Trajectory]] | None:
+    def _kept(self, round_id: int) -> list[tuple[str, int, int, Trajectory, bytes | None]] | None:
         """The samples kept at intake for the round, in pool order, when they are exactly what the
         journal holds: every accepted sample of the round was committed by this process (no restart
         in between) and none was purged since (the journal's count of the round's samples, and of
@@ -286,19 +297,30 @@ class Coordinator(SubmissionIntake):
         kept = self._kept(round_id)
         if kept is None:
             return self.journal.accepted_rewards(round_id)
-        return [(pid, float(t.reward)) for pid, _, _, t in kept]
+        return [(pid, float(t.reward)) for pid, _, _, t, _ in kept]
 
-    def _pool_of(self, round_id: int) -> tuple[Trajectory, ...]:
+    def pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
+        """The `RoundUpdate.pool` record of each sample of the pool that `make_update(pool_round + 1)`
+        published, aligned with it, cut from the bytes its labs submitted
+        (`hacfed.wire.pool_splice.submission_pool_records`), for the round driver's updates
+        (`hacfed.server.round_updates`); None when the pool was read back from the journal or
+        some sample came without its bytes (in-process submissions): it is then encoded."""
+        with self._lock:
+            return self._pool_records.get(pool_round)
+
+    def _pool_of(self, round_id: int) -> tuple[tuple[Trajectory, ...], tuple[bytes, ...] | None]:
         """`journal.pool(round_id)`, from the samples kept at intake when they are the journal's
         (`_kept`) and every field has the type and value the journal would give back
         (`_as_journaled`); otherwise the journal is read: the same trajectories in the same order
         (tests/unit/test_pool_from_intake.py), without reading back and rebuilding the round's
-        samples (bench/coordinator_scale.py). The kept samples are released."""
+        samples (bench/coordinator_scale.py). The kept samples are released. With the pool, the
+        records of its samples when every one was kept with one (`pool_records`), else None."""
         kept = self._kept(round_id)
         self._accepted.pop(round_id, None)
-        if kept is not None and _as_journaled([t for _, _, _, t in kept]):
-            return tuple(t for _, _, _, t in kept)
-        return self.journal.pool(round_id)
+        if kept is not None and _as_journaled([t for _, _, _, t, _ in kept]):
+            records = tuple(r for _, _, _, _, r in kept)
+            return tuple(t for _, _, _, t, _ in kept), (records if None not in records else None)
+        return self.journal.pool(round_id), None
 
     # -- participants ----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from hacfed import wire
 from hacfed.messages import StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.server.coordinator import validation
-from hacfed.server.coordinator.validation import submission_digest
+from hacfed.server.coordinator.validation import json_submission_digest, submission_digest
 from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire import convert
 from hacfed.wire.types import MAX_PROMPT_MESSAGES, ErrorCode, WireError
@@ -162,23 +162,50 @@ def submissions(draw: Any) -> Submission:
 # ---- the content digest -------------------------------------------------------------------------
 
 
-def test_the_digest_of_a_decoded_submission_is_the_old_digest() -> None:
+def test_the_json_digest_of_a_decoded_submission_is_the_old_digest() -> None:
     ts = tuple(Trajectory(**{**FIELDS, "trajectory_id": f"lab-a/1/p7/{i}", "reward": float(i % 2)})
                for i in range(8))
     sub = Submission("run", "lab-a", 1, ts, StepReport("lab-a", 0, {"loss": 0.25, "n": 3.0}, None), "cd" * 16, 17)
     decoded = wire.decode_submission(wire.encode_submission(sub))
-    assert submission_digest(decoded) == old_digest(decoded) == submission_digest(sub)
-    assert submission_digest(dataclasses.replace(sub, report=None)) == old_digest(dataclasses.replace(sub, report=None))
+    assert json_submission_digest(decoded) == old_digest(decoded) == json_submission_digest(sub)
+    assert json_submission_digest(dataclasses.replace(sub, report=None)) == old_digest(dataclasses.replace(sub, report=None))
     empty = dataclasses.replace(sub, trajectories=())
-    assert submission_digest(empty) == old_digest(empty)
+    assert json_submission_digest(empty) == old_digest(empty)
     changed = dataclasses.replace(sub, trajectories=ts[:-1] + (dataclasses.replace(ts[-1], response_text="47"),))
-    assert submission_digest(changed)[1] != submission_digest(sub)[1]  # still a digest of the content
+    assert json_submission_digest(changed)[1] != json_submission_digest(sub)[1]  # still a digest of the content
+
+
+def test_the_digest_is_the_sha256_of_the_wire_bytes_the_lab_signed() -> None:
+    ts = tuple(Trajectory(**{**FIELDS, "trajectory_id": f"lab-a/1/p7/{i}", "reward": float(i % 2)})
+               for i in range(8))
+    sub = Submission("run", "lab-a", 1, ts, StepReport("lab-a", 0, {"loss": 0.25, "n": 3.0}, None), "cd" * 16, 17)
+    body = wire.encode_submission(sub)
+    decoded = wire.decode_submission(body)
+    expected = (len(body), hashlib.sha256(body).hexdigest())
+    # as received (the bytes hashed as they are), decoded without its bytes, and the lab's own object
+    assert submission_digest(decoded, body) == submission_digest(decoded) == submission_digest(sub) == expected
+    with_ids = dataclasses.replace(sub, trajectories=tuple(dataclasses.replace(t, response_token_ids=tuple(range(20))) for t in ts))
+    assert submission_digest(with_ids) == expected  # local-only token ids are not on the wire
+    changed = dataclasses.replace(sub, trajectories=ts[:-1] + (dataclasses.replace(ts[-1], response_text="47"),))
+    assert submission_digest(changed)[1] != expected[1]
+    assert submission_digest(dataclasses.replace(sub, nonce="ef" * 16))[1] != expected[1]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(submissions())
+def test_the_digest_of_any_submission_is_its_wire_digest_or_else_its_json_digest(sub: Submission) -> None:
+    try:
+        body = wire.encode_submission(sub)
+    except (WireError, TypeError, ValueError, AttributeError, KeyError, OverflowError):
+        assert outcome(submission_digest, sub) == outcome(json_submission_digest, sub)  # no transport decodes it
+    else:
+        assert submission_digest(sub) == (len(body), hashlib.sha256(body).hexdigest())
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(submissions())
-def test_the_digest_of_any_submission_hostile_or_not_is_the_old_digest(sub: Submission) -> None:
-    assert outcome(submission_digest, sub) == outcome(old_digest, sub)
+def test_the_json_digest_of_any_submission_hostile_or_not_is_the_old_digest(sub: Submission) -> None:
+    assert outcome(json_submission_digest, sub) == outcome(old_digest, sub)
 
 
 HOSTILE_VALUES = (
@@ -189,18 +216,18 @@ HOSTILE_VALUES = (
 
 
 @pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(Trajectory)])
-def test_the_digest_of_every_hostile_field_value_is_the_old_digest(name: str) -> None:
+def test_the_json_digest_of_every_hostile_field_value_is_the_old_digest(name: str) -> None:
     base = Trajectory(**FIELDS)
     for value in HOSTILE_VALUES:
         t = dataclasses.replace(base)
         object.__setattr__(t, name, value)
         sub = Submission("run", "lab-a", 1, (), None, "ab" * 16, 3)
         object.__setattr__(sub, "trajectories", (base, t, t))
-        assert outcome(submission_digest, sub) == outcome(old_digest, sub), (name, value)
+        assert outcome(json_submission_digest, sub) == outcome(old_digest, sub), (name, value)
 
 
 @pytest.mark.parametrize("where", ["role", "content", "message", "prompt"])
-def test_the_digest_of_a_hostile_prompt_is_the_old_digest(where: str) -> None:
+def test_the_json_digest_of_a_hostile_prompt_is_the_old_digest(where: str) -> None:
     for value in HOSTILE_VALUES + ("user",):
         t = Trajectory(**{**FIELDS, "prompt": (ChatMessage("user", "q"), ChatMessage("assistant", "a"))})
         if where in ("role", "content"):
@@ -211,7 +238,7 @@ def test_the_digest_of_a_hostile_prompt_is_the_old_digest(where: str) -> None:
             object.__setattr__(t, "prompt", value if isinstance(value, (str, list, tuple, dict, bytes)) else [value])
         sub = Submission("run", "lab-a", 1, (), StepReport("lab-a", 0, {"loss": math.nan}, None), "ab" * 16, 3)
         object.__setattr__(sub, "trajectories", (t, Trajectory(**FIELDS), t))
-        assert outcome(submission_digest, sub) == outcome(old_digest, sub), (where, value)
+        assert outcome(json_submission_digest, sub) == outcome(old_digest, sub), (where, value)
 
 
 def test_a_trajectory_of_odd_types_takes_the_json_path() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hacfed.server.coordinator import Coordinator, Journal
-from hacfed.wire import encode_round_update
+from hacfed.wire import decode_submission, encode_round_update
 from tests.unit.test_coordinator_fakes import FakeClock, make_coordinator, scripted_submission, scripted_trajectories
 
 LABS = ("c", "a", "b")  # submitted in this order: the pool is sorted by participant, not by arrival
@@ -123,3 +123,46 @@ def test_the_rewards_after_a_purge_come_from_the_journal(tmp_path: Path) -> None
     coord.journal.purge("a", 0, 0.0, "withdrawn")
     assert coord._accepted_rewards(0) == coord.journal.accepted_rewards(0)
     assert "a" not in {pid for pid, _ in coord._accepted_rewards(0)}
+
+
+def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_path: Path) -> None:
+    """`submit(..., encoded=...)` (the Flower driver's path) keeps each accepted sample's record cut
+    from the lab's bytes; `pool_records` gives them aligned with the published pool, and they are
+    the pool's own encoding. A sample whose verified reward replaced its claim is not the submitted
+    object any more: the pool then has no records and is encoded as before."""
+    from hacfed.wire import encode_submission
+    from hacfed.wire.pool_splice import encode_pool_items
+
+    coord = make_coordinator(tmp_path, rounds=3, expected_participants=3, min_participants=1, max_strikes=99)
+    for pid in LABS:
+        coord.register(pid)
+    plan = coord.open_round(0)
+    for pid in LABS:
+        sub = scripted_submission(plan, pid, falsify=1 if pid == "a" else 0)
+        body = encode_submission(sub)
+        coord.submit(decode_submission(body), encoded=body)
+    coord.close_round("quorum")
+    coord.open_round(1)
+    update = coord.make_update(1)
+    records = coord.pool_records(0)
+    assert records is not None and len(records) == len(update.pool) == 3 * 2 * 3 - 3
+    assert records == encode_pool_items(update.pool)
+    assert coord.pool_records(1) is None  # not published yet
+
+    other = make_coordinator(tmp_path / "claims", rounds=2, expected_participants=1, min_participants=1)
+    other.register("a")
+    plan = other.open_round(0)
+    near = [dataclasses.replace(t, reward=t.reward - 1e-12) if i == 0 and t.reward == 1.0 else t
+            for i, t in enumerate(scripted_trajectories(plan, "a"))]
+    sub = scripted_submission(plan, "a", trajectories=near)
+    body = encode_submission(sub)
+    other.submit(decode_submission(body), encoded=body)
+    other.close_round("quorum")
+    other.open_round(1)
+    pool = other.make_update(1).pool
+    assert len(pool) == len(near) and other.pool_records(0) is None
+
+
+def test_without_bytes_the_pool_has_no_records(tmp_path: Path) -> None:
+    coord = _round_submitted(tmp_path)
+    assert coord.make_update(1).pool and coord.pool_records(0) is None

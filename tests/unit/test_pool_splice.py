@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from hacfed import wire
 from hacfed.messages import RoundUpdate
-from hacfed.wire.pool_splice import encode_pool_items, header_of, splice_round_update
+from hacfed.wire.pool_splice import encode_pool_items, header_of, splice_round_update, submission_pool_records
 from tests.unit.test_wire import UINT64, hacpo_configs, ident, plans, trajectories
+
+from hacfed.messages import StepReport, Submission
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,6 +36,37 @@ def test_spliced_update_is_the_canonical_encoding(pool_round, pool, caps, next_p
     data = splice_round_update(header_of(update), [items[i] for i in chosen])
     assert data == wire.encode_round_update(sub)
     assert wire.decode_round_update(data) == sub  # the lab's strict decoder takes it
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.lists(trajectories(), max_size=6).map(tuple),
+    report=st.one_of(st.none(), st.builds(StepReport, ident, st.integers(0, UINT64),
+                                          st.dictionaries(ident, st.floats(-1e6, 1e6), max_size=3),
+                                          st.one_of(st.none(), st.floats(0.0, 1.0)))),
+    nonce=st.one_of(st.just(""), st.binary(min_size=16, max_size=16).map(bytes.hex)),
+    created=st.integers(0, 2**50),
+    round_id=st.integers(0, UINT64),
+)
+def test_pool_records_cut_from_a_submission_are_the_encoded_ones(samples, report, nonce, created, round_id) -> None:
+    """A submitted sample's bytes, retagged, are its pool record: the coordinator forwards them
+    instead of encoding the pool again (`Coordinator.pool_records`)."""
+    body = wire.encode_submission(Submission("run", "lab-a", round_id, samples, report, nonce, created))
+    decoded = wire.decode_submission(body)
+    assert submission_pool_records(body) == encode_pool_items(decoded.trajectories) == encode_pool_items(samples)
+
+
+def test_bytes_that_are_not_a_submission_frame_give_no_records() -> None:
+    from hacfed.trajectory import ChatMessage, Trajectory
+
+    t = Trajectory("t", "p", "lab-a", 1, (ChatMessage("user", "q"),), "4", 1.0, -1.0, 1, "stop")
+    body = wire.encode_submission(Submission("run", "lab-a", 1, (t,), None))
+    assert submission_pool_records(body) == encode_pool_items((t,))
+    assert submission_pool_records(body[:-3]) is None  # cut short
+    assert submission_pool_records(b"") is None  # no submission field
+    assert submission_pool_records(b"\x0f" + body[1:]) is None  # an unknown wire type
+    update = wire.encode_round_update(RoundUpdate("run", 0, (t,), {}, None))
+    assert submission_pool_records(update) is None
 
 
 def test_a_long_pool_needs_multi_byte_lengths() -> None:
