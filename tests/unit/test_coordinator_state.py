@@ -63,6 +63,24 @@ def test_nonce_reuse_with_a_different_payload_is_refused(coord):
     assert coord.submit(scripted_submission(plan1, "a", nonce="1" * 32)).rejected == ()
 
 
+def test_a_resend_journaled_under_the_json_digest_of_earlier_versions_is_still_a_resend(coord):
+    """A journal written by a hacfed that digested the canonical JSON: the lab's resend (same
+    nonce, same content) gets its stored receipt back, not NONCE_REUSE; another payload with that
+    nonce is still refused."""
+    from hacfed.server.coordinator.validation import json_submission_digest
+
+    plan = coord.open_round(0)
+    sub = scripted_submission(plan, "a", nonce="0" * 32)
+    first = coord.submit(sub)
+    old = json_submission_digest(sub)[1]
+    with coord.journal._lock:
+        coord.journal._db.execute("UPDATE submissions SET content_hash=? WHERE participant_id='a'", (old,))
+    again = coord.submit(sub)
+    assert again.replayed and again.accepted_ids == first.accepted_ids
+    other = scripted_submission(plan, "a", nonce="0" * 32, trajectories=scripted_trajectories(plan, "a", tag="x"))
+    assert coord.submit(other).refusal == ErrorCode.NONCE_REUSE
+
+
 def test_submission_gates(coord, tmp_path):
     plan = coord.open_round(0)
     sub = scripted_submission(plan, "a")
