@@ -299,14 +299,16 @@ class Coordinator(SubmissionIntake):
             return self.journal.accepted_rewards(round_id)
         return [(pid, float(t.reward)) for pid, _, _, t, _ in kept]
 
-    def pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
+    def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
         """The `RoundUpdate.pool` record of each sample of the pool that `make_update(pool_round + 1)`
         published, aligned with it, cut from the bytes its labs submitted
         (`hacfed.wire.pool_splice.submission_pool_records`), for the round driver's updates
-        (`hacfed.server.round_updates`); None when the pool was read back from the journal or
-        some sample came without its bytes (in-process submissions): it is then encoded."""
+        (`hacfed.server.round_updates`), which keep them as blocks: handed over once and then
+        dropped here (~48 MB at 64 labs), so a second ask gets None. None when the pool was read
+        back from the journal or some sample came without its bytes (in-process submissions): it
+        is then encoded."""
         with self._lock:
-            return self._pool_records.get(pool_round)
+            return self._pool_records.pop(pool_round, None)
 
     def _pool_of(self, round_id: int) -> tuple[tuple[Trajectory, ...], tuple[bytes, ...] | None]:
         """`journal.pool(round_id)`, from the samples kept at intake when they are the journal's

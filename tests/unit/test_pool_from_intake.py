@@ -127,7 +127,7 @@ def test_the_rewards_after_a_purge_come_from_the_journal(tmp_path: Path) -> None
 
 def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_path: Path) -> None:
     """`submit(..., encoded=...)` (the Flower driver's path) keeps each accepted sample's record cut
-    from the lab's bytes; `pool_records` gives them aligned with the published pool, and they are
+    from the lab's bytes; `take_pool_records` gives them aligned with the published pool, and they are
     the pool's own encoding. A sample whose verified reward replaced its claim is not the submitted
     object any more: the pool then has no records and is encoded as before."""
     from hacfed.wire import encode_submission
@@ -144,10 +144,11 @@ def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_pa
     coord.close_round("quorum")
     coord.open_round(1)
     update = coord.make_update(1)
-    records = coord.pool_records(0)
+    records = coord.take_pool_records(0)
     assert records is not None and len(records) == len(update.pool) == 3 * 2 * 3 - 3
     assert records == encode_pool_items(update.pool)
-    assert coord.pool_records(1) is None  # not published yet
+    assert coord.take_pool_records(0) is None  # handed over once: the updates keep them
+    assert coord.take_pool_records(1) is None  # not published yet
 
     other = make_coordinator(tmp_path / "claims", rounds=2, expected_participants=1, min_participants=1)
     other.register("a")
@@ -160,9 +161,9 @@ def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_pa
     other.close_round("quorum")
     other.open_round(1)
     pool = other.make_update(1).pool
-    assert len(pool) == len(near) and other.pool_records(0) is None
+    assert len(pool) == len(near) and other.take_pool_records(0) is None
 
 
 def test_without_bytes_the_pool_has_no_records(tmp_path: Path) -> None:
     coord = _round_submitted(tmp_path)
-    assert coord.make_update(1).pool and coord.pool_records(0) is None
+    assert coord.make_update(1).pool and coord.take_pool_records(0) is None
