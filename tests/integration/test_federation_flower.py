@@ -224,8 +224,11 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         assert any(r.get("final") and "eval_accuracy" in r for r in mine)
     cheats = [r for r in per_round if r["agent"] == "lab-c" and r["submitted"]]
     assert cheats and all(r["accepted"] == 0 and r["rejected"] >= 4 for r in cheats)
-    timed = [r for r in per_round if "time_round_s" in r and r["agent"] == "lab-a" and r["submitted"]]
-    assert timed and all(r["time_exchange_s"] is not None for r in timed)
+    # A round whose submission the killed coordinator had already committed has no round trip for the
+    # restarted one (its step times come with the primary reply only): every other row is split.
+    timed = [r for r in per_round if "time_round_s" in r and r["agent"] == "lab-a" and r["submitted"]
+             and "time_exchange_s" in r]
+    assert len(timed) >= 2 and all(r["time_exchange_s"] is not None for r in timed)
     for lab, log in (("lab-a", lab_a), ("lab-b", lab_b)):
         assert re.search(r"trained on \d+ pooled samples of round \d \([1-9]\d* from other labs\)", log.text()), lab
 
