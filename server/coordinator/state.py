@@ -71,7 +71,7 @@ class Coordinator(SubmissionIntake):
         self._lock = threading.RLock()
         self._plans: dict[int, RoundPlan] = {}
         self._pools: dict[int, tuple[Trajectory, ...]] = {}
-        self._pool_records: dict[int, tuple[bytes, ...]] = {}  # the pool's records, when all kept (`pool_records`)
+        self._pool_records: dict[int, tuple[bytes, ...]] = {}  # the pool's records, when all kept (`take_pool_records`)
         # round -> (participant, prompt position, sample index, trajectory, its pool record or None)
         # of every sample this process saw committed as accepted in that round (`_remember_accepted`,
         # `_pool_of`).
@@ -316,7 +316,7 @@ class Coordinator(SubmissionIntake):
         (`_as_journaled`); otherwise the journal is read: the same trajectories in the same order
         (tests/unit/test_pool_from_intake.py), without reading back and rebuilding the round's
         samples (bench/coordinator_scale.py). The kept samples are released. With the pool, the
-        records of its samples when every one was kept with one (`pool_records`), else None."""
+        records of its samples when every one was kept with one (`take_pool_records`), else None."""
         kept = self._kept(round_id)
         self._accepted.pop(round_id, None)
         if kept is not None and _as_journaled([t for _, _, _, t, _ in kept]):
