@@ -43,8 +43,7 @@ from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.tasks.base import Task
 from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire.framing import encode_submission
-from hacfed.wire.types import MAX_REPORT_METRICS  # one cap: the wire refuses more before building them
-from hacfed.wire.types import WireError
+from hacfed.wire.types import MAX_REPORT_METRICS, WireError  # one cap: the wire refuses more before building them
 
 MAX_ID_CHARS = 128
 MAX_POLICY_VERSION = 2**62  # stays a SQLite INTEGER
