@@ -5,9 +5,12 @@ Runs in the coordinator's ServerApp process: a part of `hacfed.server.driver.Fed
 
 After the last round closes, every active lab is sent a plan-less update (the last pool): it trains
 on it, evaluates, and replies with its final report, recorded in the journal. Each lab that reported
-(and each quarantined lab still connected) then gets one signed final acknowledgement, after which
-its hacfed-client may exit. The run is done, and `DONE_FILE` written, once every active lab reported
-and got its acknowledgement, or one round deadline after the last round.
+(and each quarantined lab that is still registered) then gets one signed final acknowledgement, after
+which its hacfed-client may exit. The run is done, and `DONE_FILE` written, once every active lab
+reported and got its acknowledgement, or one round deadline after the last round. A lab owed an
+acknowledgement that is not connected (its SuperNode between reconnect attempts, e.g. after a
+coordinator restart) is waited for ACK_GRACE_S: longer than a lab's longest reconnect wait, so it
+comes back in time and learns that the run is over instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ from hacfed.server.driver_settings import DONE_FILE
 from hacfed.server.replies import ACK, FINAL
 from hacfed.server.reporting import append_rows, final_row, rounds_written
 
-ACK_GRACE_S = 30.0  # how long a reported participant that is not connected may keep the run waiting for its ack
+# How long a lab owed an acknowledgement that is not connected may keep the run waiting: a lab's
+# SuperNode waits at most 30 s between reconnect attempts (`hacfed.clients.backoff.MAX_DELAY_S`),
+# and reconnecting, answering the hello and pulling the ack take a few seconds more.
+ACK_GRACE_S = 45.0
 
 
 class RunEnd:
@@ -36,7 +42,8 @@ class RunEnd:
             self._final_since = self._monotonic()
         reported = set(self._final_reports())
         quarantined = {p.participant_id for p in self.coordinator.participants() if p.quarantined}
-        self._acks |= (quarantined & set(self._nodes.values())) - self._acked  # they may leave too
+        # a quarantined lab may leave too, connected now or not (waited for ACK_GRACE_S)
+        self._acks |= {pid for pid in quarantined if self.membership.known(pid)} - self._acked
         busy = {s.participant_id for s in self._sent.values()}
         acks = {node: pid for node, pid in self._nodes.items()
                 if pid in self._acks and pid not in busy and pid not in self._acked}
@@ -51,7 +58,7 @@ class RunEnd:
 
     def _maybe_finish(self) -> None:
         """Done once every active participant reported and got its ack, or one deadline after the
-        last round; a reported participant that is not connected is waited for ACK_GRACE_S."""
+        last round; a lab owed an ack that is not connected is waited for ACK_GRACE_S."""
         reports = self._final_reports()
         active = {p.participant_id for p in self.coordinator.participants() if not p.quarantined}
         waited = self._monotonic() - (self._final_since or self._monotonic())

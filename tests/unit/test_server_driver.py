@@ -182,6 +182,51 @@ def test_falsified_rewards_are_rejected_and_counted_while_honest_ones_are_accept
     assert fed.nodes[2][1].finished  # ... but is told when the run is over, so it can leave
 
 
+def _quarantine_and_disconnect_the_cheat(fed: Federation) -> ParticipantService:
+    fed.add(1, "honest")
+    cheat = fed.add(2, "cheat", cheat=True)
+    for _ in range(10):  # until the cheat is quarantined; then its SuperNode loses the coordinator
+        fed.exchange()
+        if fed.driver.journal.participant("cheat").quarantined:
+            break
+    assert fed.driver.journal.participant("cheat").quarantined
+    del fed.nodes[2], fed.mapped[2]
+    for _ in range(10):  # the honest lab finishes the rounds and gets its ack
+        fed.exchange()
+        if fed.nodes[1][1].finished:
+            break
+    assert fed.nodes[1][1].finished and not fed.driver.finished()  # the run still waits for the cheat
+    return cheat
+
+
+def test_a_quarantined_lab_that_is_away_when_the_run_ends_is_waited_for_and_told(tmp_path: Path) -> None:
+    # The CI failure this fixes: the coordinator was restarted while the quarantined lab's SuperNode
+    # was in a 25 s reconnect wait; the run ended without it and the lab retried forever.
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, max_strikes=3, expected_participants=1)
+    cheat = _quarantine_and_disconnect_the_cheat(fed)
+    clock.t += 30.0  # the lab's longest reconnect wait; then it is back
+    fed.nodes[2] = ("cheat", cheat)
+    fed.run()
+    assert cheat.finished  # told that the run is over, so hacfed-client exits
+    assert len(cheat.participant.updates) == 1  # and still sent no update after its quarantine
+
+
+def test_a_quarantined_lab_that_stays_away_delays_the_end_by_the_ack_grace_only(tmp_path: Path) -> None:
+    from hacfed.server.run_end import ACK_GRACE_S
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, max_strikes=3, expected_participants=1, round_deadline_s=600.0)
+    cheat = _quarantine_and_disconnect_the_cheat(fed)
+    clock.t += ACK_GRACE_S - 1.0
+    fed.exchange()
+    assert not fed.driver.finished()
+    clock.t += 1.0
+    fed.exchange()
+    assert fed.driver.finished() and not cheat.finished
+    done = json.loads((Path(fed.settings.state_dir) / DONE_FILE).read_text())
+    assert done["final_reports"] == ["honest"] and done["missing_final_reports"] == []
+
+
 def test_unknown_key_is_refused_and_never_sent_anything(tmp_path: Path) -> None:
     fed = Federation(tmp_path, FakeClock(), expected_participants=1)
     fed.add(1, "lab-a")
