@@ -55,6 +55,9 @@ hacpo_configs = st.one_of(
     st.builds(HacpoConfig, mode=st.just("hacpo"), capability_baseline=st.booleans(),
               capability_coefficient=st.booleans(), stepwise_clip=st.booleans(), cross_clip=st.booleans(), **_common),
     st.builds(HacpoConfig, mode=st.sampled_from(["naive", "gspo"]), **_common),
+    st.builds(HacpoConfig, mode=st.just("xhacpo"), cross_ratio_unit=st.sampled_from(["token", "byte"]),
+              cross_clip_style=st.sampled_from(["hard", "pessimistic"]),
+              cross_negatives=st.sampled_from(["learn", "skip"]), **_common),
 )
 
 
