@@ -362,7 +362,7 @@ def _carries(s: float, adv: float, lower: float, cfg: HacpoConfig) -> bool:
     if cfg.mode in ("hacpo", "xhacpo"):
         if cfg.cross_negatives == "skip" and adv < 0:
             return False
-        if not cfg.cross_clip or lower <= s <= 1.0 or (cfg.cross_imitation > 0 and adv > 0):
+        if not cfg.cross_clip or lower <= s <= 1.0:
             return True
         return cfg.cross_clip_style == "pessimistic" and adv > 0 and s < lower
     low, high = 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high

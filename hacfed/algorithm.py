@@ -124,7 +124,6 @@ def hacpo_policy_loss(
       own samples:   obj = min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A)            (GSPO)
       cross samples: c = clip(s, L_m, 1);  obj = c · sg(c)^α · ω · A               (Mech. 2-4)
                      ω = capability_ratios (ratio(source, learner)); L_m = cross_clip_lower(m).
-    xhacpo's settings (cfg.cross_*, docs/xhacpo.md) change only the cross objective.
     mode "naive": every sample uses the own-sample (GSPO) objective against its source log-prob.
     mode "gspo": cross samples are dropped. Loss = −mean over included sequences of obj.
     """
@@ -171,12 +170,6 @@ def hacpo_policy_loss(
         # peer's success it finds unlikely); everything else is exactly the paper's clip.
         base = torch.where((adv > 0) & (s < lower), s, c)
     obj_cross = base * c.detach().pow(cfg.alpha) * coef.detach() * adv
-    if cfg.cross_imitation > 0:
-        # xhacpo-imitate: each peer success (A > 0) also adds λ · log π_k(y), i.e. λ · exp(lp − sg(lp))
-        # (value λ, gradient λ·∇lp): imitation whose weight depends neither on the learner's ratio
-        # nor on the peer's claimed log-prob (docs/xhacpo.md).
-        imitation = cfg.cross_imitation * torch.exp(lp - lp.detach())
-        obj_cross = obj_cross + torch.where(adv > 0, imitation, torch.zeros_like(imitation))
     if cfg.cross_negatives == "skip":
         # xhacpo: a peer's failure is not pushed down (see docs); only its successes teach.
         obj_cross = torch.where(adv > 0, obj_cross, obj_cross.detach())
@@ -196,8 +189,6 @@ def hacpo_policy_loss(
             carries = ~outside_cross
             if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
                 carries = carries | ((adv > 0) & (s < lower))
-            if cfg.cross_imitation > 0:
-                carries = carries | (adv > 0)
             if cfg.cross_negatives == "skip":
                 carries = carries & (adv > 0)
         else:

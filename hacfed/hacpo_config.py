@@ -10,7 +10,6 @@ Mode = Literal["hacpo", "xhacpo", "naive", "sapo", "gspo", "grpo"]
 MODES: tuple[str, ...] = ("hacpo", "xhacpo", "naive", "sapo", "gspo", "grpo")
 HACPO_FAMILY = ("hacpo", "xhacpo")  # the modes with the four mechanisms
 ABLATION_FLAGS = ("capability_baseline", "capability_coefficient", "stepwise_clip", "cross_clip")
-MAX_CROSS_IMITATION = 100.0  # a bound on what a coordinator's config may ask of every lab
 RatioUnit = Literal["token", "byte"]
 ClipStyle = Literal["hard", "pessimistic"]
 EXTENSION_CHOICES = {
@@ -59,7 +58,6 @@ class HacpoConfig:
     cross_ratio_unit: RatioUnit = "token"
     cross_clip_style: ClipStyle = "hard"
     cross_negatives: Literal["learn", "skip"] = "learn"
-    cross_imitation: float = 0.0  # xhacpo-imitate: extra weight λ of each peer success's log-prob (docs/xhacpo.md)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -96,13 +94,10 @@ class HacpoConfig:
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
         _check(0 < self.grpo_clip_low < 1, "grpo_clip_low", self.grpo_clip_low, "in (0, 1)")
         _check(self.grpo_clip_high > 0, "grpo_clip_high", self.grpo_clip_high, "> 0")
-        _check(0 <= self.cross_imitation <= MAX_CROSS_IMITATION, "cross_imitation", self.cross_imitation,
-               f"in [0, {MAX_CROSS_IMITATION}]")
         changed = [name for name in ABLATION_FLAGS if getattr(self, name) is not True]
         if self.mode not in HACPO_FAMILY and changed:
             raise ValueError(f"HacpoConfig: ablation flag(s) {changed} only apply to modes {HACPO_FAMILY}, not {self.mode!r}")
         extended = [name for name, choices in EXTENSION_CHOICES.items() if getattr(self, name) != choices[0]]
-        extended += ["cross_imitation"] if self.cross_imitation != 0 else []
         if self.mode != "xhacpo" and extended:
             raise ValueError(f"HacpoConfig: {extended} only apply to mode 'xhacpo' (mode {self.mode!r} is paper-exact)")
 

@@ -50,9 +50,6 @@ _MODES = (
     NamedMode("hacpo-nostep", {"mode": "hacpo", "stepwise_clip": False},
               "ablation: HACPO with a static cross-clip bound 1 - δ"),
     NamedMode("hacpo-noclip", {"mode": "hacpo", "cross_clip": False}, "ablation: HACPO without the cross clip"),
-    NamedMode("xhacpo-imitate", {**XHACPO, "cross_imitation": 2.0},
-              "xhacpo plus imitation: each peer success also adds 2·log π(text), whatever the learner's "
-              "ratio (docs/xhacpo.md)"),
     # Ablations of xhacpo: each undoes one of its three changes.
     NamedMode("xhacpo-negatives", {**XHACPO, "cross_negatives": "learn"},
               "xhacpo ablation: also push down peers' failures (as HACPO does)"),

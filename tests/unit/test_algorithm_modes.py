@@ -3,7 +3,6 @@ docs/xhacpo.md), naive's bounded cross ratio, sapo, grpo, and the diagnostics th
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -73,55 +72,6 @@ def test_xhacpo_own_samples_are_plain_gspo():
         # s = 1 for both: obj = A; loss = -(1 - 1)/2 = 0; d/dlp_i = -A_i / 2
         assert loss.item() == pytest.approx(0.0, abs=1e-12)
         assert x.grad.tolist() == pytest.approx([-0.5, 0.5], abs=1e-12)
-
-
-IMITATE = HacpoConfig(mode="xhacpo", cross_ratio_unit="byte", cross_clip_style="pessimistic", cross_negatives="skip",
-                      cross_imitation=2.0)
-
-
-@pytest.mark.parametrize("lp", [-6.0, -1.5, -1.1, -0.5])  # s = e^-5 (far below), e^-.5, e^-.1 (inside), e^.5 (above)
-def test_xhacpo_imitate_adds_lambda_to_a_peer_successs_gradient_whatever_its_ratio(lp):
-    # xhacpo's objective plus λ · exp(lp − sg(lp)): value + λ, gradient + λ (λ = 2), for every s.
-    base_loss, base_grad, _ = cross_loss(lp, -1.0, 0.5, XHACPO, omega=2.0)
-    loss, grad, metrics = cross_loss(lp, -1.0, 0.5, IMITATE, omega=2.0)
-    assert loss == pytest.approx(base_loss - 2.0, abs=1e-9)
-    assert grad == pytest.approx(base_grad - 2.0, abs=1e-9)
-    assert metrics["cross_grad_frac"] == 1.0
-    # far below the window xhacpo's own weight is s · .8 · ω · A = e^-5 · .8: imitation is nearly all of it
-    if lp == -6.0:
-        assert base_grad == pytest.approx(-math.exp(-5.0) * 0.8 * 2.0 * 0.5, abs=1e-9)
-
-
-def test_xhacpo_imitate_does_not_depend_on_the_peers_claimed_log_prob_beyond_xhacpo():
-    # The imitation part is the same whatever the source claims; only xhacpo's bounded part moves.
-    for src in (-1.0, -50.0):
-        base = cross_loss(-1.0, src, 1.0, XHACPO)
-        imitate = cross_loss(-1.0, src, 1.0, IMITATE)
-        assert imitate[1] - base[1] == pytest.approx(-2.0, abs=1e-9)
-
-
-def test_xhacpo_imitate_still_skips_failures_and_keeps_own_samples_gspo():
-    _, grad, metrics = cross_loss(-1.1, -1.0, -1.0, IMITATE)
-    assert grad == 0.0 and metrics["cross_grad_frac"] == 0.0
-    x = t([-1.0, -1.0], grad=True)
-    loss, _ = hacpo_policy_loss(x, t([-1.0, -1.0]), t([1.0, -1.0]), torch.tensor([True, True]), t([1.0, 1.0]), 0, IMITATE)
-    loss.backward()
-    assert x.grad.tolist() == pytest.approx([-0.5, 0.5], abs=1e-12)
-
-
-def test_xhacpo_imitate_is_a_named_mode_crosses_the_wire_and_is_bounded():
-    from hacfed.messages import RoundPlan, SamplingParams
-    from hacfed.modes import hacpo_config_for
-    from hacfed.wire import decode_round_plan, encode_round_plan
-    cfg = hacpo_config_for("xhacpo-imitate")
-    assert cfg == IMITATE
-    plan = RoundPlan("run-1", 0, (), 4, SamplingParams(), cfg)
-    assert decode_round_plan(encode_round_plan(plan)).hacpo == cfg
-    with pytest.raises(ValueError, match=r"\['cross_imitation'\] only apply to mode 'xhacpo'"):
-        HacpoConfig(cross_imitation=1.0)
-    for bad in (-1.0, 1e9, math.inf):
-        with pytest.raises(ValueError, match="cross_imitation"):
-            dataclasses.replace(IMITATE, cross_imitation=bad)
 
 
 def test_extension_settings_are_refused_outside_xhacpo():

@@ -57,7 +57,7 @@ hacpo_configs = st.one_of(
     st.builds(HacpoConfig, mode=st.sampled_from(["naive", "gspo"]), **_common),
     st.builds(HacpoConfig, mode=st.just("xhacpo"), cross_ratio_unit=st.sampled_from(["token", "byte"]),
               cross_clip_style=st.sampled_from(["hard", "pessimistic"]),
-              cross_negatives=st.sampled_from(["learn", "skip"]), cross_imitation=st.floats(0.0, 100.0), **_common),
+              cross_negatives=st.sampled_from(["learn", "skip"]), **_common),
 )
 
 
