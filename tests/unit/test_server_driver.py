@@ -182,7 +182,7 @@ def test_falsified_rewards_are_rejected_and_counted_while_honest_ones_are_accept
     assert fed.nodes[2][1].finished  # ... but is told when the run is over, so it can leave
 
 
-def _quarantine_and_disconnect_the_cheat(fed: Federation) -> ParticipantService:
+def _quarantine_and_disconnect_the_cheat(fed: Federation, revoke: bool = False) -> ParticipantService:
     fed.add(1, "honest")
     cheat = fed.add(2, "cheat", cheat=True)
     for _ in range(10):  # until the cheat is quarantined; then its SuperNode loses the coordinator
@@ -191,11 +191,14 @@ def _quarantine_and_disconnect_the_cheat(fed: Federation) -> ParticipantService:
             break
     assert fed.driver.journal.participant("cheat").quarantined
     del fed.nodes[2], fed.mapped[2]
+    if revoke:  # the operator also revokes it (deletes its key file)
+        (fed.keys_dir / "cheat.pub").unlink()
     for _ in range(10):  # the honest lab finishes the rounds and gets its ack
         fed.exchange()
         if fed.nodes[1][1].finished:
             break
-    assert fed.nodes[1][1].finished and not fed.driver.finished()  # the run still waits for the cheat
+    assert fed.nodes[1][1].finished
+    assert fed.driver.finished() is revoke  # the run waits for a quarantined lab, not for a revoked one
     return cheat
 
 
@@ -225,6 +228,13 @@ def test_a_quarantined_lab_that_stays_away_delays_the_end_by_the_ack_grace_only(
     assert fed.driver.finished() and not cheat.finished
     done = json.loads((Path(fed.settings.state_dir) / DONE_FILE).read_text())
     assert done["final_reports"] == ["honest"] and done["missing_final_reports"] == []
+
+
+def test_a_revoked_quarantined_lab_is_not_waited_for_at_the_end(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, max_strikes=3, expected_participants=1, round_deadline_s=600.0)
+    cheat = _quarantine_and_disconnect_the_cheat(fed, revoke=True)  # finished with no clock advance
+    assert not cheat.finished
 
 
 def test_unknown_key_is_refused_and_never_sent_anything(tmp_path: Path) -> None:
