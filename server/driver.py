@@ -54,6 +54,7 @@ from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
+from hacfed.server.coordinator.pool_share import share_salt
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
 from hacfed.server.membership import NOT_REGISTERED, Membership
 from hacfed.server.node_auth import BINDINGS_FILE
@@ -306,7 +307,7 @@ class FederationDriver(LabReplies, RunEnd):
             records = self.coordinator.take_pool_records(update.pool_round) if update.pool_round is not None else None
             self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,
                                                records=records,
-                                               salt=f"{self.cfg.run_id}/{self.cfg.seed}/{next_round}",
+                                               salt=share_salt(self.cfg.run_id, self.cfg.seed, next_round),
                                                console=self.console)}
         return self._updates[key].pieces_for_lab
 

@@ -21,10 +21,30 @@ the samples is the pool's order, so a selection is a sub-sequence of the pool.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from hacfed.messages import RoundUpdate
 from hacfed.trajectory import Trajectory
+
+
+def share_salt(run_id: str, seed: int, round_id: int) -> str:
+    """The salt of the selections sent with round `round_id`'s update (its plan's round; the final
+    update's is `rounds`): the same in the Flower driver and the in-process transport, so `hacfed
+    sim` sends each lab what a real federation of that many labs would."""
+    return f"{run_id}/{seed}/{round_id}"
+
+
+def shares_of(update: RoundUpdate, peers_per_prompt: int, salt: str) -> Callable[[str], RoundUpdate]:
+    """lab -> its update: `update` itself while every lab's selection is the whole pool (at most
+    K + 1 sources), else `update` with the lab's selection as its pool (for the in-process
+    transport; the Flower driver splices the same selection from encoded records,
+    `hacfed.server.round_updates`)."""
+    if len({t.source_id for t in update.pool}) <= peers_per_prompt + 1:
+        return lambda learner: update
+    shares = PoolShares(update.pool, peers_per_prompt, salt)
+    return lambda learner: dataclasses.replace(update, pool=tuple(update.pool[i] for i in shares.indices_for(learner)))
 
 
 class PoolShares:
@@ -74,4 +94,4 @@ class PoolShares:
         return int.from_bytes(digest[:8], "big") % n
 
 
-__all__ = ["PoolShares"]
+__all__ = ["PoolShares", "share_salt", "shares_of"]

@@ -4,7 +4,9 @@ Runs in the coordinator's process: the in-process loop drives `hacfed sim`, test
 the Flower transport is `hacfed.server.serverapp` + `hacfed.server.driver`.
 
 One exchange per round: the coordinator sends each participant a `RoundUpdate` {pool and
-capabilities of round r-1, plan of round r}; the participant trains on the pool, rolls out the plan
+capabilities of round r-1, plan of round r}, the pool being the participant's share of it (its own
+samples and at most `pool_peers_per_prompt` peers per prompt, `pool_share`: what the Flower driver
+sends it too); the participant trains on the pool, rolls out the plan
 and answers with a `Submission`. `run_rounds` drives that loop with direct calls, for tests,
 `hacfed sim` and benchmarks; the Flower transport implements the same exchange across processes
 with deadlines and retries.
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from hacfed.server.coordinator.metrics import RoundSummary
+from hacfed.server.coordinator.pool_share import share_salt, shares_of
 from hacfed.server.coordinator.results import RoundClosed, SubmissionResult
 from hacfed.server.coordinator.state import Coordinator
 from hacfed.messages import RoundUpdate, Submission
@@ -90,7 +93,7 @@ def run_rounds(
 def _run_one_round(
     coordinator: Coordinator, endpoints: Sequence[ParticipantEndpoint], round_id: int, sleep: Callable[[float], None]
 ) -> RoundOutcome:
-    update = coordinator.make_update(round_id)
+    update_for = _updates(coordinator, round_id)
     quarantined = {p.participant_id for p in coordinator.participants() if p.quarantined}
     results: dict[str, SubmissionResult] = {}
     failures: dict[str, str] = {}
@@ -101,7 +104,7 @@ def _run_one_round(
             continue
         if coordinator.has_submitted(pid, round_id):  # answered before a coordinator restart
             continue
-        submission = _exchange(ep, update, failures)
+        submission = _exchange(ep, update_for(pid), failures)
         if submission is not None:
             results[pid] = coordinator.submit(submission, sender=pid)
     reason = _wait_until_closable(coordinator, sleep)
@@ -138,14 +141,22 @@ def _wait_until_closable(coordinator: Coordinator, sleep: Callable[[float], None
     )
 
 
+def _updates(coordinator: Coordinator, round_id: int) -> Callable[[str], RoundUpdate]:
+    """Each participant's update for `round_id`: the pool share a Flower coordinator would send it
+    (its own samples and at most `pool_peers_per_prompt` peers per prompt, `pool_share`)."""
+    cfg = coordinator.cfg
+    return shares_of(coordinator.make_update(round_id), cfg.pool_peers_per_prompt,
+                     share_salt(cfg.run_id, cfg.seed, round_id))
+
+
 def _send_final_update(coordinator: Coordinator, endpoints: Sequence[ParticipantEndpoint]) -> None:
-    update = coordinator.make_update(coordinator.cfg.rounds)
+    update_for = _updates(coordinator, coordinator.cfg.rounds)
     quarantined = {p.participant_id for p in coordinator.participants() if p.quarantined}
     failures: dict[str, str] = {}
     for ep in endpoints:
         if ep.participant_id in quarantined:
             continue
-        submission = _exchange(ep, update, failures)
+        submission = _exchange(ep, update_for(ep.participant_id), failures)
         if submission is not None:
             problem = coordinator.record_final_report(submission, sender=ep.participant_id)
             if problem is not None:

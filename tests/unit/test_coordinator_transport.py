@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hacfed.server.coordinator import Coordinator, ErrorCode, Journal, ParticipantEndpoint, run_rounds
+from hacfed.server.coordinator.pool_share import PoolShares, share_salt
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, ScriptedEndpoint, make_config, make_coordinator
 
 
@@ -54,6 +55,41 @@ def test_honest_and_cheating_participants_over_three_rounds(tmp_path):
     assert {m.participant_id for m in final} == {"cheat", "honest"}
     assert coord.journal.round_stats(3)["honest"]["report"]["eval_accuracy"] == 0.9
     assert run_rounds(coord, [honest, cheat], sleep=clock.sleep) == []  # finished: nothing more to do
+
+
+def test_beyond_k_plus_one_labs_each_is_sent_its_own_samples_and_k_peers_per_prompt(tmp_path):
+    """`hacfed sim` sends each lab the pool share a Flower coordinator sends (pool_share, K peers per
+    prompt), not the whole pool: with 4 labs and K = 1, every lab's update holds, per prompt, its own
+    group and one other lab's, the selection the driver's salt draws, and nothing else differs."""
+    clock = FakeClock()
+    coord = make_coordinator(tmp_path, clock, rounds=3, prompts_per_round=6, expected_participants=4,
+                             pool_peers_per_prompt=1)
+    endpoints = [ScriptedEndpoint(f"lab-{i}") for i in range(4)]
+    run_rounds(coord, endpoints, sleep=clock.sleep)
+    peers_seen: set[str] = set()
+    for ep in endpoints:
+        assert [u.pool_round for u in ep.updates] == [None, 0, 1, 2]
+        for u in ep.updates[1:]:
+            whole = coord.make_update(u.next_plan.round_id if u.next_plan else coord.cfg.rounds)
+            assert u.capabilities == whole.capabilities and u.next_plan == whole.next_plan
+            expected = PoolShares(whole.pool, 1, share_salt(coord.cfg.run_id, coord.cfg.seed,
+                                                            u.next_plan.round_id if u.next_plan else 3))
+            assert u.pool == tuple(whole.pool[i] for i in expected.indices_for(ep.participant_id))
+            groups: dict[str, set[str]] = {}
+            for t in u.pool:
+                groups.setdefault(t.prompt_id, set()).add(t.source_id)
+            assert len(groups) == 6 and all(ep.participant_id in g and len(g) == 2 for g in groups.values())
+            peers_seen |= {s for g in groups.values() for s in g} - {ep.participant_id}
+    assert peers_seen == {f"lab-{i}" for i in range(4)}  # the offsets spread over every source
+
+
+def test_at_most_k_plus_one_labs_all_get_the_same_whole_pool(tmp_path):
+    clock = FakeClock()
+    coord = make_coordinator(tmp_path, clock, rounds=2, expected_participants=3, pool_peers_per_prompt=2)
+    endpoints = [ScriptedEndpoint(f"lab-{i}") for i in range(3)]
+    run_rounds(coord, endpoints, sleep=clock.sleep)
+    for ep in endpoints[1:]:
+        assert ep.updates[1].pool == endpoints[0].updates[1].pool == coord.make_update(1).pool
 
 
 def test_failing_and_absent_participants_do_not_stall_a_round(tmp_path):
