@@ -83,6 +83,22 @@ def test_headline_matrix_holds_what_issue_8_asks():
         assert run.sim_args == sim_args(baselines.setting(run.setting), run.mode, run.seed), run.label
 
 
+def test_three_labs_matrix_repeats_the_headline_comparison_with_more_seeds():
+    """bench/three-labs.toml: model3 against char-bpe for the same agents, 10 seeds, its first five runs
+    the headline's own (the same `hacfed sim` command, so the same OUT/SETTING/MODE/seed-S is reused)."""
+    modes = load_matrix(ROOT / "bench" / "modes.toml")
+    three = load_matrix(ROOT / "bench" / "three-labs.toml")
+    assert {(c.agent, c.settings) for c in three.comparisons} == {
+        ("chain-llama", ("model3", "char-bpe")), ("chain-qwen2", ("model3", "char-bpe"))}
+    for setting in three.settings:
+        assert setting.run.seeds == tuple(range(10)) and setting.run.eval_split == "test"
+        assert setting.agents == modes.setting(setting.name).agents
+    shared = [r for r in plan_runs(three) if r.seed < 5]
+    assert len(shared) == 10
+    for run in shared:
+        assert run.sim_args == sim_args(modes.setting(run.setting), run.mode, run.seed), run.label
+
+
 @pytest.mark.parametrize("value", ["yes", 1, None])
 def test_archived_must_be_a_bool(value):
     with pytest.raises(MatrixError, match=r"\[settings.pair\]: archived must be true or false, got"):
