@@ -55,6 +55,10 @@ class SimConfig:
     nproc: int = 1  # data-parallel processes per agent's training and rollouts (hacfed.clients.distributed)
     # Samples per optimizer step; None: prompts × G / 2, the paper's 2 updates per source (2N per round).
     minibatch_size: int | None = None
+    # Each lab is sent its own samples and, per prompt, the groups of at most this many other labs
+    # (hacfed.server.coordinator.pool_share); None: the coordinator's default. With N <= K + 1 labs
+    # every lab gets the whole pool.
+    peers_per_prompt: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -72,6 +76,9 @@ class SimConfig:
         m = self.minibatch_size
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"minibatch_size must be an int >= 1, got {m!r}")
+        k = self.peers_per_prompt
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"peers_per_prompt must be an int >= 1, got {k!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
 
@@ -128,6 +135,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed,
+        **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
     )
     endpoints = []
     for pid, spec in zip(ids, cfg.agents):
@@ -250,6 +258,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--minibatch-size", type=int, default=None,
                    help="samples per optimizer step (default: prompts x G / 2, the paper's 2 updates per source, so "
                         "N labs make 2N updates per round; e.g. prompts x G x N / 4 keeps 4 whatever N)")
+    p.add_argument("--peers-per-prompt", type=int, default=None, metavar="K",
+                   help="each agent is sent its own samples and, per prompt, the groups of at most K other agents, as a "
+                        "coordinator's pool_peers_per_prompt (default: the coordinator's, 7; with at most K + 1 agents "
+                        "every agent gets the whole pool)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
@@ -275,7 +287,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
-        minibatch_size=args.minibatch_size,
+        minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt,
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

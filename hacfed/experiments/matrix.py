@@ -5,7 +5,8 @@
 `[defaults]` holds every run setting (task, rounds, lr, ...); each `[settings.NAME]` table names its
 agents and may override any default; optional `[[comparisons]]` pair one agent and mode across two
 settings. Every key is required somewhere (no hidden defaults) except `minibatch_size` (absent: the
-paper's prompts × G / 2, as `hacfed sim` without --minibatch-size) and a setting's `archived` (absent:
+paper's prompts × G / 2, as `hacfed sim` without --minibatch-size), `peers_per_prompt` (absent: the
+coordinator's K, as `hacfed sim` without --peers-per-prompt) and a setting's `archived` (absent:
 false; true keeps an earlier design in the report without rerunning it), and unknown keys are errors, so a
 typo never silently runs the wrong experiment. Errors are `MatrixError`s naming the file, table and key.
 """
@@ -25,7 +26,8 @@ from hacfed.tomlfile import read_toml
 # Keys of [defaults], each also allowed in a setting's table.
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
             "group_size", "seeds", "modes", "baseline")
-OPTIONAL_RUN_KEYS = ("minibatch_size",)  # absent: `hacfed sim`'s default (the paper's 2 updates per source)
+# Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers: the coordinator's K).
+OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt")
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
 EVAL_SPLITS = ("test", "validation")
@@ -52,6 +54,7 @@ class RunSettings:
     modes: tuple[str, ...]
     baseline: str
     minibatch_size: int | None = None
+    peers_per_prompt: int | None = None
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -184,6 +187,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         prompts_per_round=positive_int("prompts_per_round"), group_size=positive_int("group_size"),
         seeds=tuple(seeds), modes=modes, baseline=baseline,
         minibatch_size=positive_int("minibatch_size") if "minibatch_size" in merged else None,
+        peers_per_prompt=positive_int("peers_per_prompt") if "peers_per_prompt" in merged else None,
     )
 
 

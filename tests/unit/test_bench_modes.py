@@ -214,6 +214,11 @@ def test_sim_command_line_of_a_run():
     fixed = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"]}, "three": {"agents": ["m1", "m2", "m3"], "minibatch_size": 96}}))
     assert [r.sim_args[-2:] for r in fixed if r.setting == "three"] == [("--minibatch-size", "96")] * 6
     assert all("--minibatch-size" not in r.sim_args for r in fixed if r.setting == "pair")
+    # So does a setting's peers per prompt (what each lab is sent, hacfed sim --peers-per-prompt).
+    shared = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 1}}))
+    assert [r.sim_args[-2:] for r in shared] == [("--peers-per-prompt", "1")] * 6
+    with pytest.raises(MatrixError, match=r"\[settings.three\]: peers_per_prompt must be an int >= 1, got 0"):
+        _matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 0}})
 
 
 def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):

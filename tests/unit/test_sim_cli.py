@@ -47,3 +47,38 @@ def test_cli_refuses_a_bad_minibatch_size_without_traceback(capsys):
     assert main(["sim", "--minibatch-size", "0"]) == 2
     err = capsys.readouterr().err
     assert "minibatch_size must be an int >= 1, got 0" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+def test_sim_peers_per_prompt_is_a_positive_int(bad):
+    with pytest.raises(ValueError, match=f"peers_per_prompt must be an int >= 1, got {bad!r}"):
+        SimConfig(peers_per_prompt=bad)
+
+
+def test_cli_refuses_a_bad_peers_per_prompt_without_traceback(capsys):
+    assert main(["sim", "--peers-per-prompt", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "peers_per_prompt must be an int >= 1, got 0" in err and "Traceback" not in err
+
+
+def test_peers_per_prompt_reaches_the_coordinator(monkeypatch, tmp_path):
+    """--peers-per-prompt K becomes the coordinator's pool_peers_per_prompt (what each agent is sent,
+    `hacfed.server.coordinator.transport`); without it the coordinator keeps its default."""
+    import hacfed.sim as sim
+    from hacfed.server.coordinator import config
+
+    real = config.CoordinatorConfig
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(**kwargs):
+        seen.append(real(**kwargs).pool_peers_per_prompt)
+        raise Stop  # before any model is loaded
+
+    monkeypatch.setattr(config, "CoordinatorConfig", record)
+    for k in (1, None):
+        with pytest.raises(Stop):
+            sim.run_sim(SimConfig(rounds=1, peers_per_prompt=k, state_dir=str(tmp_path / str(k))), progress=False)
+    assert seen == [1, real.pool_peers_per_prompt] and real.pool_peers_per_prompt == 7
