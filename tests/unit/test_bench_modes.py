@@ -85,16 +85,22 @@ def test_headline_matrix_holds_what_issue_8_asks():
 
 def test_three_labs_matrix_repeats_the_headline_comparison_with_more_seeds():
     """bench/three-labs.toml: model3 against char-bpe for the same agents, 10 seeds, its first five runs
-    the headline's own (the same `hacfed sim` command, so the same OUT/SETTING/MODE/seed-S is reused)."""
+    the headline's own (the same `hacfed sim` command, so the same OUT/SETTING/MODE/seed-S is reused);
+    model3-k1 (one peer's group per prompt) against both; `model` only the headline's five runs."""
     modes = load_matrix(ROOT / "bench" / "modes.toml")
     three = load_matrix(ROOT / "bench" / "three-labs.toml")
-    assert {(c.agent, c.settings) for c in three.comparisons} == {
-        ("chain-llama", ("model3", "char-bpe")), ("chain-qwen2", ("model3", "char-bpe"))}
-    for setting in three.settings:
-        assert setting.run.seeds == tuple(range(10)) and setting.run.eval_split == "test"
-        assert setting.agents == modes.setting(setting.name).agents
-    shared = [r for r in plan_runs(three) if r.seed < 5]
-    assert len(shared) == 10
+    pairs = {(c.agent, c.settings) for c in three.comparisons}
+    assert {("chain-llama", ("model3", "char-bpe")), ("chain-qwen2", ("model3", "char-bpe")),
+            ("chain-gpt2", ("model3-k1", "model"))} <= pairs
+    assert {a for a, s in pairs if s == ("model3-k1", "model3")} == {"chain-llama", "chain-gpt2", "chain-qwen2"}
+    k1 = three.setting("model3-k1")
+    assert k1.run.peers_per_prompt == 1 and k1.agents == modes.setting("model3").agents
+    for name in ("model3", "char-bpe", "model"):
+        setting = three.setting(name)
+        assert setting.agents == modes.setting(name).agents and setting.run.eval_split == "test"
+    assert three.setting("model").run.seeds == tuple(range(5))
+    shared = [r for r in plan_runs(three) if r.setting in ("model3", "char-bpe", "model") and r.seed < 5]
+    assert len(shared) == 15
     for run in shared:
         assert run.sim_args == sim_args(modes.setting(run.setting), run.mode, run.seed), run.label
 
