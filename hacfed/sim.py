@@ -73,12 +73,10 @@ class SimConfig:
             raise ValueError(f"eval_every must be >= 0, got {self.eval_every!r}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        m = self.minibatch_size
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ValueError(f"minibatch_size must be an int >= 1, got {m!r}")
-        k = self.peers_per_prompt
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"peers_per_prompt must be an int >= 1, got {k!r}")
+        for name in ("minibatch_size", "peers_per_prompt"):  # None: the default (see the fields)
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
 

@@ -70,10 +70,10 @@ def test_beyond_k_plus_one_labs_each_is_sent_its_own_samples_and_k_peers_per_pro
     for ep in endpoints:
         assert [u.pool_round for u in ep.updates] == [None, 0, 1, 2]
         for u in ep.updates[1:]:
-            whole = coord.make_update(u.next_plan.round_id if u.next_plan else coord.cfg.rounds)
+            round_id = u.next_plan.round_id if u.next_plan else coord.cfg.rounds  # the final update's: rounds
+            whole = coord.make_update(round_id)
             assert u.capabilities == whole.capabilities and u.next_plan == whole.next_plan
-            expected = PoolShares(whole.pool, 1, share_salt(coord.cfg.run_id, coord.cfg.seed,
-                                                            u.next_plan.round_id if u.next_plan else 3))
+            expected = PoolShares(whole.pool, 1, share_salt(coord.cfg.run_id, coord.cfg.seed, round_id))
             assert u.pool == tuple(whole.pool[i] for i in expected.indices_for(ep.participant_id))
             groups: dict[str, set[str]] = {}
             for t in u.pool:
