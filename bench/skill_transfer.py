@@ -13,6 +13,12 @@ model was not warmed up on (`--learn`) and on the whole mix, at a few step count
   --data other   train on the other half only: a peer that only ever shows the new skill
   --data mix     train on the full add/sub mix: imitation that also rehearses the old skill
 
+`--learn word` (or `sym`) asks the same of the notations setting: a model warmed up on prompts
+written one way (`47+28+15=`, or `What is 47 plus 28 plus 15?`) learning to read the other. Stop 24
+(docs/results.md, skills-notation): chain-llama learns to read words from gold solutions (0.005 ->
+0.365 greedy in 160 steps at lr 2e-4, `--data other`), where a new operation stays <= 0.06 after 320
+steps at 1e-3; at lr 5e-5 neither moves within 160 steps.
+
 A run of `hacfed sim` with 20 rounds takes 80 optimizer steps per agent (4 minibatches a round),
 each on 64 samples of which at most a few are a peer's successes on the other half; `--steps 320`
 at `--batch 16` is therefore far more imitation of the new skill than sharing can give in such a run.
@@ -32,7 +38,7 @@ import torch
 
 from hacfed.models.loading import load_model
 from hacfed.models.warmup import collate, default_evaluator, encode_example
-from hacfed.tasks.chain import OPERATIONS, ChainTask
+from hacfed.tasks.chain import NOTATIONS, OPERATIONS, ChainTask
 
 CHECKPOINTS = (0, 20, 40, 80, 160, 320, 640)
 
@@ -41,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="chain-llama-add", help="a built zoo preset (default: %(default)s)")
-    parser.add_argument("--learn", default="sub", choices=OPERATIONS, help="the half to learn (default: %(default)s)")
+    parser.add_argument("--learn", default="sub", choices=OPERATIONS + NOTATIONS,
+                        help="the half to learn: an operation, or a notation of the prompts (default: %(default)s)")
     parser.add_argument("--data", default="other", choices=("other", "mix"), help="training data (default: %(default)s)")
     parser.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=16, help="examples per step (default: %(default)s)")
@@ -66,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skill_transfer.py: error: {exc}", file=sys.stderr)
         return 2
     model, tokenizer = loaded.model, loaded.tokenizer
-    new_half, whole = ChainTask(operations=(args.learn,)), ChainTask()
+    if args.learn in NOTATIONS:  # the notations setting: both operations, prompts written two ways
+        new_half, whole = ChainTask(notations=(args.learn,)), ChainTask(notations=NOTATIONS)
+    else:
+        new_half, whole = ChainTask(operations=(args.learn,)), ChainTask()
     source = new_half if args.data == "other" else whole
     train = [encode_example(tokenizer, p) for p in source.train_problems()]
     scored = {args.learn: (new_half, new_half.validation_problems()[: args.problems]),

@@ -165,6 +165,7 @@ class Participant:
             eval_accuracy = scores.greedy
             if scores.pass1 is not None:
                 metrics["eval_pass1"] = scores.pass1
+            metrics.update({f"eval_greedy/{half}": value for half, value in scores.greedy_by_half.items()})
         trajectories: tuple[Trajectory, ...] = ()
         if plan is not None:
             t0 = time.perf_counter()

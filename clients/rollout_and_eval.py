@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hacfed.messages import RoundPlan
-from hacfed.rollout.hf import evaluate_accuracy, evaluate_sampled, generate
-from hacfed.tasks.base import Task
+from hacfed.rollout.hf import evaluate_sampled, generate, greedy_rewards
+from hacfed.tasks.base import Problem, Task
 from hacfed.trajectory import Trajectory
 
 
@@ -63,6 +65,9 @@ class Evaluation:
 
     greedy: float
     pass1: float | None = None
+    # Greedy accuracy on each half of a task mix that has halves (hacfed.tasks.chain.half_of), e.g.
+    # {"sym": 0.41, "word": 0.22}: which half an agent learnt. Empty for a task without halves.
+    greedy_by_half: dict[str, float] = field(default_factory=dict)
 
 
 def evaluate_held_out(model: Any, tokenizer: Any, task: Task, max_problems: int, max_new_tokens: int, *,
@@ -79,11 +84,25 @@ def evaluate_held_out(model: Any, tokenizer: Any, task: Task, max_problems: int,
     else:
         raise ValueError(f"evaluation split must be 'test' or 'validation', got {split!r}")
     problems = list(pool)[:max_problems]
-    greedy = evaluate_accuracy(model, tokenizer, task, problems, max_new_tokens=max_new_tokens)
+    rewards = greedy_rewards(model, tokenizer, task, problems, max_new_tokens=max_new_tokens)
+    greedy = math.fsum(rewards) / len(rewards)
     pass1 = None
     if sampled:
         pass1 = evaluate_sampled(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, seed=seed)
-    return Evaluation(greedy, pass1)
+    return Evaluation(greedy, pass1, scores_by_half(task, problems, rewards))
+
+
+def scores_by_half(task: Task, problems: Sequence[Problem], rewards: Sequence[float]) -> dict[str, float]:
+    """Mean reward per half of the task's mix, for a task that names the halves (`half_of`)."""
+    half_of = getattr(task, "half_of", None)
+    if half_of is None:
+        return {}
+    by_half: dict[str, list[float]] = {}
+    for problem, reward in zip(problems, rewards):
+        half = half_of(problem)
+        if half is not None:
+            by_half.setdefault(half, []).append(reward)
+    return {half: math.fsum(r) / len(r) for half, r in sorted(by_half.items())} if len(by_half) > 1 else {}
 
 
 def export_for_vllm(model: Any, tokenizer: Any, checkpoint_dir: str | None, finetune: str) -> Path:

@@ -31,6 +31,8 @@ DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
 TASKS = {
     "add2": ({"kind": "arithmetic", "digits": 2, "operators": "+", "num_validation": 200}, 6),
     "chain": ({"kind": "chain", "terms": 3}, 40),
+    # The same chains, half of the prompts written in words (the notations skills setting).
+    "chain-notations": ({"kind": "chain", "terms": 3, "notations": ["sym", "word"]}, 40),
 }
 
 
@@ -107,6 +109,11 @@ class _Recorder:
         return submission
 
 
+def _eval_extras(metrics: dict) -> dict:
+    """The evaluation's other scores a report carries: sampled pass@1 and greedy accuracy per half."""
+    return {k: v for k, v in metrics.items() if k == "eval_pass1" or k.startswith("eval_greedy/")}
+
+
 def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = True,
             on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Run the federation; returns the metrics rows (also written to `metrics_out` as JSONL)."""
@@ -172,8 +179,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
                    "capability": m.capability}
             if m.eval_accuracy is not None:
                 row["eval_accuracy"] = m.eval_accuracy
-                if "eval_pass1" in m.train_metrics:
-                    row["eval_pass1"] = m.train_metrics["eval_pass1"]
+                row.update(_eval_extras(m.train_metrics))
             row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
             emit(row)
         rewards = {m.participant_id: m.reward_mean for m in outcome.summary.participants}
@@ -189,8 +195,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
             if report is not None and report.eval_accuracy is not None:
                 row = {"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
                        "eval_accuracy": report.eval_accuracy, "final": True}
-                if "eval_pass1" in report.metrics:
-                    row["eval_pass1"] = report.metrics["eval_pass1"]
+                row.update(_eval_extras(report.metrics))
                 emit(row)
     finally:
         bar.close()
@@ -222,7 +227,8 @@ def add_parser(sub: Any) -> None:
         "sim", help="run a whole federation in one process (fast experiments)",
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2],
         epilog=modes_help() + "\n\ntasks:\n  add2   2-digit addition, 2-4 token answers (the quick smoke setting)\n"
-               "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)",
+               "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)\n"
+               "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--agents", default="tiny-llama,tiny-gpt2",

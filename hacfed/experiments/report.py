@@ -160,6 +160,11 @@ def setting_section(results: SettingResults, command: str, image: str | None, ou
             lines += ["", f"Paired difference mode − {r.baseline}, final {METRIC_NAMES[metric]} "
                       "(k/n: seeds where the difference is > 0):", "", *_difference_table(results, metric)]
         lines += ["", best_mode_line(results)]
+    halves = _halves_table(results)
+    if halves:
+        lines += ["", "Final greedy accuracy on each half of the task's mix (which half an agent learnt), "
+                  f"and the paired difference against {r.baseline} ({DASH}: no run of that mode scored the halves):",
+                  "", *halves]
     diagnostics = _diagnostics_table(results)
     if diagnostics:
         lines += ["", "How each learner used the other agents' samples (mean over training rounds, then seeds): "
@@ -193,6 +198,25 @@ def _difference_table(results: SettingResults, metric: Metric) -> list[str]:
             diffs = [_paired(results, mode, a, metric) for a in s.agent_ids]
             rows.append([mode, *(format_difference(d) for d in diffs)])
     return markdown_table(["mode", *s.agent_ids], rows)
+
+
+def _halves_table(results: SettingResults) -> list[str]:
+    s, r = results.setting, results.setting.run
+    halves = results.halves()
+    if not halves:
+        return []
+    columns = [(agent, half) for agent in s.agent_ids for half in halves]
+    starts = [results.half_starts(agent, half) for agent, half in columns]
+    rows = [["start (round 0)", *(_start_cell(v) for v in starts)]]
+    for mode in r.modes:
+        label = f"{mode} (baseline)" if mode == r.baseline else mode
+        rows.append([label, *(format_estimate(_estimate(results.half_by_seed(mode, a, h))) for a, h in columns)])
+    for mode in r.modes:
+        if mode != r.baseline:
+            diffs = [paired_difference(results.half_by_seed(mode, a, h), results.half_by_seed(r.baseline, a, h))
+                     for a, h in columns]
+            rows.append([f"{mode} − {r.baseline}", *(format_difference(d) for d in diffs)])
+    return markdown_table(["mode", *(f"{a}: {h}" for a, h in columns)], rows)
 
 
 def _diagnostics_table(results: SettingResults) -> list[str]:

@@ -35,6 +35,10 @@ class AgentRun:
     # Cross-sample diagnostics of the agent's updates, averaged over its training rows: source ->
     # statistic (CROSS_STATS) -> mean. Empty for modes that do not share.
     cross: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Greedy accuracy on each half of the task's mix (`eval_greedy/HALF`), at round 0 and after the
+    # last update. Empty where the task has no halves or the run predates them.
+    start_halves: dict[str, float] = field(default_factory=dict)
+    final_halves: dict[str, float] = field(default_factory=dict)
 
     def final(self, metric: Metric) -> float | None:
         return self.final_accuracy if metric == "accuracy" else self.final_pass1
@@ -74,6 +78,19 @@ class SettingResults:
                     out.setdefault(source, {})[stat] = sum(values) / len(values)
         return out
 
+    def halves(self) -> tuple[str, ...]:
+        """The halves of the task's mix that any run scored, sorted."""
+        return tuple(sorted({h for agents in self.runs.values() for run in agents.values() for h in run.final_halves}))
+
+    def half_by_seed(self, mode: str, agent: str, half: str) -> dict[int, float]:
+        """Seed -> final greedy accuracy on one half of the mix, over the runs that scored it."""
+        return {seed: agents[agent].final_halves[half] for (m, seed), agents in self.runs.items()
+                if m == mode and agent in agents and half in agents[agent].final_halves}
+
+    def half_starts(self, agent: str, half: str) -> list[float]:
+        return [agents[agent].start_halves[half] for agents in self.runs.values()
+                if agent in agents and half in agents[agent].start_halves]
+
     def curve(self, mode: str, agent: str) -> dict[int, list[float]]:
         """Round -> greedy accuracies over the seeds of `mode`."""
         out: dict[int, list[float]] = {}
@@ -104,7 +121,19 @@ def parse_agent_runs(rows: Sequence[dict], agent_ids: Sequence[str]) -> dict[str
             start_pass1=_float_or_none(start.get("eval_pass1")) if start else None,
             curve=tuple(sorted(curve.items())),
             cross=cross_means(mine),
+            start_halves=_halves(start) if start else {},
+            final_halves=_halves(final),
         )
+    return out
+
+
+def _halves(row: dict) -> dict[str, float]:
+    """`eval_greedy/HALF` keys of an evaluation row -> {HALF: accuracy}."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        number = _float_or_none(value)
+        if key.startswith("eval_greedy/") and number is not None:
+            out[key.removeprefix("eval_greedy/")] = number
     return out
 
 

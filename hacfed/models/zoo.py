@@ -100,8 +100,11 @@ QWEN2_CONFIG: Mapping[str, Any] = MappingProxyType(dict(
 ))
 
 
-def _chain(operations: tuple[str, ...] = ("add", "sub"), other_train: int = 0) -> dict[str, Any]:
+def _chain(operations: tuple[str, ...] = ("add", "sub"), other_train: int = 0,
+           notations: tuple[str, ...] = ("sym",)) -> dict[str, Any]:
     spec: dict[str, Any] = {"kind": "chain", "terms": 3, "operations": list(operations)}
+    if notations != ("sym",):
+        spec["notations"] = list(notations)
     return {**spec, "other_train": other_train} if other_train else spec
 
 
@@ -113,6 +116,11 @@ MOSTLY_OTHER_TRAIN = 400
 # The mostly specialists solve the other half 1 % of the time, and a 20-round run does not turn that
 # into a skill in any mode; these start with a partial skill for rollouts, own or a peer's, to grow.
 PARTLY_OTHER_TRAIN = 1000
+# Notation specialists (stop 24): both operations, prompts written one way (`47+28+15=` or `What is
+# 47 plus 28 plus 15?`), plus this many train problems written the other way (~2.5 % of 8,000).
+# bench/skill_transfer.py: reading the other notation is learnt from gold solutions within 160 steps
+# at lr 2e-4, where a new operation is not learnt in 320 steps at 1e-3.
+NOTATION_OTHER_TRAIN = 200
 
 
 # The testbed presets warm up on worked multi-step arithmetic (hacfed.tasks.chain): responses of
@@ -185,6 +193,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     Preset("chain-qwen2-partly-sub", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP_SUB,
            task=_chain(("sub",), PARTLY_OTHER_TRAIN),
            description="tiny-qwen2 warmed up on subtraction chains plus some addition chains (~20 %)"),
+    # Complementary skills, notations: one reads symbols, the other words (a little of the other each).
+    Preset("chain-llama-sym", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP,
+           task=_chain(other_train=NOTATION_OTHER_TRAIN),
+           description="tiny-llama warmed up on chains written '47+28+15=', plus a few in words (~2.5 %)"),
+    Preset("chain-qwen2-word", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP,
+           task=_chain(other_train=NOTATION_OTHER_TRAIN, notations=("word",)),
+           description="tiny-qwen2 warmed up on chains written 'What is 47 plus 28 plus 15?', plus a few with symbols (~2.5 %)"),
 )})
 
 

@@ -10,9 +10,11 @@ answer, so responses are 20-40 tokens under every zoo tokenizer, while the model
 
 The reward checks the final answer only (the last line must be `Answer: <integer>`), as the
 paper's reward checks only the last `\\boxed{}`. A problem is one chain of a single operation: the
-task mix is addition chains ("add") and subtraction chains ("sub"), so agents can be warmed up on
-different halves of the mix (the complementary-skills setting). Subtraction chains start from a
-three-digit number and every running value stays >= 0.
+task mix is addition chains ("add") and subtraction chains ("sub"). Subtraction chains start from a
+three-digit number and every running value stays >= 0. A prompt can also be written in words
+(`What is 47 plus 28 plus 15?`, the "word" notation) with the same worked solution. Agents can be
+warmed up on different halves of the mix, by operation or by notation: the complementary-skills
+settings.
 
 Three disjoint seeded splits, stable on every machine: train, validation (for choosing settings)
 and held-out test (for the reported numbers only).
@@ -32,7 +34,9 @@ from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.trajectory import ChatMessage
 
 OPERATIONS = ("add", "sub")
+NOTATIONS = ("sym", "word")
 _SYMBOL = {"add": "+", "sub": "-"}
+_WORD = {"add": "plus", "sub": "minus"}
 _FINAL_RE = re.compile(r"Answer: (-?\d{1,12})")
 MAX_RESPONSE_CHARS = 512
 
@@ -45,10 +49,17 @@ class ChainTask(SplitLookup):
     [100, 299] and subtract `terms - 1` two-digit numbers, never going below 0. Problems alternate
     between the listed operations, so a split is balanced between them.
 
-    other_train: the train split also holds the first `other_train` train problems of the
-    operations *not* listed (0 by default). A specialist warmed up on it has seen a little of the
-    other half, so it rarely, rather than never, solves it; its validation and test splits stay
-    the listed operations only, so the warm-up's band is the specialist's own half.
+    notations: how prompts are written. "sym" is `47+28+15=`; "word" asks the same chain in words,
+    `What is 47 plus 28 plus 15?`. The worked solution is the same in both, so only reading the
+    prompt differs. With both listed, problems alternate between them in pairs (so each notation
+    holds both operations); the arithmetic of every split is the same whatever the notations, so
+    a model warmed up in one notation never saw a validation or test problem of the mix.
+
+    other_train: the train split also holds the first `other_train` train problems of the other
+    half (0 by default): of the operations *not* listed when only some are, else written in the
+    notation not listed. A specialist warmed up on it has seen a little of the other half, so it
+    rarely, rather than never, solves it; its validation and test splits stay its own half, so
+    the warm-up's band is the specialist's own half.
     """
 
     terms: int = 3
@@ -58,6 +69,7 @@ class ChainTask(SplitLookup):
     num_validation: int = 1000
     num_eval: int = 1000
     other_train: int = 0
+    notations: tuple[str, ...] = ("sym",)
 
     def __post_init__(self) -> None:
         if isinstance(self.terms, bool) or not isinstance(self.terms, int) or not 2 <= self.terms <= 6:
@@ -66,14 +78,19 @@ class ChainTask(SplitLookup):
         if not ops or any(op not in OPERATIONS for op in ops) or len(set(ops)) != len(ops):
             raise ValueError(f"ChainTask.operations must be a non-empty subset of {OPERATIONS}, got {self.operations!r}")
         object.__setattr__(self, "operations", ops)
+        notes = tuple(self.notations) if isinstance(self.notations, (list, tuple)) else None
+        if not notes or any(n not in NOTATIONS for n in notes) or len(set(notes)) != len(notes):
+            raise ValueError(f"ChainTask.notations must be a non-empty subset of {NOTATIONS}, got {self.notations!r}")
+        object.__setattr__(self, "notations", notes)
         for name in ("num_train", "num_validation", "num_eval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ChainTask.{name} must be an int >= 1, got {value!r}")
         if isinstance(self.other_train, bool) or not isinstance(self.other_train, int) or self.other_train < 0:
             raise ValueError(f"ChainTask.other_train must be an int >= 0, got {self.other_train!r}")
-        if self.other_train and set(ops) == set(OPERATIONS):
-            raise ValueError("ChainTask.other_train needs a subset of the operations: every operation is already listed")
+        if self.other_train and set(ops) == set(OPERATIONS) and set(notes) == set(NOTATIONS):
+            raise ValueError("ChainTask.other_train needs a subset of the operations or of the notations: "
+                             "every operation and notation is already listed")
         if self.other_train > self.num_train:
             raise ValueError(f"ChainTask.other_train ({self.other_train}) must be <= num_train ({self.num_train})")
         if self.num_train + self.num_validation + self.num_eval > 200_000:
@@ -82,6 +99,8 @@ class ChainTask(SplitLookup):
     @property
     def name(self) -> str:
         base = f"chain{self.terms}-{'-'.join(self.operations)}"
+        if self.notations != ("sym",):
+            base += "-" + "-".join(self.notations)
         return f"{base}+{self.other_train}" if self.other_train else base
 
     @cached_property
@@ -98,17 +117,25 @@ class ChainTask(SplitLookup):
             drawn = 0
             while drawn < size:
                 op = OPERATIONS[k % len(OPERATIONS)]
-                problem = make_problem(op, _draw(rng, op, self.terms))
+                numbers = _draw(rng, op, self.terms)
+                problem = make_problem(op, numbers)
                 if problem.prompt_id in seen:
                     continue
                 seen.add(problem.prompt_id)
+                notation = self.notations[(k // 2) % len(self.notations)]
+                if notation != "sym":
+                    problem = make_problem(op, numbers, notation)
                 k += 1
                 drawn += 1
                 if op in self.operations:
                     split.append(problem)
-                elif index == 2 and others < self.other_train:  # the train split
+                elif index == 2 and others < self.other_train:  # the train split; another operation
                     split.append(problem)
                     others += 1
+        if self.other_train and set(self.operations) == set(OPERATIONS):
+            # The other half is the other notation: the first train problems, written in it.
+            other = next(n for n in NOTATIONS if n not in self.notations)
+            splits[2].extend(_rewrite(p, other) for p in splits[2][: self.other_train])
         test, validation, train = (tuple(s) for s in splits)
         return train, validation, test
 
@@ -127,6 +154,13 @@ class ChainTask(SplitLookup):
     def verify(self, problem: Problem, response: str) -> Verdict:
         return verify_final_answer(problem.answer, response)
 
+    def half_of(self, problem: Problem) -> str | None:
+        """Which half of this task's mix a problem is, for per-half scores: its notation when the
+        mix has both, else its operation when it has both, else None (one half only)."""
+        if len(self.notations) > 1:
+            return notation_of(problem)
+        return operation_of(problem) if len(self.operations) > 1 else None
+
 
 def _draw(rng: random.Random, op: str, terms: int) -> tuple[int, ...]:
     while True:
@@ -138,8 +172,9 @@ def _draw(rng: random.Random, op: str, terms: int) -> tuple[int, ...]:
             return (start, *rest)
 
 
-def make_problem(op: str, numbers: tuple[int, ...]) -> Problem:
-    """The problem `n0 op n1 op ...=` with its worked solution, one step per line."""
+def make_problem(op: str, numbers: tuple[int, ...], notation: str = "sym") -> Problem:
+    """The problem `n0 op n1 op ...=` (or, in "word" notation, `What is n0 plus n1 ...?`) with its
+    worked solution, one step per line."""
     sym = _SYMBOL[op]
     expr = sym.join(str(n) for n in numbers)
     lines = []
@@ -149,17 +184,32 @@ def make_problem(op: str, numbers: tuple[int, ...]) -> Problem:
         lines.append(f"{value}{sym}{n}={nxt}")
         value = nxt
     lines.append(f"Answer: {value}")
+    if notation == "word":
+        prompt_id, text = f"chain-{op}-word:{expr}", f"What is {f' {_WORD[op]} '.join(map(str, numbers))}?"
+    else:
+        prompt_id, text = f"chain-{op}:{expr}", f"{expr}="
     return Problem(
-        prompt_id=f"chain-{op}:{expr}",
-        messages=(ChatMessage("user", f"{expr}="),),
+        prompt_id=prompt_id,
+        messages=(ChatMessage("user", text),),
         answer=str(value),
         solution="\n".join(lines),
     )
 
 
+def _rewrite(problem: Problem, notation: str) -> Problem:
+    op, expr = problem.prompt_id.split(":", 1)
+    sym = _SYMBOL[operation_of(problem)]
+    return make_problem(operation_of(problem), tuple(int(n) for n in expr.split(sym)), notation)
+
+
 def operation_of(problem: Problem) -> str:
     """"add" or "sub": which half of the mix a chain problem belongs to."""
-    return problem.prompt_id.split(":", 1)[0].removeprefix("chain-")
+    return problem.prompt_id.split(":", 1)[0].removeprefix("chain-").split("-", 1)[0]
+
+
+def notation_of(problem: Problem) -> str:
+    """"sym" or "word": how a chain problem's prompt is written."""
+    return "word" if problem.prompt_id.split(":", 1)[0].endswith("-word") else "sym"
 
 
 def verify_final_answer(gold: str, response: str) -> Verdict:

@@ -45,11 +45,12 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
         _check_keys("chain task", options, _field_names(ChainTask))
         _check_types("chain task", options, {"terms": int, "seed": int, "num_train": int,
                                              "num_validation": int, "num_eval": int, "other_train": int})
-        if "operations" in options:
-            ops = options["operations"]
-            if isinstance(ops, str) or not isinstance(ops, (list, tuple)) or not all(isinstance(o, str) for o in ops):
-                raise ValueError(f"chain task: 'operations' must be a list of strings, got {ops!r}")
-            options["operations"] = tuple(ops)
+        for key in ("operations", "notations"):
+            if key in options:
+                values = options[key]
+                if isinstance(values, str) or not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
+                    raise ValueError(f"chain task: {key!r} must be a list of strings, got {values!r}")
+                options[key] = tuple(values)
         return ChainTask(**options)  # type: ignore[arg-type]
     return _load_math_data(kind, options, base_dir)
 

@@ -44,12 +44,13 @@ def _matrix(settings=None, defaults=None, comparisons=None):
 
 # --- matrix validation ---------------------------------------------------------------------------
 
-HEADLINE_SETTINGS = ("char-bpe", "state", "size-band", "skills-mostly")  # the four kinds of heterogeneity
+HEADLINE_SETTINGS = ("char-bpe", "state", "size-band", "skills-notation")  # the four kinds of heterogeneity
 
 
 def test_shipped_matrices_parse():
     modes = load_matrix(ROOT / "bench" / "modes.toml")
-    assert modes.names == (*HEADLINE_SETTINGS, "model3", "model", "size", "skills")
+    assert modes.names == (*HEADLINE_SETTINGS, "model3", "model", "size", "skills", "skills-mostly")
+    assert modes.setting("skills-notation").run.task == "chain-notations"
     assert modes.setting("skills").agents == ("chain-llama-add", "chain-qwen2-sub")
     assert modes.setting("size-band").agents == ("chain-qwen2", "chain-qwen2-wide")
     assert modes.setting("model3").run.modes == ("xhacpo",)
@@ -73,7 +74,7 @@ def test_headline_matrix_holds_what_issue_8_asks():
         assert run.eval_split == "test" and run.eval_problems >= 1000 and len(run.seeds) >= 5, name
     assert {(c.agent, c.settings[1]) for c in modes.comparisons if c.settings[0] == "model3"} >= {
         ("chain-llama", "char-bpe"), ("chain-qwen2", "char-bpe"), ("chain-gpt2", "model")}
-    assert [s.name for s in modes.settings if s.archived] == ["size", "skills"]
+    assert [s.name for s in modes.settings if s.archived] == ["size", "skills", "skills-mostly"]
     planned = plan_runs(modes)
     assert {r.setting for r in planned} == {*HEADLINE_SETTINGS, "model3", "model"}
     assert len(planned) == 70  # ~2 hours on 2 cores at the run times of docs/results.md
@@ -137,7 +138,7 @@ def test_setting_overrides_defaults_and_rollout_cost():
     (lambda d: d["settings"]["pair"].update(minibatch_size=0), r"\[settings.pair\]: minibatch_size must be an int >= 1, got 0"),
     (lambda d: d["defaults"].update(minibatch_size=True), r"\[defaults\]: minibatch_size must be an int >= 1, got True"),
     (lambda d: d["defaults"].update(minibatch_size="96"), r"minibatch_size must be an int >= 1, got '96'"),
-    (lambda d: d["defaults"].update(task="chess"), r"task must be one of add2, chain, got 'chess'"),
+    (lambda d: d["defaults"].update(task="chess"), r"task must be one of add2, chain, chain-notations, got 'chess'"),
     (lambda d: d["defaults"].update(eval_split="train"), r"eval_split must be one of test, validation"),
     (lambda d: d["settings"]["pair"].update(agents=["a,b"]), r"without commas"),
     (lambda d: d["settings"]["pair"].update(description=3), r"description must be a string"),
@@ -538,3 +539,27 @@ def test_cross_diagnostics_are_averaged_over_rounds_then_seeds_and_reported(tmp_
     # seed means 0.3 and 0.6 -> 0.45; gspo2 shares nothing and m2 logged nothing: one row only
     assert "| naive | m1 | m2 | 0.50/1.00/1.50 | 0.45 | 0.25 | 1.00 |" in text
     assert text.count("| naive | m1 | m2 |") == 1 and "| gspo2 | m1 |" not in text
+
+
+def test_halves_of_the_mix_are_tabled_per_agent_with_paired_differences(tmp_path):
+    from hacfed.experiments.results import parse_agent_runs
+
+    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}}, defaults={**DEFAULTS, "seeds": [0, 1]})
+    out = tmp_path / "runs"
+    for run in plan_runs(matrix):
+        rows = _rows(["m1", "m2"], run.mode, run.seed, {"m1": 0.5, "m2": 0.4})
+        for row in rows:
+            if row.get("final"):  # naive: m1 reads "word" 0.3 better than gspo2 does, on both seeds
+                row.update({"eval_greedy/sym": 0.6, "eval_greedy/word": 0.5 if run.mode == "naive" else 0.2 + 0.1 * run.seed})
+            elif row["round"] == 0 and "eval_accuracy" in row:
+                row.update({"eval_greedy/sym": 0.4, "eval_greedy/word": 0.1})
+        _write_complete(run, out, rows)
+    first = parse_agent_runs(_rows(["m1"], "naive", 0, {"m1": 0.5}), ["m1"])["m1"]
+    assert first.final_halves == {} and first.start_halves == {}  # runs without halves have none
+    paths = ReportPaths(tmp_path / "results.md", tmp_path / "img", "hacfed bench modes --matrix m.toml --out runs")
+    write_report(matrix, out, paths)
+    text = paths.results_md.read_text()
+    assert "| mode | m1: sym | m1: word | m2: sym | m2: word |" in text
+    assert "| start (round 0) | 0.400 | 0.100 | 0.400 | 0.100 |" in text
+    # word: naive 0.5 on both seeds, the baseline gspo2 0.2 and 0.3 -> +0.25 paired, for m1 and m2
+    assert "| naive − gspo2 | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) |" in text

@@ -110,3 +110,14 @@ def test_mostly_and_partly_specialists_see_some_of_the_other_half_and_are_scored
         # The pure specialist of the same half is a different build (its recipe has no other_train).
         pure = name.replace(f"{kind}-", "")
         assert preset_recipe(pure, 0)["task"] != preset_recipe(name, 0)["task"]
+
+
+def test_notation_specialists_read_one_notation_and_see_a_few_prompts_of_the_other():
+    from hacfed.tasks.chain import notation_of
+
+    for name, own, other in (("chain-llama-sym", "sym", "word"), ("chain-qwen2-word", "word", "sym")):
+        task = get_preset(name).warmup_task()
+        train = [notation_of(p) for p in task.train_problems()]
+        assert train.count(other) == 200 and train.count(own) == 8000, name
+        assert {notation_of(p) for p in task.validation_problems()} == {own}, name
+    assert preset_recipe("chain-llama-sym", 0)["task"] != preset_recipe("chain-llama", 0)["task"]

@@ -147,3 +147,32 @@ def test_mixed_minibatches_with_kl_and_oversized_cross_samples(two_rollouts):
     m = sub.report.metrics
     assert m["num_updates"] == 3 and m["num_samples"] == 8  # 4 own + 4 other; the 200-char one skipped
     assert m["skipped_views"] == 1 and math.isfinite(m["kl"])
+
+
+def test_evaluation_scores_each_half_of_a_mix_and_reports_it():
+    from hacfed.clients.rollout_and_eval import evaluate_held_out, scores_by_half
+    from hacfed.tasks.chain import ChainTask
+
+    mix = ChainTask(notations=("sym", "word"), num_train=40, num_validation=8, num_eval=8)
+    problems = list(mix.eval_problems())  # sym add, sym sub, word add, word sub, ...
+    assert scores_by_half(mix, problems, [1, 1, 0, 0, 1, 0, 0, 0]) == {"sym": 0.75, "word": 0.0}
+    assert scores_by_half(ChainTask(num_train=40, num_validation=8, num_eval=8), problems[:4], [1, 0, 1, 1]) == {
+        "add": 1.0, "sub": 0.5}
+    # No halves: a task without half_of, a one-half task, or problems all from one half.
+    assert scores_by_half(TASK, TASK.eval_problems()[:2], [1, 0]) == {}
+    assert scores_by_half(ChainTask(operations=("add",), num_train=40, num_validation=8, num_eval=8), problems[:1], [1]) == {}
+    assert scores_by_half(mix, problems[:2], [1, 0]) == {}
+    # The halves' scores are means over the same greedy completions as the whole score.
+    model, tok = build_untrained("tiny-llama", seed=1)
+    scores = evaluate_held_out(model, tok, mix, 8, 8)
+    assert set(scores.greedy_by_half) == {"sym", "word"}
+    assert math.isclose(sum(scores.greedy_by_half.values()) / 2, scores.greedy)
+    # ... and a participant reports them beside its greedy accuracy.
+    cfg = ParticipantConfig("a", "tiny-llama", eval_problems=8)
+    p = Participant(cfg, model, tok, mix)
+    first = mix.train_problems()[0]
+    asks = RoundPlan(run_id="run", round_id=0, prompts=(PlannedPrompt(first.prompt_id, first.messages),), group_size=2,
+                     sampling=SamplingParams(max_new_tokens=8), hacpo=HacpoConfig(), evaluate=True)
+    report = p.step(RoundUpdate("run", None, (), {"a": 1.0}, asks, ("a",))).report
+    assert report.eval_accuracy is not None
+    assert {k for k in report.metrics if k.startswith("eval_greedy/")} == {"eval_greedy/sym", "eval_greedy/word"}

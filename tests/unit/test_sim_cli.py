@@ -82,3 +82,10 @@ def test_peers_per_prompt_reaches_the_coordinator(monkeypatch, tmp_path):
         with pytest.raises(Stop):
             sim.run_sim(SimConfig(rounds=1, peers_per_prompt=k, state_dir=str(tmp_path / str(k))), progress=False)
     assert seen == [1, real.pool_peers_per_prompt] and real.pool_peers_per_prompt == 7
+
+
+def test_a_rows_evaluation_keys_are_pass1_and_the_halves_only():
+    from hacfed.sim import _eval_extras
+
+    metrics = {"eval_pass1": 0.2, "eval_greedy/sym": 0.5, "eval_greedy/word": 0.1, "loss": 1.0, "time_eval_s": 3.0}
+    assert _eval_extras(metrics) == {"eval_pass1": 0.2, "eval_greedy/sym": 0.5, "eval_greedy/word": 0.1}

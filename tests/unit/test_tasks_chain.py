@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hacfed.models.tokenizers import build_tokenizer
-from hacfed.tasks.chain import ChainTask, make_problem, operation_of, verify_final_answer
+from hacfed.tasks.chain import ChainTask, make_problem, notation_of, operation_of, verify_final_answer
 from hacfed.tasks.registry import load_task
 
 
@@ -106,6 +106,66 @@ def test_other_train_refuses_bad_values_naming_them(bad):
         ChainTask(operations=("add",), other_train=bad)
 
 
-def test_other_train_needs_a_subset_of_the_operations():
-    with pytest.raises(ValueError, match="subset"):
-        ChainTask(other_train=10)
+def test_other_train_needs_a_half_left_out():
+    with pytest.raises(ValueError, match="subset of the operations or of the notations"):
+        ChainTask(notations=("sym", "word"), other_train=10)
+
+
+def test_word_notation_asks_the_same_chain_in_words_with_the_same_worked_solution():
+    p, q = make_problem("add", (47, 28, 15), "word"), make_problem("sub", (270, 15, 39), "word")
+    assert p.messages[0].content == "What is 47 plus 28 plus 15?"
+    assert q.messages[0].content == "What is 270 minus 15 minus 39?"
+    assert p.solution == make_problem("add", (47, 28, 15)).solution and p.answer == "90"
+    assert (operation_of(p), notation_of(p)) == ("add", "word")
+    assert (operation_of(q), notation_of(q)) == ("sub", "word")
+    assert notation_of(make_problem("sub", (270, 15, 39))) == "sym"
+    assert p.prompt_id != make_problem("add", (47, 28, 15)).prompt_id
+
+
+def test_notations_change_how_prompts_are_written_never_which_problems_a_split_holds():
+    kwargs = dict(num_train=400, num_validation=100, num_eval=100)
+    sym, word, mix = (ChainTask(notations=n, **kwargs) for n in (("sym",), ("word",), ("sym", "word")))
+    assert sym.eval_problems() == ChainTask(**kwargs).eval_problems()  # the default is unchanged
+
+    def arithmetic(split):
+        return [p.solution for p in split]
+
+    for split in ("train_problems", "validation_problems", "eval_problems"):
+        a, b, c = (getattr(t, split)() for t in (sym, word, mix))
+        assert arithmetic(a) == arithmetic(b) == arithmetic(c), split
+        assert {notation_of(p) for p in b} == {"word"}
+    # The mix alternates in pairs, so each notation holds both operations, half and half.
+    halves = [(notation_of(p), operation_of(p)) for p in mix.eval_problems()]
+    assert halves[:4] == [("sym", "add"), ("sym", "sub"), ("word", "add"), ("word", "sub")]
+    assert all(halves.count(h) == 25 for h in set(halves)) and len(set(halves)) == 4
+    assert (sym.name, word.name, mix.name) == ("chain3-add-sub", "chain3-add-sub-word", "chain3-add-sub-sym-word")
+
+
+def test_other_train_for_a_notation_adds_train_problems_written_the_other_way():
+    kwargs = dict(num_train=400, num_validation=100, num_eval=100)
+    sym, mostly = ChainTask(**kwargs), ChainTask(other_train=20, **kwargs)
+    extra = mostly.train_problems()[400:]
+    assert mostly.train_problems()[:400] == sym.train_problems() and len(extra) == 20
+    assert all(notation_of(p) == "word" for p in extra)
+    # The same arithmetic as the first train problems: nothing from validation or test.
+    assert [p.solution for p in extra] == [p.solution for p in sym.train_problems()[:20]]
+    assert mostly.validation_problems() == sym.validation_problems() and mostly.name == "chain3-add-sub+20"
+    word = ChainTask(notations=("word",), other_train=20, **kwargs)
+    assert {notation_of(p) for p in word.train_problems()[400:]} == {"sym"}
+    assert load_task({"kind": "chain", "notations": ["word"], "other_train": 20, **kwargs}).train_problems() == word.train_problems()
+
+
+@pytest.mark.parametrize("bad", [(), ("words",), ("sym", "sym"), "sym", None])
+def test_notations_refuses_bad_values_naming_them(bad):
+    with pytest.raises(ValueError, match="notations"):
+        ChainTask(notations=bad)
+    with pytest.raises(ValueError, match="notations"):
+        load_task({"kind": "chain", "notations": bad if bad is not None else 3})
+
+
+def test_half_of_names_the_half_a_mix_is_split_into():
+    kwargs = dict(num_train=40, num_validation=8, num_eval=8)
+    notations, operations = ChainTask(notations=("sym", "word"), **kwargs), ChainTask(**kwargs)
+    assert [notations.half_of(p) for p in notations.eval_problems()[:4]] == ["sym", "sym", "word", "word"]
+    assert [operations.half_of(p) for p in operations.eval_problems()[:2]] == ["add", "sub"]
+    assert ChainTask(operations=("add",), **kwargs).half_of(make_problem("add", (1, 2, 3))) is None
