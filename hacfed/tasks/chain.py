@@ -197,9 +197,9 @@ def make_problem(op: str, numbers: tuple[int, ...], notation: str = "sym") -> Pr
 
 
 def _rewrite(problem: Problem, notation: str) -> Problem:
-    op, expr = problem.prompt_id.split(":", 1)
-    sym = _SYMBOL[operation_of(problem)]
-    return make_problem(operation_of(problem), tuple(int(n) for n in expr.split(sym)), notation)
+    """The same chain, its prompt written in `notation` (the prompt id keeps the numbers)."""
+    op, expr = operation_of(problem), problem.prompt_id.split(":", 1)[1]
+    return make_problem(op, tuple(int(n) for n in expr.split(_SYMBOL[op])), notation)
 
 
 def operation_of(problem: Problem) -> str:
