@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from hacfed.cli_help import HelpFormatter
 from hacfed.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
+from hacfed.server.coordinator.pool_share import PEER_CHOICES
 
 SIM_MODES = MODE_NAMES
 DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
@@ -61,6 +62,8 @@ class SimConfig:
     # (hacfed.server.coordinator.pool_share); None: the coordinator's default. With N <= K + 1 labs
     # every lab gets the whole pool.
     peers_per_prompt: int | None = None
+    # Which K peers where a prompt has more (pool_share.PEER_CHOICES); None: the coordinator's ("drawn").
+    peer_choice: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -79,6 +82,8 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.peer_choice is not None and self.peer_choice not in PEER_CHOICES:
+            raise ValueError(f"peer_choice must be one of {', '.join(PEER_CHOICES)}, got {self.peer_choice!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
 
@@ -141,6 +146,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
+        **({"pool_peer_choice": cfg.peer_choice} if cfg.peer_choice is not None else {}),
     )
     endpoints = []
     for pid, spec in zip(ids, cfg.agents):
@@ -266,6 +272,10 @@ def add_parser(sub: Any) -> None:
                    help="each agent is sent its own samples and, per prompt, the groups of at most K other agents, as a "
                         "coordinator's pool_peers_per_prompt (default: the coordinator's, 7; with at most K + 1 agents "
                         "every agent gets the whole pool)")
+    p.add_argument("--peer-choice", choices=PEER_CHOICES, default=None,
+                   help="which K peers where a prompt has more, as a coordinator's pool_peer_choice: drawn (a keyed "
+                        "hash, each equally likely; the default) or successes (the groups with the most verified "
+                        "reward, ties drawn)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
@@ -291,7 +301,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
-        minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt,
+        minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

@@ -306,6 +306,7 @@ class FederationDriver(LabReplies, RunEnd):
             update = self.coordinator.make_update(next_round)
             records = self.coordinator.take_pool_records(update.pool_round) if update.pool_round is not None else None
             self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,
+                                               peer_choice=self.cfg.pool_peer_choice,
                                                records=records,
                                                salt=share_salt(self.cfg.run_id, self.cfg.seed, next_round),
                                                console=self.console)}

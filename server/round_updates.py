@@ -34,6 +34,7 @@ DELIVERY_ROOM = 256 * 1024  # bytes kept free for the delivery's answers and the
 class RoundUpdates:
     def __init__(
         self, update: RoundUpdate, key: Ed25519PrivateKey, *, peers_per_prompt: int, salt: str,
+        peer_choice: str = "drawn",
         console: Callable[[str], None] = lambda line: None, max_bytes: int = MAX_MESSAGE_BYTES - DELIVERY_ROOM,
         records: Sequence[bytes | None] | None = None,
     ) -> None:
@@ -44,7 +45,7 @@ class RoundUpdates:
         self._max_bytes = max_bytes
         self._header = header_of(update)
         self._items = encode_pool_items(update.pool, records)
-        self._shares = PoolShares(update.pool, peers_per_prompt, salt)
+        self._shares = PoolShares(update.pool, peers_per_prompt, salt, peer_choice)
         self._groups = self._shares.group_indices()  # (prompt, source) -> pool indices
         self._first = {group: indices[0] for group, indices in self._groups.items()}  # its place in the pool
         self._blocks = _group_blocks(self._items, self._groups)

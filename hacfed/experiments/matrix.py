@@ -6,7 +6,8 @@
 agents and may override any default; optional `[[comparisons]]` pair one agent and mode across two
 settings. Every key is required somewhere (no hidden defaults) except `minibatch_size` (absent: the
 paper's prompts × G / 2, as `hacfed sim` without --minibatch-size), `peers_per_prompt` (absent: the
-coordinator's K, as `hacfed sim` without --peers-per-prompt) and a setting's `archived` (absent:
+coordinator's K, as `hacfed sim` without --peers-per-prompt), `peer_choice` (absent: the coordinator's,
+"drawn") and a setting's `archived` (absent:
 false; true keeps an earlier design in the report without rerunning it), and unknown keys are errors, so a
 typo never silently runs the wrong experiment. Errors are `MatrixError`s naming the file, table and key.
 """
@@ -20,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from hacfed.modes import get_mode
+from hacfed.server.coordinator.pool_share import PEER_CHOICES
 from hacfed.sim import SIM_MODES, TASKS, participant_ids
 from hacfed.tomlfile import read_toml
 
 # Keys of [defaults], each also allowed in a setting's table.
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
             "group_size", "seeds", "modes", "baseline")
-# Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers: the coordinator's K).
-OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt")
+# Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
+# the coordinator's).
+OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice")
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
 EVAL_SPLITS = ("test", "validation")
@@ -55,6 +58,7 @@ class RunSettings:
     baseline: str
     minibatch_size: int | None = None
     peers_per_prompt: int | None = None
+    peer_choice: str | None = None
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -188,6 +192,8 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         seeds=tuple(seeds), modes=modes, baseline=baseline,
         minibatch_size=positive_int("minibatch_size") if "minibatch_size" in merged else None,
         peers_per_prompt=positive_int("peers_per_prompt") if "peers_per_prompt" in merged else None,
+        peer_choice=(_choice(merged["peer_choice"], PEER_CHOICES, origin("peer_choice"), "peer_choice")
+                     if "peer_choice" in merged else None),
     )
 
 

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
+from hacfed.server.coordinator.pool_share import PEER_CHOICES
 from hacfed.tomlfile import read_toml
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -66,6 +67,8 @@ class CoordinatorConfig:
     pool_peers_per_prompt: each lab is sent its own accepted samples and, per prompt, the groups of
       at most this many other labs (hacfed.server.coordinator.pool_share); with at most K + 1 labs
       every lab gets the whole pool.
+    pool_peer_choice: which K peers, where a prompt has more: "drawn" (a keyed hash, each peer
+      equally likely) or "successes" (the K groups with the most verified reward, ties drawn).
     verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
       verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), two threads keep two
       workers busy while screening in process; a pure in-process verifier gains nothing from more
@@ -96,6 +99,7 @@ class CoordinatorConfig:
     round_quota_bytes: int | None = None
     round_quota_trajectories: int | None = None
     pool_peers_per_prompt: int = 7
+    pool_peer_choice: str = "drawn"
     verify_threads: int = 2
 
     def __post_init__(self) -> None:
@@ -136,6 +140,8 @@ class CoordinatorConfig:
         if self.round_quota_trajectories is not None:
             _int(self, "round_quota_trajectories", self.prompts_per_round * self.group_size)
         _int(self, "pool_peers_per_prompt", 1)
+        if self.pool_peer_choice not in PEER_CHOICES:
+            _bad("pool_peer_choice", self.pool_peer_choice, f"one of {', '.join(map(repr, PEER_CHOICES))}")
         _int(self, "verify_threads", 1)
         if self.verify_threads > MAX_VERIFY_THREADS:
             _bad("verify_threads", self.verify_threads, f"an integer in [1, {MAX_VERIFY_THREADS}]")

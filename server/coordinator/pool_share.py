@@ -10,10 +10,19 @@ needs them as its own group) plus the groups of at most `peers_per_prompt` (K) o
 
 - with at most K peers for a prompt, all of them: with N <= K + 1 labs every lab gets the whole
   pool, exactly as before this module existed;
-- otherwise K consecutive sources of the prompt's sorted source list, starting at an offset drawn
-  by sha256(salt, learner, prompt): each peer is equally likely to be chosen and the load is
-  spread over the sources; the choice is deterministic (a resumed coordinator sends the same
-  selection) and no lab can steer it (the ids and the salt are fixed before the samples exist).
+- otherwise, with `choice = "drawn"` (the default), K consecutive sources of the prompt's sorted
+  source list, starting at an offset drawn by sha256(salt, learner, prompt): each peer is equally
+  likely to be chosen and the load is spread over the sources; the choice is deterministic (a
+  resumed coordinator sends the same selection) and no lab can steer it (the ids and the salt are
+  fixed before the samples exist);
+- with `choice = "successes"`, the K peers whose groups for the prompt hold the most verified
+  reward (the sum of the re-verified rewards of the group's accepted samples), ties broken in the
+  drawn order above. A learner that is sent one peer per prompt is then sent, for every prompt,
+  at least as many verified successes as from any one fixed peer, so a federation of N > K + 1
+  labs gives each learner no less to learn from than a pair would, with the same amount of text
+  (docs/three-labs.md measured it). A lab can be chosen more often only by earning more verified
+  reward; a group is exactly G samples (validation), so padding it or dropping failures does not
+  help.
 
 Capabilities P̂ still cover every agent (they travel in the update, not in the pool). The order of
 the samples is the pool's order, so a selection is a sub-sequence of the pool.
@@ -36,29 +45,39 @@ def share_salt(run_id: str, seed: int, round_id: int) -> str:
     return f"{run_id}/{seed}/{round_id}"
 
 
-def shares_of(update: RoundUpdate, peers_per_prompt: int, salt: str) -> Callable[[str], RoundUpdate]:
+PEER_CHOICES = ("drawn", "successes")
+
+
+def shares_of(
+    update: RoundUpdate, peers_per_prompt: int, salt: str, choice: str = "drawn",
+) -> Callable[[str], RoundUpdate]:
     """lab -> its update: `update` itself while every lab's selection is the whole pool (at most
     K + 1 sources), else `update` with the lab's selection as its pool (for the in-process
     transport; the Flower driver splices the same selection from encoded records,
     `hacfed.server.round_updates`)."""
     if len({t.source_id for t in update.pool}) <= peers_per_prompt + 1:
         return lambda learner: update
-    shares = PoolShares(update.pool, peers_per_prompt, salt)
+    shares = PoolShares(update.pool, peers_per_prompt, salt, choice)
     return lambda learner: dataclasses.replace(update, pool=tuple(update.pool[i] for i in shares.indices_for(learner)))
 
 
 class PoolShares:
     """The selections of one pool; `indices_for(lab)` is cheap after the one pass here."""
 
-    def __init__(self, pool: Sequence[Trajectory], peers_per_prompt: int, salt: str) -> None:
+    def __init__(self, pool: Sequence[Trajectory], peers_per_prompt: int, salt: str, choice: str = "drawn") -> None:
         if isinstance(peers_per_prompt, bool) or not isinstance(peers_per_prompt, int) or peers_per_prompt < 0:
             raise ValueError(f"peers_per_prompt must be an int >= 0, got {peers_per_prompt!r}")
+        if choice not in PEER_CHOICES:
+            raise ValueError(f"peer choice must be one of {', '.join(PEER_CHOICES)}, got {choice!r}")
+        self.choice = choice
         self.size = len(pool)
         self.peers_per_prompt = peers_per_prompt
         self._salt = salt.encode("utf-8")
         self._groups: dict[tuple[str, str], list[int]] = {}  # (prompt id, source) -> pool indices
+        self._reward: dict[tuple[str, str], float] = {}  # (prompt id, source) -> the group's verified reward
         for i, t in enumerate(pool):
             self._groups.setdefault((t.prompt_id, t.source_id), []).append(i)
+            self._reward[t.prompt_id, t.source_id] = self._reward.get((t.prompt_id, t.source_id), 0.0) + t.reward
         sources: dict[str, list[str]] = {}
         for prompt_id, source in self._groups:
             sources.setdefault(prompt_id, []).append(source)
@@ -81,7 +100,10 @@ class PoolShares:
                 chosen.append((prompt_id, learner))
             if len(peers) > k:
                 start = self._offset(learner, prompt_id, len(peers))
-                peers = [peers[(start + j) % len(peers)] for j in range(k)]
+                peers = [peers[(start + j) % len(peers)] for j in range(len(peers))]
+                if self.choice == "successes":  # stable: equal rewards keep the drawn order
+                    peers.sort(key=lambda source: -self._reward[prompt_id, source])
+                peers = peers[:k]
             chosen.extend((prompt_id, source) for source in peers)
         return chosen
 
@@ -94,4 +116,4 @@ class PoolShares:
         return int.from_bytes(digest[:8], "big") % n
 
 
-__all__ = ["PoolShares", "share_salt", "shares_of"]
+__all__ = ["PEER_CHOICES", "PoolShares", "share_salt", "shares_of"]

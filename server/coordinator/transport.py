@@ -146,7 +146,7 @@ def _updates(coordinator: Coordinator, round_id: int) -> Callable[[str], RoundUp
     (its own samples and at most `pool_peers_per_prompt` peers per prompt, `pool_share`)."""
     cfg = coordinator.cfg
     return shares_of(coordinator.make_update(round_id), cfg.pool_peers_per_prompt,
-                     share_salt(cfg.run_id, cfg.seed, round_id))
+                     share_salt(cfg.run_id, cfg.seed, round_id), cfg.pool_peer_choice)
 
 
 def _send_final_update(coordinator: Coordinator, endpoints: Sequence[ParticipantEndpoint]) -> None:

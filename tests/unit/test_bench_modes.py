@@ -226,6 +226,12 @@ def test_sim_command_line_of_a_run():
     assert [r.sim_args[-2:] for r in shared] == [("--peers-per-prompt", "1")] * 6
     with pytest.raises(MatrixError, match=r"\[settings.three\]: peers_per_prompt must be an int >= 1, got 0"):
         _matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 0}})
+    # And which peers (hacfed sim --peer-choice), refused by name when it is not a known choice.
+    chosen = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 1, "peer_choice": "successes"}}))
+    assert [r.sim_args[-4:] for r in chosen] == [("--peers-per-prompt", "1", "--peer-choice", "successes")] * 6
+    assert all("--peer-choice" not in r.sim_args for r in shared)
+    with pytest.raises(MatrixError, match=r"\[settings.three\]: peer_choice must be one of drawn, successes, got 'best'"):
+        _matrix({"three": {"agents": ["m1", "m2", "m3"], "peer_choice": "best"}})
 
 
 def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):

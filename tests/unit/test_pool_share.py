@@ -77,6 +77,81 @@ def test_a_lab_without_samples_still_gets_k_peers() -> None:
     assert all(len(s) == 2 for s in sources_per_prompt(pool, indices).values())
 
 
+def scored_pool(rewards: dict[tuple[int, int], list[float]]) -> tuple[Trajectory, ...]:
+    """(lab, prompt) -> its group's rewards."""
+    return tuple(
+        Trajectory(f"{lab}-{p}-{g}", f"p{p}", f"lab-{lab:02d}", 1, (ChatMessage("user", f"q{p}"),), "x", r, -1.0, 3,
+                   "stop")
+        for (lab, p), group in sorted(rewards.items()) for g, r in enumerate(group))
+
+
+def test_successes_choice_sends_the_peer_groups_with_the_most_verified_reward() -> None:
+    # Four labs, three prompts: per prompt, the peer groups' rewards differ.
+    rewards = {(0, 0): [0, 0], (1, 0): [1, 0], (2, 0): [1, 1], (3, 0): [0, 0],
+               (0, 1): [1, 1], (1, 1): [0, 0], (2, 1): [0, 0], (3, 1): [1, 0],
+               (0, 2): [0, 0], (1, 2): [1, 1], (2, 2): [0, 1], (3, 2): [1, 1]}
+    pool = scored_pool({k: [float(r) for r in v] for k, v in rewards.items()})
+    shares = PoolShares(pool, 1, "salt", "successes")
+    sent = sources_per_prompt(pool, shares.indices_for("lab-00"))
+    assert sent["p0"] == {"lab-00", "lab-02"}  # 2 successes beat 1 and 0
+    assert sent["p1"] == {"lab-00", "lab-03"}
+    assert sent["p2"] in ({"lab-00", "lab-01"}, {"lab-00", "lab-03"})  # a tie of two groups with 2 each
+    two = sources_per_prompt(pool, PoolShares(pool, 2, "salt", "successes").indices_for("lab-01"))
+    assert two["p0"] == {"lab-01", "lab-02", "lab-00"} or two["p0"] == {"lab-01", "lab-02", "lab-03"}
+    assert two["p2"] == {"lab-01", "lab-03", "lab-02"}  # lab-03's 2 and lab-02's 1 beat lab-00's 0
+
+
+def test_successes_choice_breaks_ties_in_the_drawn_order() -> None:
+    """With equal rewards everywhere the choice is exactly the drawn one (the salt's keyed hash), so no
+    lab is favoured by its id when nothing tells the groups apart."""
+    pool = make_pool(10, 6, 3)  # every reward 0.5
+    for lab in range(10):
+        me = f"lab-{lab:02d}"
+        assert PoolShares(pool, 2, "salt", "successes").indices_for(me) == PoolShares(pool, 2, "salt").indices_for(me)
+
+
+def test_successes_choice_never_sends_fewer_successes_than_any_one_fixed_peer() -> None:
+    """The property the choice exists for: with K = 1, a learner is sent, prompt by prompt, at least the
+    verified reward of whichever single peer it would have been paired with (and so over the round)."""
+    import random
+
+    rng = random.Random(7)
+    rewards = {(lab, p): [float(rng.random() < 0.3) for _ in range(4)] for lab in range(5) for p in range(30)}
+    pool = scored_pool(rewards)
+    for learner in range(5):
+        got = PoolShares(pool, 1, "s", "successes").indices_for(f"lab-{learner:02d}")
+        per_prompt = {}
+        for i in got:
+            if pool[i].source_id != f"lab-{learner:02d}":
+                per_prompt[pool[i].prompt_id] = per_prompt.get(pool[i].prompt_id, 0.0) + pool[i].reward
+        for p in range(30):
+            best = max(sum(rewards[peer, p]) for peer in range(5) if peer != learner)
+            assert per_prompt.get(f"p{p}", 0.0) == best, (learner, p)
+        drawn = PoolShares(pool, 1, "s").indices_for(f"lab-{learner:02d}")
+        assert sum(pool[i].reward for i in got) >= sum(pool[i].reward for i in drawn)
+
+
+def test_a_bad_peer_choice_is_refused_by_name(tmp_path: Path) -> None:
+    from tests.unit.test_coordinator_fakes import make_config
+
+    with pytest.raises(ValueError, match="peer choice must be one of drawn, successes, got 'best'"):
+        PoolShares((), 1, "s", "best")
+    with pytest.raises(ValueError, match="pool_peer_choice.*'best'"):
+        make_config(tmp_path, pool_peer_choice="best")
+    assert make_config(tmp_path).pool_peer_choice == "drawn"
+
+
+def test_round_updates_send_the_successes_choice() -> None:
+    key = Ed25519PrivateKey.generate()
+    rewards = {(lab, p): [float(lab == 2 and p != 1), 0.0] for lab in range(4) for p in range(3)}
+    pool = scored_pool(rewards)
+    update = RoundUpdate("run", 4, pool, {}, None)
+    got = opened(RoundUpdates(update, key, peers_per_prompt=1, salt="s", peer_choice="successes").for_lab("lab-00"), key)
+    assert got.pool == tuple(pool[i] for i in PoolShares(pool, 1, "s", "successes").indices_for("lab-00"))
+    sent = sources_per_prompt(got.pool, range(len(got.pool)))
+    assert sent["p0"] == sent["p2"] == {"lab-00", "lab-02"}
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
 def test_peers_per_prompt_is_validated(bad) -> None:
     with pytest.raises(ValueError, match=f"peers_per_prompt must be an int >= 0, got {bad!r}"):
@@ -154,3 +229,42 @@ def test_the_coordinator_setting_is_validated(tmp_path: Path, bad) -> None:
 
     with pytest.raises(ValueError, match=f"pool_peers_per_prompt must be an integer >= 1, got {bad!r}"):
         make_config(tmp_path, pool_peers_per_prompt=bad)
+
+
+def test_driver_sends_the_successes_choice(tmp_path: Path) -> None:
+    """pool_peer_choice reaches the Flower driver: each lab's update is the successes selection of the
+    journalled pool, under the salt both transports use."""
+    from hacfed.server.coordinator.pool_share import share_salt
+
+    import dataclasses
+
+    from tests.unit.test_coordinator_fakes import TASK
+    from tests.unit.test_server_driver import ScriptedParticipant
+
+    class Strong(ScriptedParticipant):
+        """Solves every prompt: each of its groups holds G successes (the others' hold one)."""
+
+        def step(self, update, before_checkpoint=None):
+            sub = super().step(update)
+            right = tuple(dataclasses.replace(t, response_text=(a := TASK.problem(t.prompt_id).answer), reward=1.0,
+                                              source_logp_sum=-0.5 * len(a), source_token_count=len(a))
+                          for t in sub.trajectories)
+            sub = dataclasses.replace(sub, trajectories=right)
+            if before_checkpoint is not None:
+                before_checkpoint(sub)
+            return sub
+
+    fed = Federation(tmp_path, FakeClock(), expected_participants=4, min_participants=4, pool_peers_per_prompt=1,
+                     pool_peer_choice="successes")
+    for node in range(1, 4):
+        fed.add(node, f"lab-{node}")
+    fed.add(4, "lab-4", participant=Strong("lab-4"))
+    fed.run()
+    full = fed.driver.journal.pool(0)
+    cfg = fed.driver.cfg
+    for _, (pid, service) in fed.nodes.items():
+        update = service.participant.updates[1]
+        expected = PoolShares(full, 1, share_salt(cfg.run_id, cfg.seed, 1), "successes").indices_for(pid)
+        assert update.pool == tuple(full[i] for i in expected)
+        if pid != "lab-4":  # the strong lab's group is every other lab's one peer, on every prompt
+            assert {t.source_id for t in update.pool} == {pid, "lab-4"}

@@ -84,6 +84,33 @@ def test_peers_per_prompt_reaches_the_coordinator(monkeypatch, tmp_path):
     assert seen == [1, real.pool_peers_per_prompt] and real.pool_peers_per_prompt == 7
 
 
+def test_peer_choice_reaches_the_coordinator_and_a_bad_one_is_refused(monkeypatch, tmp_path, capsys):
+    import hacfed.sim as sim
+    from hacfed.server.coordinator import config
+
+    real = config.CoordinatorConfig
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(**kwargs):
+        seen.append(real(**kwargs).pool_peer_choice)
+        raise Stop
+
+    monkeypatch.setattr(config, "CoordinatorConfig", record)
+    for choice in ("successes", None):
+        with pytest.raises(Stop):
+            sim.run_sim(SimConfig(rounds=1, peer_choice=choice, state_dir=str(tmp_path / str(choice))), progress=False)
+    assert seen == ["successes", "drawn"]
+    with pytest.raises(ValueError, match="peer_choice must be one of drawn, successes, got 'best'"):
+        SimConfig(peer_choice="best")
+    with pytest.raises(SystemExit):
+        main(["sim", "--peer-choice", "best"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'best'" in err and "Traceback" not in err
+
+
 def test_a_rows_evaluation_keys_are_pass1_and_the_halves_only():
     from hacfed.sim import _eval_extras
 
