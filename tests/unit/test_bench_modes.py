@@ -49,7 +49,7 @@ HEADLINE_SETTINGS = ("char-bpe", "state", "size-band", "skills-notation")  # the
 
 def test_shipped_matrices_parse():
     modes = load_matrix(ROOT / "bench" / "modes.toml")
-    assert modes.names == (*HEADLINE_SETTINGS, "model3", "model", "size", "skills", "skills-mostly")
+    assert modes.names == (*HEADLINE_SETTINGS, "model3", "model", "model3-k1s", "size", "skills", "skills-mostly")
     assert modes.setting("skills-notation").run.task == "chain-notations"
     assert modes.setting("skills").agents == ("chain-llama-add", "chain-qwen2-sub")
     assert modes.setting("size-band").agents == ("chain-qwen2", "chain-qwen2-wide")
@@ -65,18 +65,22 @@ def test_shipped_matrices_parse():
 
 def test_headline_matrix_holds_what_issue_8_asks():
     """Each kind of heterogeneity: the recommended mode, GSPO×2 and paper HACPO, >= 5 seeds on >= 1,000
-    test problems; three labs compared with two for every agent; earlier designs archived, not rerun;
+    test problems; three labs (as recommended: one best peer group per prompt) compared with two for
+    every agent; earlier designs archived, not rerun;
     runs shared with bench/baselines.toml (the same `hacfed sim` command for the same setting, mode, seed)."""
     modes = load_matrix(ROOT / "bench" / "modes.toml")
     for name in HEADLINE_SETTINGS:
         run = modes.setting(name).run
         assert run.modes == ("xhacpo", "gspo2", "hacpo") and run.baseline == "gspo2", name
         assert run.eval_split == "test" and run.eval_problems >= 1000 and len(run.seeds) >= 5, name
-    assert {(c.agent, c.settings[1]) for c in modes.comparisons if c.settings[0] == "model3"} >= {
-        ("chain-llama", "char-bpe"), ("chain-qwen2", "char-bpe"), ("chain-gpt2", "model")}
-    assert [s.name for s in modes.settings if s.archived] == ["size", "skills", "skills-mostly"]
+    for three in ("model3", "model3-k1s"):
+        assert {(c.agent, c.settings[1]) for c in modes.comparisons if c.settings[0] == three} >= {
+            ("chain-llama", "char-bpe"), ("chain-qwen2", "char-bpe"), ("chain-gpt2", "model")}, three
+    best = modes.setting("model3-k1s").run
+    assert (best.peers_per_prompt, best.peer_choice) == (1, "successes")
+    assert [s.name for s in modes.settings if s.archived] == ["model3", "size", "skills", "skills-mostly"]
     planned = plan_runs(modes)
-    assert {r.setting for r in planned} == {*HEADLINE_SETTINGS, "model3", "model"}
+    assert {r.setting for r in planned} == {*HEADLINE_SETTINGS, "model3-k1s", "model"}
     assert len(planned) == 70  # ~2 hours on 2 cores at the run times of docs/results.md
     assert {r.setting for r in plan_runs(modes, ["size"])} == {"size"}  # --only reruns an archived one
     baselines = load_matrix(ROOT / "bench" / "baselines.toml")
@@ -87,7 +91,8 @@ def test_headline_matrix_holds_what_issue_8_asks():
 def test_three_labs_matrix_repeats_the_headline_comparison_with_more_seeds():
     """bench/three-labs.toml: model3 against char-bpe for the same agents, 10 seeds, its first five runs
     the headline's own (the same `hacfed sim` command, so the same OUT/SETTING/MODE/seed-S is reused);
-    model3-k1 (one peer's group per prompt) against both; `model` only the headline's five runs."""
+    model3-k1 (one peer's group per prompt) and model3-k1s (the one with the most verified reward)
+    against both; `model` over ten seeds too."""
     modes = load_matrix(ROOT / "bench" / "modes.toml")
     three = load_matrix(ROOT / "bench" / "three-labs.toml")
     pairs = {(c.agent, c.settings) for c in three.comparisons}
@@ -99,9 +104,10 @@ def test_three_labs_matrix_repeats_the_headline_comparison_with_more_seeds():
     for name in ("model3", "char-bpe", "model"):
         setting = three.setting(name)
         assert setting.agents == modes.setting(name).agents and setting.run.eval_split == "test"
-    assert three.setting("model").run.seeds == tuple(range(5))
-    shared = [r for r in plan_runs(three) if r.setting in ("model3", "char-bpe", "model") and r.seed < 5]
-    assert len(shared) == 15
+    assert {a for a, s in pairs if s[0] == "model3-k1s"} == {"chain-llama", "chain-gpt2", "chain-qwen2"}
+    assert all(len(three.setting(name).run.seeds) == 10 for name in three.names)
+    shared = [r for r in plan_runs(three) if r.setting in ("model3", "char-bpe", "model", "model3-k1s") and r.seed < 5]
+    assert len(shared) == 20
     for run in shared:
         assert run.sim_args == sim_args(modes.setting(run.setting), run.mode, run.seed), run.label
 
