@@ -100,10 +100,11 @@ class PoolShares:
                 chosen.append((prompt_id, learner))
             if len(peers) > k:
                 start = self._offset(learner, prompt_id, len(peers))
-                peers = [peers[(start + j) % len(peers)] for j in range(len(peers))]
-                if self.choice == "successes":  # stable: equal rewards keep the drawn order
-                    peers.sort(key=lambda source: -self._reward[prompt_id, source])
-                peers = peers[:k]
+                if self.choice == "successes":  # the drawn order, stably sorted: equal rewards keep it
+                    peers = peers[start:] + peers[:start]
+                    peers = sorted(peers, key=lambda source: -self._reward[prompt_id, source])[:k]
+                else:
+                    peers = [peers[(start + j) % len(peers)] for j in range(k)]
             chosen.extend((prompt_id, source) for source in peers)
         return chosen
 

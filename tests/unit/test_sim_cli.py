@@ -61,9 +61,9 @@ def test_cli_refuses_a_bad_peers_per_prompt_without_traceback(capsys):
     assert "peers_per_prompt must be an int >= 1, got 0" in err and "Traceback" not in err
 
 
-def test_peers_per_prompt_reaches_the_coordinator(monkeypatch, tmp_path):
-    """--peers-per-prompt K becomes the coordinator's pool_peers_per_prompt (what each agent is sent,
-    `hacfed.server.coordinator.transport`); without it the coordinator keeps its default."""
+def coordinator_settings(monkeypatch, tmp_path, field: str, option: str, values: list) -> list:
+    """The coordinator config's `field` when `hacfed sim` runs with SimConfig `option` set to each of
+    `values` (stopped before any model is loaded)."""
     import hacfed.sim as sim
     from hacfed.server.coordinator import config
 
@@ -74,34 +74,25 @@ def test_peers_per_prompt_reaches_the_coordinator(monkeypatch, tmp_path):
         pass
 
     def record(**kwargs):
-        seen.append(real(**kwargs).pool_peers_per_prompt)
-        raise Stop  # before any model is loaded
-
-    monkeypatch.setattr(config, "CoordinatorConfig", record)
-    for k in (1, None):
-        with pytest.raises(Stop):
-            sim.run_sim(SimConfig(rounds=1, peers_per_prompt=k, state_dir=str(tmp_path / str(k))), progress=False)
-    assert seen == [1, real.pool_peers_per_prompt] and real.pool_peers_per_prompt == 7
-
-
-def test_peer_choice_reaches_the_coordinator_and_a_bad_one_is_refused(monkeypatch, tmp_path, capsys):
-    import hacfed.sim as sim
-    from hacfed.server.coordinator import config
-
-    real = config.CoordinatorConfig
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def record(**kwargs):
-        seen.append(real(**kwargs).pool_peer_choice)
+        seen.append(getattr(real(**kwargs), field))
         raise Stop
 
     monkeypatch.setattr(config, "CoordinatorConfig", record)
-    for choice in ("successes", None):
+    for i, value in enumerate(values):
         with pytest.raises(Stop):
-            sim.run_sim(SimConfig(rounds=1, peer_choice=choice, state_dir=str(tmp_path / str(choice))), progress=False)
+            sim.run_sim(SimConfig(rounds=1, state_dir=str(tmp_path / str(i)), **{option: value}), progress=False)
+    return seen
+
+
+def test_peers_per_prompt_reaches_the_coordinator(monkeypatch, tmp_path):
+    """--peers-per-prompt K becomes the coordinator's pool_peers_per_prompt (what each agent is sent,
+    `hacfed.server.coordinator.transport`); without it the coordinator keeps its default, 7."""
+    seen = coordinator_settings(monkeypatch, tmp_path, "pool_peers_per_prompt", "peers_per_prompt", [1, None])
+    assert seen == [1, 7]
+
+
+def test_peer_choice_reaches_the_coordinator_and_a_bad_one_is_refused(monkeypatch, tmp_path, capsys):
+    seen = coordinator_settings(monkeypatch, tmp_path, "pool_peer_choice", "peer_choice", ["successes", None])
     assert seen == ["successes", "drawn"]
     with pytest.raises(ValueError, match="peer_choice must be one of drawn, successes, got 'best'"):
         SimConfig(peer_choice="best")
