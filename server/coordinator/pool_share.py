@@ -82,6 +82,15 @@ class PoolShares:
         for prompt_id, source in self._groups:
             sources.setdefault(prompt_id, []).append(source)
         self._sources = {p: sorted(s) for p, s in sources.items()}
+        self._position = {p: {source: i for i, source in enumerate(s)} for p, s in self._sources.items()}
+        # successes: per prompt, the positions of its sources grouped by equal reward, best first
+        self._levels: dict[str, list[list[int]]] = {}
+        if choice == "successes":
+            for prompt_id, ordered in self._sources.items():
+                by_reward: dict[float, list[int]] = {}
+                for i, source in enumerate(ordered):
+                    by_reward.setdefault(self._reward[prompt_id, source], []).append(i)
+                self._levels[prompt_id] = [by_reward[r] for r in sorted(by_reward, reverse=True)]
 
     def indices_for(self, learner: str, peers_per_prompt: int | None = None) -> tuple[int, ...]:
         """Pool indices (increasing) of what `learner` is sent; `peers_per_prompt` overrides K."""
@@ -91,22 +100,39 @@ class PoolShares:
 
     def groups_for(self, learner: str, peers_per_prompt: int | None = None) -> list[tuple[str, str]]:
         """The (prompt id, source) groups of what `learner` is sent (`indices_for` lists their
-        samples), in no particular order; `peers_per_prompt` overrides K."""
+        samples), in no particular order; `peers_per_prompt` overrides K. A prompt's peers are its
+        sorted sources without the learner; a peer is named by its index j in that list (the
+        source at j, or at j + 1 from the learner's own position on), so no list is built per lab."""
         k = self.peers_per_prompt if peers_per_prompt is None else peers_per_prompt
         chosen: list[tuple[str, str]] = []
         for prompt_id, sources in self._sources.items():
-            peers = [s for s in sources if s != learner]
-            if learner in sources:
+            own = self._position[prompt_id].get(learner)
+            n = len(sources) - (own is not None)
+            if own is not None:
                 chosen.append((prompt_id, learner))
-            if len(peers) > k:
-                start = self._offset(learner, prompt_id, len(peers))
-                if self.choice == "successes":  # the drawn order, stably sorted: equal rewards keep it
-                    peers = peers[start:] + peers[:start]
-                    peers = sorted(peers, key=lambda source: -self._reward[prompt_id, source])[:k]
-                else:
-                    peers = [peers[(start + j) % len(peers)] for j in range(k)]
-            chosen.extend((prompt_id, source) for source in peers)
+            if n <= k:
+                chosen.extend((prompt_id, source) for source in sources if source != learner)
+                continue
+            start = self._offset(learner, prompt_id, n)
+            if self.choice == "successes":
+                picks = self._most_rewarded(prompt_id, own, start, n, k)
+            else:
+                picks = [(start + j) % n for j in range(k)]
+            skip = n if own is None else own  # peer j is the source at j + (j >= own)
+            chosen.extend((prompt_id, sources[j + (j >= skip)]) for j in picks)
         return chosen
+
+    def _most_rewarded(self, prompt_id: str, own: int | None, start: int, n: int, k: int) -> list[int]:
+        """The k peers (as peer indices) with the most verified reward; within equal rewards, in the
+        drawn order (from `start` on, wrapping): the same as a stable sort of the drawn order."""
+        picks: list[int] = []
+        for level in self._levels[prompt_id]:
+            peers = [i - (own is not None and i > own) for i in level if i != own]
+            peers.sort(key=lambda j: (j - start) % n)
+            picks.extend(peers[: k - len(picks)])
+            if len(picks) == k:
+                break
+        return picks
 
     def group_indices(self) -> dict[tuple[str, str], list[int]]:
         """Every (prompt id, source) group's pool indices, increasing (a copy)."""

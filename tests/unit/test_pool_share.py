@@ -268,3 +268,45 @@ def test_driver_sends_the_successes_choice(tmp_path: Path) -> None:
         assert update.pool == tuple(full[i] for i in expected)
         if pid != "lab-4":  # the strong lab's group is every other lab's one peer, on every prompt
             assert {t.source_id for t in update.pool} == {pid, "lab-4"}
+
+
+def plain_selection(pool, learner: str, k: int, salt: str, choice: str) -> list[tuple[str, str]]:
+    """The selection as the module's docstring states it, written the plain way (a list of peers per
+    prompt, rotated from the drawn offset, stably sorted by reward for `successes`)."""
+    shares = PoolShares(pool, k, salt, choice)  # only for its keyed offset
+    sources: dict[str, set[str]] = {}
+    reward: dict[tuple[str, str], float] = {}
+    for t in pool:
+        sources.setdefault(t.prompt_id, set()).add(t.source_id)
+        reward[t.prompt_id, t.source_id] = reward.get((t.prompt_id, t.source_id), 0.0) + t.reward
+    out = []
+    for prompt, named in sources.items():
+        peers = sorted(s for s in named if s != learner)
+        if learner in named:
+            out.append((prompt, learner))
+        if len(peers) > k:
+            start = shares._offset(learner, prompt, len(peers))
+            peers = peers[start:] + peers[:start]
+            if choice == "successes":
+                peers.sort(key=lambda s: -reward[prompt, s])
+            peers = peers[:k]
+        out.extend((prompt, s) for s in peers)
+    return sorted(out)
+
+
+@pytest.mark.parametrize("choice", ["drawn", "successes"])
+def test_selections_equal_the_plain_statement_of_the_rule(choice) -> None:
+    """groups_for names peers by index arithmetic (no per-lab list, bench/coordinator_scale.py); it
+    must choose exactly what the plain rule does, also where a lab skipped prompts and for a lab
+    without samples."""
+    import random
+
+    rng = random.Random(3)
+    pool = tuple(
+        Trajectory(f"{lab}-{p}-{g}", f"p{p}", f"lab-{lab:02d}", 1, (ChatMessage("user", f"q{p}"),), "x",
+                   float(rng.random() < 0.4), -1.0, 3, "stop")
+        for lab in range(9) for p in range(40) for g in range(3) if not (lab == 3 and p % 5 == 0))
+    for k in (0, 1, 2, 3, 8):
+        shares = PoolShares(pool, k, "s2", choice)
+        for learner in [f"lab-{lab:02d}" for lab in range(9)] + ["lab-new"]:
+            assert sorted(shares.groups_for(learner)) == plain_selection(pool, learner, k, "s2", choice), (k, learner)
