@@ -76,6 +76,12 @@ class RoundPlan:
     def prompt_ids(self) -> tuple[str, ...]:
         return tuple(p.prompt_id for p in self.prompts)
 
+# How a coordinator picks the peer groups of a lab's `RoundUpdate.pool` where a prompt has more than
+# K (hacfed.server.coordinator.pool_share): "drawn" by a keyed hash, or those with the most verified
+# reward. Here, not in the coordinator, so `hacfed sim` and the bench matrix can name the choices
+# without importing the coordinator.
+PEER_CHOICES = ("drawn", "successes")
+
 
 @dataclass(frozen=True)
 class RoundUpdate:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from hacfed.cli_help import HelpFormatter
 from hacfed.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
-from hacfed.server.coordinator.pool_share import PEER_CHOICES
+from hacfed.messages import PEER_CHOICES
 
 SIM_MODES = MODE_NAMES
 DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
@@ -62,7 +62,7 @@ class SimConfig:
     # (hacfed.server.coordinator.pool_share); None: the coordinator's default. With N <= K + 1 labs
     # every lab gets the whole pool.
     peers_per_prompt: int | None = None
-    # Which K peers where a prompt has more (pool_share.PEER_CHOICES); None: the coordinator's ("drawn").
+    # Which K peers where a prompt has more (hacfed.messages.PEER_CHOICES); None: the coordinator's ("drawn").
     peer_choice: str | None = None
 
     def __post_init__(self) -> None:

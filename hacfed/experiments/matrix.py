@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from hacfed.modes import get_mode
-from hacfed.sim import PEER_CHOICES, SIM_MODES, TASKS, participant_ids
+from hacfed.messages import PEER_CHOICES
+from hacfed.sim import SIM_MODES, TASKS, participant_ids
 from hacfed.tomlfile import read_toml
 
 # Keys of [defaults], each also allowed in a setting's table.

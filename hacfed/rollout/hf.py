@@ -249,7 +249,7 @@ def greedy_rewards(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any
                    max_new_tokens: int = 16, batch_size: int = 128) -> list[float]:
     """The verified reward of the greedy completion of each problem, in order."""
     if not problems:
-        raise ValueError("evaluate_accuracy needs at least one problem")
+        raise ValueError("greedy evaluation needs at least one problem")
     groups = generate(model, tokenizer, [p.messages for p in problems], num_samples=1,
                       max_new_tokens=max_new_tokens, greedy=True, batch_size=batch_size)
     return [task.verify(problem, group[0].text).reward for problem, group in zip(problems, groups)]

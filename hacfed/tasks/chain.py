@@ -109,7 +109,7 @@ class ChainTask(SplitLookup):
         # splits of ChainTask(operations=("add",)) are the add problems of the full mix's splits,
         # so a specialist's warm-up never sees a validation or test problem of the mix.
         rng = random.Random(f"hacfed-chain:{self.terms}:{self.seed}")
-        seen: set[str] = set()
+        seen: set[tuple[str, tuple[int, ...]]] = set()
         sizes = (self.num_eval, self.num_validation, self.num_train)  # test first: growing train never moves it
         splits: list[list[Problem]] = [[], [], []]
         k, others = 0, 0
@@ -118,13 +118,10 @@ class ChainTask(SplitLookup):
             while drawn < size:
                 op = OPERATIONS[k % len(OPERATIONS)]
                 numbers = _draw(rng, op, self.terms)
-                problem = make_problem(op, numbers)
-                if problem.prompt_id in seen:
+                if (op, numbers) in seen:  # the same chain, whatever its notation
                     continue
-                seen.add(problem.prompt_id)
-                notation = self.notations[(k // 2) % len(self.notations)]
-                if notation != "sym":
-                    problem = make_problem(op, numbers, notation)
+                seen.add((op, numbers))
+                problem = make_problem(op, numbers, self.notations[(k // 2) % len(self.notations)])
                 k += 1
                 drawn += 1
                 if op in self.operations:

@@ -36,8 +36,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
-from hacfed.messages import SamplingParams
-from hacfed.server.coordinator.pool_share import PEER_CHOICES
+from hacfed.messages import PEER_CHOICES, SamplingParams
 from hacfed.tomlfile import read_toml
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 
-from hacfed.messages import RoundUpdate
+from hacfed.messages import PEER_CHOICES, RoundUpdate
 from hacfed.trajectory import Trajectory
 
 
@@ -43,9 +44,6 @@ def share_salt(run_id: str, seed: int, round_id: int) -> str:
     update's is `rounds`): the same in the Flower driver and the in-process transport, so `hacfed
     sim` sends each lab what a real federation of that many labs would."""
     return f"{run_id}/{seed}/{round_id}"
-
-
-PEER_CHOICES = ("drawn", "successes")
 
 
 def shares_of(
@@ -74,10 +72,8 @@ class PoolShares:
         self.peers_per_prompt = peers_per_prompt
         self._salt = salt.encode("utf-8")
         self._groups: dict[tuple[str, str], list[int]] = {}  # (prompt id, source) -> pool indices
-        self._reward: dict[tuple[str, str], float] = {}  # (prompt id, source) -> the group's verified reward
         for i, t in enumerate(pool):
             self._groups.setdefault((t.prompt_id, t.source_id), []).append(i)
-            self._reward[t.prompt_id, t.source_id] = self._reward.get((t.prompt_id, t.source_id), 0.0) + t.reward
         sources: dict[str, list[str]] = {}
         for prompt_id, source in self._groups:
             sources.setdefault(prompt_id, []).append(source)
@@ -88,8 +84,9 @@ class PoolShares:
         if choice == "successes":
             for prompt_id, ordered in self._sources.items():
                 by_reward: dict[float, list[int]] = {}
-                for i, source in enumerate(ordered):
-                    by_reward.setdefault(self._reward[prompt_id, source], []).append(i)
+                for i, source in enumerate(ordered):  # a group's verified reward: the sum over its samples
+                    reward = math.fsum(pool[j].reward for j in self._groups[prompt_id, source])
+                    by_reward.setdefault(reward, []).append(i)
                 self._levels[prompt_id] = [by_reward[r] for r in sorted(by_reward, reverse=True)]
 
     def indices_for(self, learner: str, peers_per_prompt: int | None = None) -> tuple[int, ...]:
@@ -143,4 +140,4 @@ class PoolShares:
         return int.from_bytes(digest[:8], "big") % n
 
 
-__all__ = ["PEER_CHOICES", "PoolShares", "share_salt", "shares_of"]
+__all__ = ["PoolShares", "share_salt", "shares_of"]
