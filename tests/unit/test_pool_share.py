@@ -310,3 +310,47 @@ def test_selections_equal_the_plain_statement_of_the_rule(choice) -> None:
         shares = PoolShares(pool, k, "s2", choice)
         for learner in [f"lab-{lab:02d}" for lab in range(9)] + ["lab-new"]:
             assert sorted(shares.groups_for(learner)) == plain_selection(pool, learner, k, "s2", choice), (k, learner)
+
+
+def test_claimed_rewards_do_not_buy_a_place_in_the_successes_choice(tmp_path: Path) -> None:
+    """A hostile lab that claims reward 1.0 for wrong answers (so its claims promise the most
+    successes) is ranked by the coordinator's re-verified rewards, never its claims: no other lab is
+    sent its groups in place of an honest peer's verified successes."""
+    import dataclasses
+
+    from hacfed.server.coordinator.pool_share import share_salt
+    from tests.unit.test_coordinator_fakes import TASK, wrong_answer
+    from tests.unit.test_server_driver import ScriptedParticipant
+
+    class Liar(ScriptedParticipant):
+        def step(self, update, before_checkpoint=None):
+            sub = super().step(update)
+            lies = tuple(dataclasses.replace(t, response_text=(w := wrong_answer(TASK.problem(t.prompt_id).answer)),
+                                             reward=1.0, source_logp_sum=-0.5 * len(w), source_token_count=len(w))
+                         for t in sub.trajectories)
+            sub = dataclasses.replace(sub, trajectories=lies)
+            if before_checkpoint is not None:
+                before_checkpoint(sub)
+            return sub
+
+    fed = Federation(tmp_path, FakeClock(), expected_participants=4, min_participants=3, pool_peers_per_prompt=1,
+                     pool_peer_choice="successes")
+    for node in range(1, 4):
+        fed.add(node, f"lab-{node}")
+    fed.add(4, "liar", participant=Liar("liar"))
+    honest = [service.participant for _, (pid, service) in fed.nodes.items() if pid != "liar"]
+    for _ in range(10):  # until every honest lab got round 0's pool (the liar, quarantined, keeps the run open)
+        if all(len(p.updates) >= 2 for p in honest):
+            break
+        fed.exchange()
+    assert all(len(p.updates) >= 2 for p in honest)
+    full = fed.driver.journal.pool(0)
+    assert {t.source_id for t in full} == {"lab-1", "lab-2", "lab-3"}  # every false claim was refused
+    cfg = fed.driver.cfg
+    for _, (pid, service) in fed.nodes.items():
+        if pid == "liar":
+            continue
+        update = service.participant.updates[1]
+        expected = PoolShares(full, 1, share_salt(cfg.run_id, cfg.seed, 1), "successes").indices_for(pid)
+        assert update.pool == tuple(full[i] for i in expected)
+        assert "liar" not in {t.source_id for t in update.pool}, pid
