@@ -8,6 +8,9 @@
 #   ./scripts/gpu_check.sh                  # where no GPU is visible: prints "no GPU: skipped", exit 0
 #   ./scripts/gpu_check.sh --install-vllm   # first pip install -e '.[vllm]' into the venv (GPU only)
 #   ./scripts/gpu_check.sh --hf-only        # only the transformers engine (no vLLM needed)
+#   HACFED_PYTHON=python3 ./scripts/gpu_check.sh --hf-only
+#                                           # an existing environment (a GPU host's own CUDA torch)
+#                                           # that can already import hacfed: no .venv, no installs
 #
 # Other arguments go to `python -m hacfed.rollout.gpu_check` (--model, --dtype, --prompts, --samples,
 # --max-new-tokens, --eager, --out). Exit code: 0 passed (or skipped), 1 a comparison failed or
@@ -37,10 +40,19 @@ for a in "$@"; do
 done
 
 say() { echo "[gpu_check] $*" >&2; }
-./scripts/bootstrap.sh
-py="${HACFED_VENV:-$root/.venv}/bin/python"
+if [ -n "${HACFED_PYTHON:-}" ]; then
+    # The GPU host's own environment: its CUDA torch stays; nothing is installed unless --install-vllm.
+    py="$HACFED_PYTHON"
+    if ! "$py" -c 'import hacfed.rollout.gpu_check' 2>/dev/null; then
+        say "HACFED_PYTHON=$py cannot import hacfed: pip install -e . into that environment, or unset HACFED_PYTHON"
+        exit 2
+    fi
+else
+    ./scripts/bootstrap.sh
+    py="${HACFED_VENV:-$root/.venv}/bin/python"
+fi
 if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    say "nvidia-smi lists a GPU but torch $("$py" -c 'import torch; print(torch.__version__)') in the venv has no CUDA:"
+    say "nvidia-smi lists a GPU but torch $("$py" -c 'import torch; print(torch.__version__)') in $py has no CUDA:"
     say "install a CUDA build of torch (e.g. HACFED_TORCH_VERSION=2.13.0 with a CUDA index) and rerun"
     exit 2
 fi

@@ -136,6 +136,7 @@ class Report:
     tokens_per_s: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # part -> why it was left out on request
     missing: dict[str, str] = field(default_factory=dict)  # part -> why it could not run (a failure)
+    environment: dict[str, str] = field(default_factory=dict)  # library versions the check ran with
     passed: bool = False
 
     def add(self, comparison: Comparison) -> None:
@@ -149,6 +150,9 @@ class Report:
 def summary_lines(report: Mapping[str, Any]) -> list[str]:
     """The printed summary: one line per comparison and per engine's speed, then the verdict."""
     lines = [f"gpu check: {report['model']} ({report['dtype']}) on {report['device']}"]
+    env = report.get("environment") or {}
+    if env:
+        lines.append("  " + ", ".join(f"{k} {v}" for k, v in sorted(env.items())))
     for c in report["comparisons"]:
         verdict = "ok" if c["passed"] else "FAIL"
         lines.append(
@@ -207,6 +211,16 @@ def _teacher_sums(model: Any, tokenizer: Any, prompts: Sequence[Any], completion
     return out
 
 
+def _versions() -> dict[str, str]:
+    import platform
+
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda": str(torch.version.cuda), "transformers": transformers.__version__}
+
+
 def _flat(groups: Sequence[Sequence[Any]], prompts: Sequence[Any]) -> tuple[list[Any], list[Any]]:
     flat = [c for g in groups for c in g]
     owners = [prompts[i] for i, g in enumerate(groups) for _ in g]
@@ -224,7 +238,7 @@ def run_check(cfg: CheckConfig, tol: Tolerance) -> Report:
     model, tok = loaded.model, loaded.tokenizer
     model.eval()
     report = Report(model=cfg.model, dtype=cfg.dtype, device=torch.cuda.get_device_name(0),
-                    settings=asdict(cfg), tolerance=asdict(tol))
+                    settings=asdict(cfg), tolerance=asdict(tol), environment=_versions())
     prompts = _prompts(cfg.prompts)
     kwargs = dict(num_samples=cfg.samples, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
 

@@ -123,6 +123,16 @@ def test_summary_lines_format():
     assert lines[-1] == "gpu check: FAILED"
 
 
+def test_summary_names_the_library_versions():
+    r = _report(environment={"torch": "2.11.0+cu130", "cuda": "13.0"})
+    r.add(gc.compare_sums("hf", [-1.0], [-1.0], [1], TOL))
+    from dataclasses import asdict
+
+    lines = gc.summary_lines(asdict(r.finish()))
+    assert lines[1] == "  cuda 13.0, torch 2.11.0+cu130"
+    assert lines[-1] == "gpu check: PASSED"
+
+
 # --- the comparison plumbing, on CPU with the transformers engine ---------------------------------
 
 
@@ -189,6 +199,30 @@ def test_script_skips_when_nvidia_smi_finds_no_gpu(tmp_path):
     result = _run_script({}, [_fake_nvidia_smi(tmp_path / "bin", lists_gpu=False)])
     assert result.returncode == 0, result.stderr
     assert result.stdout == "no GPU: skipped\n"
+
+
+def test_script_with_hacfed_python_uses_it_without_bootstrap(tmp_path):
+    # HACFED_PYTHON: the GPU host's own interpreter runs the check; no venv is made or installed into.
+    # Here the stand-in nvidia-smi lists a GPU that this interpreter's CPU torch cannot see: the
+    # set-up error names that interpreter (exit 2).
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    venv = tmp_path / "never-made"
+    result = _run_script({"HACFED_PYTHON": sys.executable, "HACFED_VENV": str(venv)},
+                         [_fake_nvidia_smi(tmp_path / "bin", lists_gpu=True)])
+    assert result.returncode == 2, result.stderr
+    assert f"in {sys.executable} has no CUDA" in result.stderr
+    assert "[bootstrap]" not in result.stderr and not venv.exists()
+
+
+def test_script_refuses_a_hacfed_python_that_cannot_import_hacfed(tmp_path):
+    bare = tmp_path / "bare-python"
+    bare.write_text("#!/bin/sh\nexit 1\n")
+    bare.chmod(0o755)
+    result = _run_script({"HACFED_PYTHON": str(bare)}, [_fake_nvidia_smi(tmp_path / "bin", lists_gpu=True)])
+    assert result.returncode == 2
+    assert f"HACFED_PYTHON={bare} cannot import hacfed" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_script_skips_on_this_cpu_machine():
