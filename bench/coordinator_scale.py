@@ -14,7 +14,8 @@ opening, signature checks and decoding are measured too.
 Before anything is timed, a generator process writes every lab's replies of every round to disk
 (synthetic but GSM8K-shaped: the reference reasoning of the planned problem, reworded, ending in
 `\\boxed{answer}`; about 35 % correct, the rest a wrong final number; a small fraction with a
-non-plain answer such as `\\$72` or `72\\text{ clips}` that only math-verify decides; token counts
+non-plain answer, `\\$72`, `72\\text{ units}` or `72\\%` in equal shares, of which the last two only
+math-verify decides (a dollar amount takes the numeric fast path since stop 26); token counts
 and log-prob sums like a BPE model's). Then one fresh process per N runs the rounds, so its peak
 RSS is the coordinator's alone. Per round it reports the coordinator time split into phases
 (exclusive times, so they add up to the total):
@@ -81,7 +82,7 @@ class ScaleConfig:
     rounds: int = 4
     seed: int = 0
     correct_fraction: float = 0.35
-    nonplain_fraction: float = 0.02  # answers only math-verify decides (units, \$)
+    nonplain_fraction: float = 0.02  # non-plain answers: \$N (fast path), N\text{ units}, N\% (math-verify)
 
     def __post_init__(self) -> None:
         for name in ("labs", "prompts", "group_size", "rounds"):
@@ -519,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds per point (default 4; medians over 1..R-1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nonplain-fraction", type=float, default=0.02,
-                        help="share of answers only math-verify decides, e.g. \\$72 (default 0.02)")
+                        help="share of non-plain answers (\\$72, 72\\text{ units}, 72\\%%; default 0.02)")
     parser.add_argument("--out", type=Path, help="write the JSON results here")
     parser.add_argument("--work-dir", type=Path, help="keep the journals here (default: a temporary folder)")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
@@ -545,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     points = []
     with tempfile.TemporaryDirectory(prefix="hacfed-scale-") as tmp:
-        root = args.work_dir or Path(tmp)
+        root = (args.work_dir or Path(tmp)).resolve()  # the driver's settings need absolute paths
         for cfg in configs:
             work = root / f"labs-{cfg.labs}"
             if work.exists():

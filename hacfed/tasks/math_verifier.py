@@ -11,7 +11,10 @@ Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 
   4. numeric fast path (`numeric_fast_path`): when gold and answer are both plain decimals
      (optional sign, optional 1,000-style grouping), they are compared exactly as `Decimal`s, in
      process, without the worker. This decides most GSM8K items. It is exact where math-verify
-     rounds to 6 places, so "0.3333333" vs gold "0.333333" is 0 here;
+     rounds to 6 places, so "0.3333333" vs gold "0.333333" is 0 here. An answer that is a dollar
+     sign and a plain decimal (`\\$72`, `\\$ 1,080.50`: money, the commonest non-plain GSM8K
+     answer) is compared the same way, by its number: math-verify drops the sign and gives the same
+     verdict (tests/unit/test_parallel_verify.py checks both on a grid of forms);
   5. otherwise the sandboxed worker (`hacfed.tasks.sandbox`) parses both sides with math-verify's
      LaTeX parser only (no `ExprExtractionConfig`, which goes through sympy's `parse_expr`/`eval`)
      and calls `math_verify.verify`. Timeouts, crashes and limits become
@@ -58,6 +61,7 @@ AnswerMode = Literal["boxed", "last_number", "boxed_or_last_number"]
 ANSWER_MODES = ("boxed", "last_number", "boxed_or_last_number")
 WORKER_FACTORY = "hacfed.tasks.math_verifier:worker_handler"
 
+_DOLLAR = "\\$"  # LaTeX's escaped dollar sign, as in \boxed{\$72}
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
 _NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _BOXED = "\\boxed"
@@ -191,6 +195,16 @@ def _plain_answer(answer: str) -> int | Decimal | None:
     if answer.isascii() and answer.isdigit():
         return int(answer)
     return parse_plain_number(answer)
+
+
+def _dollar_amount(answer: str) -> int | Decimal | None:
+    """The number of `\\$N` or `\\$ N` with N a plain decimal (`_plain_answer`), else None."""
+    rest = answer[len(_DOLLAR):]
+    if rest.startswith(" "):
+        rest = rest[1:]
+    if not rest or rest[0].isspace():
+        return None
+    return _plain_answer(rest)
 
 
 def precheck_response(response: object, config: MathVerifierConfig) -> str | None:
@@ -353,6 +367,8 @@ class MathVerifier:
             return _abort(f"refused: answer nests brackets {depth} deep (max {self.config.max_nesting})")
         if self.config.numeric_fast_path:
             gold_number, answer_number = _plain_gold(gold), _plain_answer(answer)
+            if answer_number is None and answer.startswith(_DOLLAR):
+                answer_number = _dollar_amount(answer)
             if gold_number is not None and answer_number is not None:
                 return Verdict(1.0, "numeric match") if gold_number == answer_number else Verdict(0.0, "wrong answer")
         return gold.strip(), answer

@@ -16,13 +16,13 @@ TOWER = "\\boxed{9^{9^{9^{9}}}}"  # evaluating it needs ~10^8 digits: the worker
 # (gold, response): numeric fast path, math-verify equivalents and non-equivalents, in-process refusals.
 MIXED = [
     ("72", "She sold \\boxed{72} clips."),
-    ("72", "So the answer is \\boxed{\\$72}."),
+    ("72", "So the answer is \\boxed{72\\text{ dollars}}."),
     ("72", "\\boxed{72\\text{ units}}"),
     ("72", "\\boxed{72\\%}"),
     ("0.5", "\\boxed{\\frac{1}{2}}"),
     ("0.5", "\\boxed{\\frac{1}{3}}"),
-    ("72", "\\boxed{\\$71}"),
-    ("18", "\\boxed{\\$72}"),  # same answer as above, other gold: another key, another verdict
+    ("72", "\\boxed{71\\text{ dollars}}"),
+    ("18", "\\boxed{72\\text{ dollars}}"),  # same answer as above, other gold: another key, another verdict
     ("72", "\\boxed{\\frac{\\frac{\\frac{}{}}{}}{\\left(\\right.}}"),
     ("72", "no box here"),
     ("72", "\\boxed{71}"),
@@ -72,19 +72,19 @@ def test_config_validation_names_the_bad_value(bad: object) -> None:
 
 
 def test_repeated_pairs_go_to_the_worker_once(cached: MathVerifier) -> None:
-    first = cached.verify("72", "So the answer is \\boxed{\\$72}.")
+    first = cached.verify("72", "So the answer is \\boxed{72\\text{ dollars}}.")
     assert first == Verdict(1.0, "equivalent (math-verify)") and cached.worker_calls == 1
     # Other text, same extracted answer: the same request, so a cache hit.
-    for response in ("\\boxed{\\$72}", "Therefore \\boxed{ \\$72 }.", "Let me see. \\boxed{\\$72}"):
+    for response in ("\\boxed{72\\text{ dollars}}", "Therefore \\boxed{ 72\\text{ dollars} }.", "Let me see. \\boxed{72\\text{ dollars}}"):
         assert cached.verify(" 72 ", response) == first
     assert (cached.worker_calls, cached.cache_hits, cached.cached_verdicts) == (1, 3, 1)
     # The gold is part of the key: a cached 1.0 for ("72", "\$72") is no 1.0 for gold 73.
-    assert cached.verify("73", "\\boxed{\\$72}") == Verdict(0.0, "wrong answer")
+    assert cached.verify("73", "\\boxed{72\\text{ dollars}}") == Verdict(0.0, "wrong answer")
     assert cached.worker_calls == 2
 
 
 def test_verify_many_sends_each_distinct_miss_once(cached: MathVerifier) -> None:
-    pairs = [("72", "\\boxed{\\$72}"), ("72", "\\boxed{72\\%}"), ("72", "x \\boxed{\\$72}"), ("72", "\\boxed{72}")] * 5
+    pairs = [("72", "\\boxed{72\\text{ dollars}}"), ("72", "\\boxed{72\\%}"), ("72", "x \\boxed{72\\text{ dollars}}"), ("72", "\\boxed{72}")] * 5
     verdicts = cached.verify_many(pairs)
     assert cached.worker_calls == 2  # \$72 and 72\%; the plain 72 never needs the worker
     equivalent, numeric = Verdict(1.0, "equivalent (math-verify)"), Verdict(1.0, "numeric match")
@@ -115,11 +115,11 @@ def test_verify_many_dedupes_within_a_call_even_without_the_cache(uncached: Math
 def test_the_bound_holds_and_evicted_pairs_are_asked_again() -> None:
     with MathVerifier(MathVerifierConfig(verdict_cache_entries=3)) as verifier:
         for n in range(1, 7):
-            assert verifier.verify(str(n), f"\\boxed{{\\${n}}}").reward == 1.0
+            assert verifier.verify(str(n), f"\\boxed{{{n}\\text{{ dollars}}}}").reward == 1.0
             assert verifier.cached_verdicts == min(n, 3)
         assert verifier.worker_calls == 6
-        assert verifier.verify("6", "\\boxed{\\$6}").reward == 1.0 and verifier.worker_calls == 6  # kept
-        assert verifier.verify("1", "\\boxed{\\$1}").reward == 1.0 and verifier.worker_calls == 7  # evicted
+        assert verifier.verify("6", "\\boxed{6\\text{ dollars}}").reward == 1.0 and verifier.worker_calls == 6  # kept
+        assert verifier.verify("1", "\\boxed{1\\text{ dollars}}").reward == 1.0 and verifier.worker_calls == 7  # evicted
         assert verifier.cached_verdicts == 3
 
 
@@ -128,7 +128,7 @@ def test_aborts_are_never_cached() -> None:
     with MathVerifier(MathVerifierConfig(sandbox=SandboxLimits(timeout_s=1.0))) as verifier:
         first = verifier.verify("72", TOWER)
         assert first == Verdict(0.0, ABORT + "timeout") and verifier.cached_verdicts == 0
-        again = verifier.verify_many([("72", TOWER), ("72", "then " + TOWER), ("72", "\\boxed{\\$72}")])
+        again = verifier.verify_many([("72", TOWER), ("72", "then " + TOWER), ("72", "\\boxed{72\\text{ dollars}}")])
         # retried (not served from the cache), but once for both copies in the one call
         assert verifier.worker_calls == 3 and verifier.cache_hits == 1
         assert again[:2] == [first, first] and again[2].reward == 1.0
@@ -139,5 +139,5 @@ def test_aborts_are_never_cached() -> None:
 
 def test_a_bad_gold_raises_before_anything_is_sent(cached: MathVerifier) -> None:
     with pytest.raises(ValueError, match="non-empty gold answer"):
-        cached.verify_many([("72", "\\boxed{\\$72}"), ("", "\\boxed{1}")])
+        cached.verify_many([("72", "\\boxed{72\\text{ dollars}}"), ("", "\\boxed{1}")])
     assert cached.worker_calls == 0

@@ -94,7 +94,7 @@ def test_verify_threads_refuses_bad_values_naming_them(tmp_path, bad) -> None:
 # ---- the math-verify worker pool ----------------------------------------------------------------
 
 # Items only the worker decides, each distinct: (gold, response).
-WORKER_PAIRS = [(str(n), f"\\boxed{{\\${n + (n % 3 == 0)}}}") for n in range(10, 34)]
+WORKER_PAIRS = [(str(n), f"\\boxed{{{n + (n % 3 == 0)}\\text{{ dollars}}}}") for n in range(10, 34)]
 
 
 @pytest.fixture
@@ -160,21 +160,21 @@ def test_the_same_request_from_two_threads_is_sent_once(monkeypatch) -> None:
     monkeypatch.setattr(verifier, "_ask_worker", slow_worker)
     out: list[Verdict] = []
     callers = [threading.Thread(target=lambda text=text: out.append(verifier.verify("72", text)))
-               for text in ("\\boxed{\\$72}", "so \\boxed{\\$72}")]  # one request: ("72", "\\$72")
+               for text in ("\\boxed{72\\text{ dollars}}", "so \\boxed{72\\text{ dollars}}")]  # one request
     for c in callers:
         c.start()
     assert waiting.acquire(timeout=10)  # one caller asks, the other waits for it
     release.set()
     for c in callers:
         c.join()
-    assert asked == [("72", "\\$72")] and out == [Verdict(1.0, "equivalent (math-verify)")] * 2
+    assert asked == [("72", "72\\text{ dollars}")] and out == [Verdict(1.0, "equivalent (math-verify)")] * 2
     assert verifier.cache_hits == 1 and verifier.worker_starts == 0  # nothing reached a real worker
 
 
 def test_a_closed_verifier_refuses_work(pooled: MathVerifier) -> None:
     pooled.close()
     with pytest.raises(RuntimeError, match="closed"):
-        pooled.verify("72", "\\boxed{\\$72}")
+        pooled.verify("72", "\\boxed{72\\text{ dollars}}")
 
 
 @pytest.mark.parametrize("bad", [0, 9, True, 2.0, None])
@@ -237,3 +237,39 @@ def test_repeated_prompt_and_source_ids_are_checked_once_and_bad_ones_still_refu
     refused = validate_submission(scripted_submission(plan, "a", trajectories=samples), plan, TASK, limits)
     assert [r.code.value for r in refused.rejections if r.trajectory_id == samples[5].trajectory_id] == \
         ["HACFED-E-SCHEMA"]
+
+
+# ---- a dollar amount takes the fast path, with math-verify's own verdict -------------------------
+
+DOLLAR_GOLDS = ["72", "1080", "72.5", "-3", "0.25", "0.5", "1000000", "0", "3"]
+DOLLAR_NUMBERS = ["72", "1,080", "1080", "72.5", "72.50", "-3", "0.25", ".5", "1,000,000", "0", "3.0", "71"]
+
+
+@pytest.fixture(scope="module")
+def math_verify_handler():
+    """math-verify's request handler, as the sandboxed worker runs it, here in process."""
+    from hacfed.tasks.math_verifier import worker_handler
+
+    return worker_handler()
+
+
+@pytest.mark.parametrize("form", ["\\${}", "\\$ {}"])
+def test_a_dollar_amount_is_decided_in_process_as_math_verify_decides_it(form, math_verify_handler) -> None:
+    verifier = MathVerifier(MathVerifierConfig())
+    for gold in DOLLAR_GOLDS:
+        for number in DOLLAR_NUMBERS:
+            answer = form.format(number)
+            got = verifier._screen(gold, f"So the total is \\boxed{{{answer}}}.")
+            assert isinstance(got, Verdict), (gold, answer, got)  # decided without the worker
+            assert got == verifier._screen(gold, f"\\boxed{{{number}}}"), (gold, answer)  # as the bare number
+            equal = math_verify_handler({"gold": gold, "answer": answer})["equal"]
+            assert got.reward == (1.0 if equal else 0.0), (gold, answer, got, equal)
+    assert verifier.worker_starts == 0
+
+
+@pytest.mark.parametrize("answer", [
+    "\\$  72", "\\$\t72", "\\$", "\\$\\$72", "\\$72\\text{ units}", "\\$72\\%", "$72", "72\\$", "-\\$72", "\\$(72)",
+])
+def test_other_dollar_forms_still_go_to_math_verify(answer) -> None:
+    verifier = MathVerifier(MathVerifierConfig())
+    assert not isinstance(verifier._screen("72", f"\\boxed{{{answer}}}"), Verdict), answer

@@ -141,7 +141,7 @@ def test_sandbox_limits_validation(kwargs: dict[str, object], message: str) -> N
 
 @pytest.mark.parametrize(
     ("gold", "response"),
-    [("0.5", "\\boxed{\\frac{1}{2}}"), ("72", "\\boxed{\\$72}"), ("72", "\\boxed{72 \\text{ clips}}"),
+    [("0.5", "\\boxed{\\frac{1}{2}}"), ("72", "\\boxed{72\\text{ dollars}}"), ("72", "\\boxed{72 \\text{ clips}}"),
      ("\\frac{\\sqrt{2}}{2}", "$\\boxed{\\frac{1}{\\sqrt{2}}}$"), ("x^2+2x+1", "\\boxed{(x+1)^2}")],
 )
 def test_equivalent_answers_score_one(verifier: MathVerifier, gold: str, response: str) -> None:
