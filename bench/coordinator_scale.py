@@ -316,6 +316,26 @@ class RssSampler:
         self.peak = max(self.peak, self.now())
 
 
+def reference_work_s() -> float:
+    """Seconds this process takes for a fixed piece of work like a round's (SHA-256 over 64 MiB,
+    protobuf-free Python object churn, JSON), timed after each round: this machine's speed drifts
+    3-10x over hours, so a round's time divided by this one says whether a run fell in a slow
+    stretch. Not part of any round's time."""
+    import hashlib
+
+    block = bytes(range(256)) * 4096  # 1 MiB
+    start = time.perf_counter()
+    digest = hashlib.sha256()
+    for _ in range(64):
+        digest.update(block)
+    rows = [(f"lab-{i % 64:03d}", i, float(i % 2), f"t{i}") for i in range(100_000)]
+    index = {(pid, n): reward for pid, n, reward, _ in rows}
+    json.dumps([list(r) for r in rows[:20_000]])
+    if len(index) != len(rows) or not digest.digest():
+        raise AssertionError("reference work")
+    return time.perf_counter() - start
+
+
 def measure(work: Path) -> dict[str, Any]:
     """Run every round of the generated run through a fresh FederationDriver; per-round phases."""
     import hacfed.server.driver as driver_mod
@@ -362,9 +382,10 @@ def measure(work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"round {round_id} did not close at quorum")
             cpu = time.process_time() - cpu
             worker_cpu = sum(t - workers.get(pid, 0.0) for pid, t in workers_cpu(verifier).items())
+            reference = reference_work_s()  # after the round's CPU was read: not part of it
             rounds.append({"round": round_id, "total_s": total, "cpu_s": cpu, "worker_cpu_s": worker_cpu,
                            "all_cpu_s": cpu + worker_cpu, "rss_workers_bytes": workers_rss(verifier),
-                           "load_average": os.getloadavg()[0],
+                           "load_average": os.getloadavg()[0], "reference_s": reference,
                            "phases_s": clock.take(),
                            "rss_bytes": rss.now(), "update_bytes": max(sizes, default=0),
                            "sent_bytes": sum(len(p) for p in payloads.values())})
@@ -443,6 +464,7 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
     cpu = statistics.median(r["cpu_s"] for r in timed)
     worker_cpu = statistics.median(r.get("worker_cpu_s", 0.0) for r in timed)
     all_cpu = statistics.median(r.get("all_cpu_s", r["cpu_s"]) for r in timed)
+    reference = statistics.median(r.get("reference_s", 0.0) for r in timed)
     per_round = cfg.labs * cfg.per_lab
     rss_delta = measured["rss_peak_bytes"] - measured["rss_baseline_bytes"]
     from hacfed.wire import MAX_MESSAGE_BYTES
@@ -453,6 +475,7 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
         "config": asdict(cfg), "generated": generated,
         "round_total_s": total, "round_totals_s": [r["total_s"] for r in measured["rounds"]],
         "round_cpu_s": cpu, "round_worker_cpu_s": worker_cpu, "round_all_cpu_s": all_cpu,
+        "reference_s": reference, "round_per_reference": total / reference if reference > 0 else None,
         "worker_rss_mib": max(r.get("rss_workers_bytes", 0) for r in measured["rounds"]) / 2**20,
         "load_average": statistics.median(r.get("load_average", 0.0) for r in timed), "sandbox_calls": measured["sandbox_calls"],
         "phases_s": phases, "groups_s": {g: sum(phases[p] for p in ps) for g, ps in GROUPS.items()},
@@ -495,7 +518,8 @@ def growth(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(points: list[dict[str, Any]]) -> str:
     head = (f"{'labs':>5} {'traj/round':>10} {'round s':>8} {'CPU s':>6} {'+wrk s':>6} {'us/traj':>8} " +
-            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8} {'load':>5}")
+            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8} {'load':>5}"
+            f" {'ref s':>6} {'round/ref':>9}")
     lines = [head]
     for p in points:
         c = p["config"]
@@ -505,10 +529,13 @@ def table(points: list[dict[str, Any]]) -> str:
             f"{p['us_per_trajectory']:>8.0f} " + " ".join(f"{p['phases_s'][k]:>8.2f}" for k in PHASES) +
             f" {p['rss_peak_mib']:>8.0f} {p['rss_growth_mib_per_lab']:>8.2f} "
             f"{p['update_mib']:>9.1f}{'!' if p['update_over_cap'] else ' '} {p['sent_mib']:>8.1f} "
-            f"{p.get('load_average', 0.0):>5.1f}")
+            f"{p.get('load_average', 0.0):>5.1f} {p.get('reference_s', 0.0):>6.3f} "
+            f"{p.get('round_per_reference') or 0.0:>9.1f}")
     lines.append("phases: median seconds per round (rounds 1..R-1); CPU s: the coordinator process, +wrk s: its "
                  "math-verify workers' CPU on top; update: the largest lab's ('!' = over the 16 MiB "
-                 "message cap); sent: every delivery of the round together; load: 1-min load average during the point")
+                 "message cap); sent: every delivery of the round together; load: 1-min load average during the point; "
+                 "ref s: a fixed reference workload timed after each round (reference_work_s), round/ref: the round "
+                 "in units of it, which machine drift changes far less than seconds")
     return "\n".join(lines)
 
 

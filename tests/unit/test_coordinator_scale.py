@@ -55,6 +55,8 @@ def test_tiny_run_journals_exactly_the_submitted_trajectories_and_sane_numbers(b
     assert point["us_per_trajectory"] == pytest.approx(total / 40 * 1e6)
     assert 0 < point["update_mib"] * 2**20 < MAX_MESSAGE_BYTES and not point["update_over_cap"]
     assert point["rss_peak_mib"] >= point["rss_baseline_mib"] > 0
+    assert point["reference_s"] > 0 and point["round_per_reference"] == pytest.approx(total / point["reference_s"])
+    assert "round/ref" in bench.table([point])
 
     # the bench's timers and its lifted size cap are gone once it returns
     assert replies.decode_submission is original_decode
