@@ -38,6 +38,11 @@ class Task(Protocol):
 
     def verify(self, problem: Problem, response: str) -> Verdict: ...
 
+    # Optional: `verify_batch(items: Sequence[tuple[Problem, str]]) -> list[Verdict]`, `verify` of
+    # each item in order, for a task that verifies a batch faster than item by item (the GSM8K-style
+    # `MathDataTask`: its math-verify requests run while the rest is screened). The coordinator
+    # uses it when present and `verify_threads` > 1; the verdicts must be `verify`'s.
+
 
 class SplitLookup:
     """Shared lookups for tasks whose `_splits` is (train problems, held-out problems)."""

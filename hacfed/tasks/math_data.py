@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig, extract_boxed
@@ -105,6 +105,12 @@ class MathDataTask(SplitLookup):
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         return self._verifier.verify(problem.answer, response)
+
+    def verify_batch(self, items: Sequence[tuple[Problem, str]]) -> list[Verdict]:
+        """`verify` of each (problem, response), in order, the math-verify requests sent while the
+        rest is screened (`MathVerifier.verify_concurrently`): the coordinator's re-verification
+        of a submission."""
+        return self._verifier.verify_concurrently([(problem.answer, response) for problem, response in items])
 
     @cached_property
     def _verifier(self) -> MathVerifier:

@@ -29,9 +29,11 @@ correctness). Aborts (timeout, crash, refusal, memory) may be transient and are 
 
 Workers: up to `parallel_workers` sandboxed workers, each started only when every started one is
 busy with another caller's request. A caller that verifies one item at a time (a lab scoring its
-rollouts) never starts a second; the coordinator verifies a submission's groups from two threads
-(`hacfed.server.coordinator.validation`), so its two cores each run one math-verify worker while
-the other thread screens in process. A request another thread is already sending for the same
+rollouts) never starts a second. The coordinator verifies a submission as one batch
+(`verify_concurrently`, through `MathDataTask.verify_batch` and
+`hacfed.server.coordinator.validation`): its thread screens every sample in process and hands each
+request for math-verify, as it finds one, to a helper thread per worker, so both workers are kept
+busy while the screening goes on. A request another thread is already sending for the same
 (gold, answer) waits for that verdict instead of asking a second worker.
 One gap: math-verify catches `Exception` inside itself, MemoryError and RecursionError included,
 and answers "not equal", so such a failure would be cached like a real 0; step 3's caps bound
@@ -49,6 +51,8 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
@@ -276,6 +280,7 @@ class MathVerifier:
         self._inflight: dict[WorkerKey, _Pending] = {}  # requests being sent now, by key
         self._closed = False
         self._cache = VerdictCache(self.config.verdict_cache_entries)
+        self._asker_pool: ThreadPoolExecutor | None = None  # verify_concurrently's helper threads
         self.worker_calls = 0  # requests sent to the sandboxed workers
         self.cache_hits = 0  # items for the worker answered without a request (cache, or a repeat in verify_many)
 
@@ -313,6 +318,45 @@ class MathVerifier:
             verdicts.append(verdict)
         return verdicts
 
+    def verify_concurrently(self, pairs: Sequence[tuple[str, str]]) -> list[Verdict]:
+        """`verify` of each (gold, response) pair, in order, with the worker requests running while
+        the rest is screened: the calling thread screens every pair in process, and hands each
+        request that needs math-verify, the moment it finds one, to a helper thread (at most
+        `parallel_workers` of them, one per worker) that asks a worker. So a batch costs about
+        max(screening, requests / workers) instead of their sum (bench/coordinator_scale.py's reward
+        phase). The verdicts are `verify`'s; a request repeated in the call is sent once, and a
+        bad gold answer raises before anything is sent, as in `verify_many`."""
+        for gold, _ in pairs:
+            _check_gold(gold)
+        askers = self._askers()
+        sent: dict[WorkerKey, Future[Verdict]] = {}
+        out: list[Verdict | Future[Verdict]] = []
+        for gold, response in pairs:
+            item = self._screen(gold, response)
+            if isinstance(item, Verdict):
+                out.append(item)
+                continue
+            answer: Verdict | Future[Verdict] | None = sent.get(item)
+            if answer is None:
+                answer = self._cache.get(item)
+                if answer is None:
+                    answer = sent[item] = askers.submit(self._verify_in_sandbox, item)
+                    out.append(answer)
+                    continue
+            with self._pool:
+                self.cache_hits += 1
+            out.append(answer)
+        return [v if isinstance(v, Verdict) else v.result() for v in out]
+
+    def _askers(self) -> ThreadPoolExecutor:
+        """The helper threads of `verify_concurrently`, one per possible worker, started on first use."""
+        with self._pool:
+            if self._closed:
+                raise RuntimeError("MathVerifier is closed")
+            if self._asker_pool is None:
+                self._asker_pool = ThreadPoolExecutor(self.config.parallel_workers, thread_name_prefix="hacfed-verifier")
+            return self._asker_pool
+
     @property
     def cached_verdicts(self) -> int:
         """Entries in the verdict cache now (at most `config.verdict_cache_entries`)."""
@@ -336,7 +380,10 @@ class MathVerifier:
         with self._pool:
             self._closed = True
             workers = list(self._workers)
+            askers, self._asker_pool = self._asker_pool, None
             self._pool.notify_all()
+        if askers is not None:
+            askers.shutdown(wait=False, cancel_futures=True)
         for w in workers:
             w.close()
 
@@ -348,8 +395,7 @@ class MathVerifier:
 
     def _screen(self, gold: str, response: str) -> Verdict | WorkerKey:
         """Steps 1-4 in process: the final Verdict, or the (gold, answer) request the worker must decide."""
-        if not isinstance(gold, str) or not gold.strip():
-            raise ValueError(f"MathVerifier.verify needs a non-empty gold answer string, got {gold!r}")
+        _check_gold(gold)
         refusal = precheck_response(response, self.config)
         if refusal is not None:
             return _abort(f"refused: {refusal}")
@@ -432,6 +478,11 @@ class MathVerifier:
         with self._pool:
             self._idle.append(worker)
             self._pool.notify()
+
+
+def _check_gold(gold: object) -> None:
+    if not isinstance(gold, str) or not gold.strip():
+        raise ValueError(f"MathVerifier.verify needs a non-empty gold answer string, got {gold!r}")
 
 
 class _Pending:

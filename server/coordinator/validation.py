@@ -22,7 +22,10 @@ The samples of every group that passed the cheap checks are verified together
 (`_verified_rewards`), split over `ValidationLimits.verify_threads` threads: math-verify runs in
 sandboxed worker processes (`hacfed.tasks.math_verifier`, `parallel_workers`), and while one thread
 waits for its worker the other screens its samples in process, so a submission's verification uses
-both cores instead of one thread waiting on one worker (bench/coordinator_scale.py). The verdicts,
+both cores instead of one thread waiting on one worker (bench/coordinator_scale.py). A task that
+verifies a batch itself (`verify_batch`: GSM8K-style math tasks) gets the whole batch instead: one
+thread screens every sample while helper threads keep the workers busy with the samples only
+math-verify decides, as they are found. The verdicts,
 and so the outcome, do not depend on the number of threads: each sample's verdict is a function of
 its (gold, response) alone.
 """
@@ -339,7 +342,14 @@ def _judge_rewards(
 
 def _verified_rewards(task: Task, items: list[tuple[Any, Trajectory]], threads: int) -> list[float]:
     """`_verified_reward` of each (problem, sample), in order, over at most `threads` threads
-    (contiguous slices, the first in the calling thread); a verifier error propagates."""
+    (contiguous slices, the first in the calling thread); a verifier error propagates. A task with
+    `verify_batch` (`hacfed.tasks.base.Task`) gets the whole batch instead when `threads` > 1."""
+    batch = getattr(task, "verify_batch", None)
+    if threads > 1 and callable(batch):
+        verdicts = batch([(problem, t.response_text) for problem, t in items])
+        if len(verdicts) != len(items):
+            raise ValueError(f"task {task.name!r} verify_batch gave {len(verdicts)} verdicts for {len(items)} samples")
+        return [_checked_reward(task, v.reward) for v in verdicts]
     n = min(threads, len(items) // MIN_SAMPLES_PER_THREAD) if threads > 1 else 1
     if n <= 1:
         return [_verified_reward(task, problem, t) for problem, t in items]
@@ -380,7 +390,10 @@ def _with_reward(t: Trajectory, reward: float) -> Trajectory:
 
 
 def _verified_reward(task: Task, problem: Any, t: Trajectory) -> float:
-    reward = task.verify(problem, t.response_text).reward
+    return _checked_reward(task, task.verify(problem, t.response_text).reward)
+
+
+def _checked_reward(task: Task, reward: object) -> float:
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not (0.0 <= reward <= 1.0):
         raise ValueError(f"task {task.name!r} verifier returned reward {reward!r} outside [0, 1]")
     return float(reward)

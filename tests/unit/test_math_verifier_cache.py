@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Iterator
 
 import pytest
@@ -141,3 +142,46 @@ def test_a_bad_gold_raises_before_anything_is_sent(cached: MathVerifier) -> None
     with pytest.raises(ValueError, match="non-empty gold answer"):
         cached.verify_many([("72", "\\boxed{72\\text{ dollars}}"), ("", "\\boxed{1}")])
     assert cached.worker_calls == 0
+
+
+# ----------------------------------------------------------------------------- verify_concurrently
+
+
+def test_verify_concurrently_gives_verify_s_verdicts_and_sends_each_miss_once(
+    uncached: MathVerifier, cached: MathVerifier,
+) -> None:
+    reference = [uncached.verify(gold, response) for gold, response in MIXED]
+    assert cached.verify_concurrently(MIXED * 3) == reference * 3
+    assert cached.worker_calls == WORKER_ITEMS and cached.cache_hits == 2 * WORKER_ITEMS  # repeats wait for the first
+    assert cached.verify_concurrently(MIXED) == reference and cached.worker_calls == WORKER_ITEMS  # from the cache
+
+
+def test_verify_concurrently_asks_from_helper_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two requests must be in flight together (the barrier needs both), from the helper threads,
+    # while the calling thread screens: a verifier that asked one at a time would break the barrier.
+    verifier = MathVerifier(MathVerifierConfig(verdict_cache_entries=0))
+    barrier, askers = threading.Barrier(2, timeout=10), []
+
+    def ask(key):
+        askers.append(threading.current_thread().name)
+        barrier.wait()
+        return Verdict(1.0, "equivalent (math-verify)")
+
+    monkeypatch.setattr(verifier, "_ask_worker", ask)
+    pairs = [("72", "\\boxed{72\\text{ dollars}}"), ("5", "\\boxed{5}"), ("18", "\\boxed{18\\%}")]
+    try:
+        assert verifier.verify_concurrently(pairs) == [
+            Verdict(1.0, "equivalent (math-verify)"), Verdict(1.0, "numeric match"), Verdict(1.0, "equivalent (math-verify)")]
+    finally:
+        verifier.close()
+    assert len(askers) == 2 and all(name.startswith("hacfed-verifier") for name in askers)
+    assert verifier.worker_starts == 0
+
+
+def test_verify_concurrently_checks_every_gold_first_and_refuses_once_closed(cached: MathVerifier) -> None:
+    with pytest.raises(ValueError, match="non-empty gold answer"):
+        cached.verify_concurrently([("72", "\\boxed{72\\text{ dollars}}"), ("", "\\boxed{1}")])
+    assert cached.worker_calls == 0
+    cached.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        cached.verify_concurrently([("72", "\\boxed{72\\text{ dollars}}")])
