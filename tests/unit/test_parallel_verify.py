@@ -302,3 +302,12 @@ def test_a_dollar_amount_is_decided_in_process_as_math_verify_decides_it(form, m
 def test_other_dollar_forms_still_go_to_math_verify(answer) -> None:
     verifier = MathVerifier(MathVerifierConfig())
     assert not isinstance(verifier._screen("72", f"\\boxed{{{answer}}}"), Verdict), answer
+
+
+def test_a_hostile_dollar_amount_is_refused_by_the_answer_cap_before_any_parse() -> None:
+    verifier = MathVerifier(MathVerifierConfig())
+    got = verifier._screen("72", "\\boxed{\\$" + "9" * 5000 + "}")
+    assert isinstance(got, Verdict) and got.reward == 0.0 and "exceeds 200" in got.reason
+    grouped = "\\$1" + ",000" * 49  # 199 chars, within the cap: a plain grouped number, decided in process
+    assert verifier._screen("72", f"\\boxed{{{grouped}}}") == Verdict(0.0, "wrong answer")
+    assert verifier.worker_starts == 0
