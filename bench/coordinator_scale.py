@@ -390,6 +390,7 @@ def measure(work: Path) -> dict[str, Any]:
                            "rss_bytes": rss.now(), "update_bytes": max(sizes, default=0),
                            "sent_bytes": sum(len(p) for p in payloads.values())})
             sizes.clear()
+            payloads = None  # as the ServerApp's loop: a round's deliveries are gone before the next are built
         peak = rss.peak
     journal = driver.journal
     counts = {t: journal.count(t) for t in ("submissions", "trajectories", "rejections", "strikes")}

@@ -303,6 +303,7 @@ class FederationDriver(LabReplies, RunEnd):
         active = tuple(sorted(p.participant_id for p in self.coordinator.participants() if not p.quarantined))
         key = (next_round, active)
         if key not in self._updates:
+            self._updates = {}  # the last round's pool and blocks go before this one's are built
             update = self.coordinator.make_update(next_round)
             records = self.coordinator.take_pool_records(update.pool_round) if update.pool_round is not None else None
             self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,

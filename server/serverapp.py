@@ -210,6 +210,9 @@ class RoundLoop:
                 time.sleep(self.settings.poll_interval_s)
                 continue
             self.run_round(payloads)
+            # Let the round's deliveries go before the next are built: at 64 labs they are ~380 MB,
+            # and holding them through next_round doubled the peak (bench/coordinator_scale.py).
+            payloads = None
 
     def discover(self) -> None:
         """Say hello to new nodes, collect hello replies, forget nodes that left."""
@@ -274,6 +277,7 @@ class RoundLoop:
                 outstanding[msg_id] = node_id
             else:
                 self.driver.on_error(node_id, "HACFED-E-PUSH-FAILED: the SuperLink refused the message")
+        del messages  # pushed: the SuperLink holds them now
         deadline = time.monotonic() + timeout
         while outstanding and not self.driver.round_done() and time.monotonic() < deadline:
             time.sleep(self.settings.poll_interval_s)

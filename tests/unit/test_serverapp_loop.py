@@ -1,0 +1,70 @@
+"""The ServerApp's round loop (server/serverapp.py `RoundLoop.run`) with a stand-in grid and driver:
+no SuperLink, real Flower `Message`s."""
+
+from __future__ import annotations
+
+import weakref
+
+from hacfed.server.serverapp import LoopSettings, RoundLoop
+
+
+class Payloads(dict):
+    """A round's payloads, as a type a weak reference can follow."""
+
+
+class Driver:
+    """Two rounds of one node's payload; records whether the last round's payloads were still
+    alive when the next round was asked for."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.previous: weakref.ref[Payloads] | None = None
+        self.alive_at_next_round: list[bool] = []
+        self.errors: list[tuple[int, str]] = []
+
+    def finished(self) -> bool:
+        return self.rounds >= 2
+
+    def next_round(self, participants):
+        if self.previous is not None:
+            self.alive_at_next_round.append(self.previous() is not None)
+        self.rounds += 1
+        payloads = Payloads({node: b"delivery %d" % self.rounds for node in participants})
+        self.previous = weakref.ref(payloads)
+        return payloads
+
+    def on_error(self, node_id: int, error: str) -> None:
+        self.errors.append((node_id, error))
+
+    def round_done(self) -> bool:
+        return True
+
+    def close_round(self) -> None:
+        pass
+
+
+class Grid:
+    """One node that is always online; every push is refused, so each round ends at once."""
+
+    def __init__(self) -> None:
+        self.pushed: list[bytes] = []
+
+    def get_node_ids(self):
+        return [7]
+
+    def push_messages(self, messages):
+        self.pushed.extend(m.content["hacfed"]["payload"] for m in messages)
+        return ["" for _ in messages]
+
+    def pull_messages(self, ids):
+        return []
+
+
+def test_a_rounds_deliveries_are_let_go_before_the_next_round_is_built() -> None:
+    driver, grid = Driver(), Grid()
+    loop = RoundLoop(grid, driver, LoopSettings("x:y", 0.01, 5.0, 5.0, 60.0))
+    loop.participants[7] = "lab-a"
+    loop.run()
+    assert grid.pushed == [b"delivery 1", b"delivery 2"]
+    assert [e[0] for e in driver.errors] == [7, 7]  # each refused push reached the driver
+    assert driver.alive_at_next_round == [False]  # round 1's payloads were gone when round 2 was built
