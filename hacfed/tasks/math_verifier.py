@@ -328,7 +328,7 @@ class MathVerifier:
         bad gold answer raises before anything is sent, as in `verify_many`."""
         for gold, _ in pairs:
             _check_gold(gold)
-        askers = self._askers()
+        askers: ThreadPoolExecutor | None = None  # taken at the first request only
         sent: dict[WorkerKey, Future[Verdict]] = {}
         out: list[Verdict | Future[Verdict]] = []
         for gold, response in pairs:
@@ -340,6 +340,7 @@ class MathVerifier:
             if answer is None:
                 answer = self._cache.get(item)
                 if answer is None:
+                    askers = askers or self._askers()
                     answer = sent[item] = askers.submit(self._verify_in_sandbox, item)
                     out.append(answer)
                     continue
