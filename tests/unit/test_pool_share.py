@@ -3,6 +3,7 @@ and that the driver really sends it: own samples always, at most K peers per pro
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -15,8 +16,27 @@ from hacfed.server.coordinator.pool_share import PoolShares
 from hacfed.server.round_updates import RoundUpdates
 from hacfed.trajectory import ChatMessage, Trajectory
 from hacfed.wire import PayloadType, decode_round_update, encode_round_update
-from tests.unit.test_coordinator_fakes import FakeClock
-from tests.unit.test_server_driver import Federation
+from tests.unit.test_coordinator_fakes import TASK, FakeClock, wrong_answer
+from tests.unit.test_server_driver import Federation, ScriptedParticipant
+
+
+class AnswersEverySample(ScriptedParticipant):
+    """A scripted lab whose every sample is `text(gold answer)` with a claimed reward of 1.0: the
+    gold itself makes the strongest lab, a wrong answer a liar."""
+
+    def __init__(self, participant_id: str, text) -> None:
+        super().__init__(participant_id)
+        self._text = text
+
+    def step(self, update, before_checkpoint=None):
+        sub = super().step(update)
+        samples = tuple(dataclasses.replace(t, response_text=(x := self._text(TASK.problem(t.prompt_id).answer)),
+                                            reward=1.0, source_logp_sum=-0.5 * len(x), source_token_count=len(x))
+                        for t in sub.trajectories)
+        sub = dataclasses.replace(sub, trajectories=samples)
+        if before_checkpoint is not None:
+            before_checkpoint(sub)
+        return sub
 
 
 def make_pool(labs: int, prompts: int, group: int, text: str = "x") -> tuple[Trajectory, ...]:
@@ -236,29 +256,12 @@ def test_driver_sends_the_successes_choice(tmp_path: Path) -> None:
     journalled pool, under the salt both transports use."""
     from hacfed.server.coordinator.pool_share import share_salt
 
-    import dataclasses
-
-    from tests.unit.test_coordinator_fakes import TASK
-    from tests.unit.test_server_driver import ScriptedParticipant
-
-    class Strong(ScriptedParticipant):
-        """Solves every prompt: each of its groups holds G successes (the others' hold one)."""
-
-        def step(self, update, before_checkpoint=None):
-            sub = super().step(update)
-            right = tuple(dataclasses.replace(t, response_text=(a := TASK.problem(t.prompt_id).answer), reward=1.0,
-                                              source_logp_sum=-0.5 * len(a), source_token_count=len(a))
-                          for t in sub.trajectories)
-            sub = dataclasses.replace(sub, trajectories=right)
-            if before_checkpoint is not None:
-                before_checkpoint(sub)
-            return sub
-
     fed = Federation(tmp_path, FakeClock(), expected_participants=4, min_participants=4, pool_peers_per_prompt=1,
                      pool_peer_choice="successes")
     for node in range(1, 4):
         fed.add(node, f"lab-{node}")
-    fed.add(4, "lab-4", participant=Strong("lab-4"))
+    # Solves every prompt: each of its groups holds G successes (the others' hold one).
+    fed.add(4, "lab-4", participant=AnswersEverySample("lab-4", lambda gold: gold))
     fed.run()
     full = fed.driver.journal.pool(0)
     cfg = fed.driver.cfg
@@ -316,28 +319,13 @@ def test_claimed_rewards_do_not_buy_a_place_in_the_successes_choice(tmp_path: Pa
     """A hostile lab that claims reward 1.0 for wrong answers (so its claims promise the most
     successes) is ranked by the coordinator's re-verified rewards, never its claims: no other lab is
     sent its groups in place of an honest peer's verified successes."""
-    import dataclasses
-
     from hacfed.server.coordinator.pool_share import share_salt
-    from tests.unit.test_coordinator_fakes import TASK, wrong_answer
-    from tests.unit.test_server_driver import ScriptedParticipant
-
-    class Liar(ScriptedParticipant):
-        def step(self, update, before_checkpoint=None):
-            sub = super().step(update)
-            lies = tuple(dataclasses.replace(t, response_text=(w := wrong_answer(TASK.problem(t.prompt_id).answer)),
-                                             reward=1.0, source_logp_sum=-0.5 * len(w), source_token_count=len(w))
-                         for t in sub.trajectories)
-            sub = dataclasses.replace(sub, trajectories=lies)
-            if before_checkpoint is not None:
-                before_checkpoint(sub)
-            return sub
 
     fed = Federation(tmp_path, FakeClock(), expected_participants=4, min_participants=3, pool_peers_per_prompt=1,
                      pool_peer_choice="successes")
     for node in range(1, 4):
         fed.add(node, f"lab-{node}")
-    fed.add(4, "liar", participant=Liar("liar"))
+    fed.add(4, "liar", participant=AnswersEverySample("liar", wrong_answer))
     honest = [service.participant for _, (pid, service) in fed.nodes.items() if pid != "liar"]
     for _ in range(10):  # until every honest lab got round 0's pool (the liar, quarantined, keeps the run open)
         if all(len(p.updates) >= 2 for p in honest):
