@@ -12,7 +12,7 @@ Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 
      (optional sign, optional 1,000-style grouping), they are compared exactly as `Decimal`s, in
      process, without the worker. This decides most GSM8K items. It is exact where math-verify
      rounds to 6 places, so "0.3333333" vs gold "0.333333" is 0 here. An answer that is a dollar
-     sign and a plain decimal (`\\$72`, `\\$ 1,080.50`: money, the commonest non-plain GSM8K
+     sign and a plain decimal in ASCII digits (`\\$72`, `\\$ 1,080.50`: money, the commonest non-plain GSM8K
      answer) is compared the same way, by its number: math-verify drops the sign and gives the same
      verdict (tests/unit/test_parallel_verify.py checks both on a grid of forms);
   5. otherwise the sandboxed worker (`hacfed.tasks.sandbox`) parses both sides with math-verify's
@@ -202,11 +202,13 @@ def _plain_answer(answer: str) -> int | Decimal | None:
 
 
 def _dollar_amount(answer: str) -> int | Decimal | None:
-    """The number of `\\$N` or `\\$ N` with N a plain decimal (`_plain_answer`), else None."""
+    """The number of `\\$N` or `\\$ N` with N a plain decimal in ASCII digits, else None. (The
+    plain path also reads other scripts' digits, "٧٢" = 72; math-verify does not, and this path
+    gives only math-verify's verdicts.)"""
     rest = answer[len(_DOLLAR):]
     if rest.startswith(" "):
         rest = rest[1:]
-    if not rest or rest[0].isspace():
+    if not rest or rest[0].isspace() or not rest.isascii():
         return None
     return _plain_answer(rest)
 

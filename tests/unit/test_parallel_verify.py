@@ -298,6 +298,7 @@ def test_a_dollar_amount_is_decided_in_process_as_math_verify_decides_it(form, m
 
 @pytest.mark.parametrize("answer", [
     "\\$  72", "\\$\t72", "\\$", "\\$\\$72", "\\$72\\text{ units}", "\\$72\\%", "$72", "72\\$", "-\\$72", "\\$(72)",
+    "\\$٧٢", "\\$\u00a072",  # other scripts' digits (math-verify: not 72), a no-break space
 ])
 def test_other_dollar_forms_still_go_to_math_verify(answer) -> None:
     verifier = MathVerifier(MathVerifierConfig())
