@@ -343,7 +343,8 @@ def measure(work: Path) -> dict[str, Any]:
 
     settings = DriverSettings.read(work / "driver-settings.json")
     driver = driver_mod.FederationDriver(settings)
-    driver_mod.freeze_startup_objects()  # as make_driver does in the ServerApp
+    driver_mod.keep_freed_memory()  # as make_driver does in the ServerApp
+    driver_mod.freeze_startup_objects()
     clock, sizes = PhaseClock(), []
     cfg = settings.coordinator_config
     labs = lab_ids(cfg.expected_participants)

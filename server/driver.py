@@ -50,6 +50,7 @@ from hacfed.exchange import seal_delivery
 from hacfed.flower_pulls import shorten_pull_retries
 from hacfed.hello import HELLO_REQUEST_TYPE, hello_challenge
 from hacfed.identity import is_participant_id
+from hacfed.server.allocator import keep_freed_memory
 from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
@@ -440,6 +441,7 @@ def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
     from flwr.superlink.grid import grpc_grid  # the ServerApp's Grid: a reply's content still arriving is
     shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages])  # retried after 20 ms, not 1 s
     driver = FederationDriver(DriverSettings.read(path))
+    keep_freed_memory()
     freeze_startup_objects()
     return driver
 
