@@ -4,7 +4,8 @@
 
 What it measures is the coordinator's own work in one round, in the ServerApp's code path: the
 round driver (`hacfed.server.driver.FederationDriver`) is called exactly as the ServerApp's round
-loop calls it (`next_round`, then `on_reply` with each lab's reply bytes, then `close_round`), over
+loop calls it (`next_round`, then `on_replies` with the reply bytes of one pull, `--replies-per-pull`
+labs at a time, default 8, then `close_round`), over
 the real `Coordinator`, SQLite journal (WAL, synchronous=FULL), audit log and GSM8K reward verifier
 (math-verify behind its numeric fast path). Flower's transport is left out: the labs' replies are
 handed over in process. Each reply is what a lab really sends: a `Submission` encoded by
@@ -23,13 +24,15 @@ RSS is the coordinator's alone. Per round it reports the coordinator time split 
   decode   open_lab_reply + open_envelope (Ed25519) + decode_submission (protobuf -> dataclasses)
   intake   caps and whole-submission gates, the content digest (sha256 of the submitted wire bytes),
            the accepted samples' pool records cut from those bytes
-  validate the cheap per-trajectory checks of `validate_submission`
-  reward   reward re-verification (`task.verify` of every sample, over two threads and up to two
-           sandboxed math-verify workers; the workers' CPU is reported as "+wrk s")
+  validate the cheap per-trajectory checks of `start_validation`, and judging the verified groups
+  reward   reward re-verification: screening every sample in process and sending the rest to up to
+           two sandboxed math-verify workers, and later waiting for their verdicts (the workers' CPU
+           is reported as "+wrk s"). The driver begins the next lab's submission of a pull before
+           it waits for these verdicts, so the wait is mostly hidden behind that work.
   journal  SQLite: the used-id and policy-version lookups and `record_submission` (one transaction, audit line)
   answers  the signed receipts
   poll     `round_done`, which the ServerApp's round loop calls after each pull while a round is open
-           (every 0.2 s); here once after each reply
+           (every 0.2 s); here once after each pull
   close    `close_round` (capabilities, round summary, metrics rows)
   pool     the next round's update: the pool (kept from intake with the records cut from the
            submitted bytes, or read back from the journal and encoded), each lab's selection
@@ -83,9 +86,10 @@ class ScaleConfig:
     seed: int = 0
     correct_fraction: float = 0.35
     nonplain_fraction: float = 0.02  # non-plain answers: \$N (fast path), N\text{ units}, N\% (math-verify)
+    replies_per_pull: int = 8  # how many labs' replies one pull of the ServerApp's round loop brings
 
     def __post_init__(self) -> None:
-        for name in ("labs", "prompts", "group_size", "rounds"):
+        for name in ("labs", "prompts", "group_size", "rounds", "replies_per_pull"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ScaleConfig.{name} must be an int >= 1, got {value!r}")
@@ -233,6 +237,14 @@ class PhaseClock:
                 return fn(*args, **kwargs)
         return timed
 
+    def wrap_halves(self, name: str, fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
+        """`wrap` of a function that does its work in two halves (it returns the second: a function
+        of no arguments, `Coordinator.begin_submit` and the like): both halves are timed as `name`."""
+        def timed(*args: Any, **kwargs: Any) -> Callable[[], Any]:
+            with self.phase(name):
+                return self.wrap(name, fn(*args, **kwargs))
+        return timed
+
     def take(self) -> dict[str, float]:
         out, self.totals = self.totals, {p: 0.0 for p in PHASES}
         return out
@@ -257,8 +269,8 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
     try:
         for name in ("open_lab_reply", "open_envelope", "decode_submission"):
             patch(replies, name, clock.wrap("decode", getattr(replies, name)))
-        patch(intake, "validate_submission", clock.wrap("validate", intake.validate_submission))
-        patch(validation, "_verified_rewards", clock.wrap("reward", validation._verified_rewards))
+        patch(intake, "start_validation", clock.wrap_halves("validate", intake.start_validation))
+        patch(validation, "_start_verified_rewards", clock.wrap_halves("reward", validation._start_verified_rewards))
         for name in ("record_submission", "used_trajectory_ids", "last_policy_version"):
             patch(driver.journal, name, clock.wrap("journal", getattr(driver.journal, name)))
         patch(driver.answers, "receipt", clock.wrap("answers", driver.answers.receipt))
@@ -274,7 +286,7 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         patch(round_updates, "round_update_parts", splice_update)
         patch(round_updates, "encode_pool_items", clock.wrap("pool", round_updates.encode_pool_items))
         patch(driver, "_round_payloads", clock.wrap("pool", driver._round_payloads))
-        patch(driver.coordinator, "submit", clock.wrap("intake", driver.coordinator.submit))
+        patch(driver.coordinator, "begin_submit", clock.wrap_halves("intake", driver.coordinator.begin_submit))
         patch(driver.coordinator, "make_update", clock.wrap("pool", driver.coordinator.make_update))
         yield
     finally:
@@ -336,8 +348,10 @@ def reference_work_s() -> float:
     return time.perf_counter() - start
 
 
-def measure(work: Path) -> dict[str, Any]:
-    """Run every round of the generated run through a fresh FederationDriver; per-round phases."""
+def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
+    """Run every round of the generated run through a fresh FederationDriver, handing it the labs'
+    replies `replies_per_pull` at a time as the ServerApp's round loop hands over one pull's
+    (`FederationDriver.on_replies`); per-round phases."""
     import hacfed.server.driver as driver_mod
     from hacfed.server.driver_settings import DriverSettings
 
@@ -364,15 +378,17 @@ def measure(work: Path) -> dict[str, Any]:
             total += time.perf_counter() - start
             if sorted(payloads) != sorted(participants):
                 raise RuntimeError(f"round {round_id}: the driver sent to {sorted(payloads)}, not every lab")
-            for node, pid in participants.items():
-                data = (work / "replies" / str(round_id) / f"{pid}.bin").read_bytes()  # not timed: transport
+            nodes = list(participants.items())
+            for first in range(0, len(nodes), replies_per_pull):
+                pulled = [(node, (work / "replies" / str(round_id) / f"{pid}.bin").read_bytes())  # not timed:
+                          for node, pid in nodes[first:first + replies_per_pull]]  # the transport's pull
                 start = time.perf_counter()
                 with clock.phase("other"):
-                    driver.on_reply(node, data)
+                    driver.on_replies(pulled)
                 with clock.phase("poll"):  # the round loop asks after every pull (every 0.2 s) while waiting
                     done = driver.round_done()
                 total += time.perf_counter() - start
-                del data
+                del pulled
             if not done:
                 raise RuntimeError(f"round {round_id}: every lab submitted but the round is not done")
             start = time.perf_counter()
@@ -497,11 +513,12 @@ def run_point(cfg: ScaleConfig, work: Path, *, isolate: bool = True) -> dict[str
     generated = generate(cfg, work)
     if isolate:
         out = work / "measured.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--measure", str(work), "--measure-out", str(out)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--measure", str(work), "--measure-out", str(out),
+               "--replies-per-pull", str(cfg.replies_per_pull)]
         subprocess.run(cmd, check=True, start_new_session=True, env=dict(os.environ))
         measured = json.loads(out.read_text(encoding="utf-8"))
     else:
-        measured = measure(work)
+        measured = measure(work, cfg.replies_per_pull)
     return summarize(cfg, generated, measured)
 
 
@@ -550,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nonplain-fraction", type=float, default=0.02,
                         help="share of non-plain answers (\\$72, 72\\text{ units}, 72\\%%; default 0.02)")
+    parser.add_argument("--replies-per-pull", type=int, default=8,
+                        help="labs' replies handed to the driver together, as one pull of the ServerApp's "
+                             "round loop brings them (default 8; 1: every reply alone)")
     parser.add_argument("--out", type=Path, help="write the JSON results here")
     parser.add_argument("--work-dir", type=Path, help="keep the journals here (default: a temporary folder)")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
@@ -560,16 +580,17 @@ def main(argv: list[str] | None = None) -> int:
             import cProfile
 
             with cProfile.Profile() as profile:
-                measured = measure(args.measure)
+                measured = measure(args.measure, args.replies_per_pull)
             profile.dump_stats(os.environ["HACFED_SCALE_PROFILE"])
         else:
-            measured = measure(args.measure)
+            measured = measure(args.measure, args.replies_per_pull)
         args.measure_out.write_text(json.dumps(measured), encoding="utf-8")
         return 0
     try:
         counts = [int(x) for x in args.labs.split(",") if x.strip()]
         configs = [ScaleConfig(labs=n, prompts=args.prompts, group_size=args.group_size, rounds=args.rounds,
-                               seed=args.seed, nonplain_fraction=args.nonplain_fraction) for n in counts]
+                               seed=args.seed, nonplain_fraction=args.nonplain_fraction,
+                               replies_per_pull=args.replies_per_pull) for n in counts]
     except ValueError as exc:
         print(f"coordinator_scale: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,6 +108,7 @@ class FederationDriver(LabReplies, RunEnd):
         self.metrics_out = Path(settings.metrics_out)
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
         self._sent: dict[int, _Sent] = {}
+        self._judging: deque[tuple[str, Callable[[], None]]] = deque()  # `on_replies`, `LabReplies._judge`
         self._retry_at: dict[str, float] = {}
         self._last_error: dict[str, str] = {}
         self._told: set[str] = set()
@@ -201,8 +203,28 @@ class FederationDriver(LabReplies, RunEnd):
         return reason is None
 
     def on_reply(self, node_id: int, payload: bytes) -> None:
+        self.on_replies([(node_id, payload)])
+
+    def on_replies(self, replies: Iterable[tuple[int, bytes]]) -> None:
+        """The replies of one pull, in order. Each lab's submission is begun (`Coordinator.begin_submit`:
+        gates, cheap checks, reward verification sent to the verifier's workers) before the one
+        before it is finished (verdicts, journal, answer), so the workers verify one lab's samples
+        while this thread decodes and checks the next lab's (bench/coordinator_scale.py). Every
+        submission is journaled and answered before this returns, as with `on_reply`."""
         with self._fail_closed_guard():
-            self._on_reply(node_id, payload)
+            try:
+                for node_id, payload in replies:
+                    self._on_reply(node_id, payload)
+                    self._timed_finish(keep=1)
+            finally:
+                self._timed_finish(keep=0)
+
+    def _timed_finish(self, keep: int) -> None:
+        started = self._monotonic()
+        try:
+            self._finish_judging(keep)
+        finally:
+            self._coordinator_s += self._monotonic() - started
 
     def _on_reply(self, node_id: int, payload: bytes) -> None:
         started = self._monotonic()

@@ -12,15 +12,22 @@ request. Each signed submission in it goes through, in this order:
      whose node sent the reply (T5);
   3. decoding, which refuses more trajectories than a full plan (`Coordinator.max_trajectories`),
      too many prompt messages or report metrics before building any (`hacfed.wire`, S4);
-  4. the coordinator (`Coordinator.submit`, or `record_final_report` after the last round).
+  4. the coordinator (`Coordinator.begin_submit`, or `record_final_report` after the last round).
 and gets exactly one answer (`hacfed.server.answers`): a signed receipt or a signed refusal.
+A submission is judged in two halves: begun here (gates, cheap checks, reward requests sent to the
+verifier's workers) and finished by `_finish_judging` (verdicts, journal, answer), which the driver
+calls after it has begun the next reply of the same pull (`FederationDriver.on_replies`), so the
+workers verify one lab's samples while the next lab's are decoded and checked. A lab's second
+submission (a reply's resends come first) is begun only after its first is finished.
 Also here: trust on first use (key requests and offers) and the notice to a node whose id is not
 registered (carried by its next hello).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, open_envelope, seal
 from hacfed.exchange import open_lab_reply
@@ -29,6 +36,7 @@ from hacfed.keys import KEY_REQUEST_TYPE
 from hacfed.messages import Submission
 from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator.errors import ErrorCode, safe_text
+from hacfed.server.coordinator.results import SubmissionResult
 from hacfed.server.reporting import StepTimes, rejection_line
 from hacfed.wire import PayloadType, WireError, decode_submission
 
@@ -48,6 +56,8 @@ class _Sent:
 
 class LabReplies:
     """The reply-handling half of `FederationDriver` (see the module docstring)."""
+
+    _judging: deque[tuple[str, Callable[[], None]]]  # begun submissions: (participant, finish and answer)
 
     def _take_reply(self, sent: _Sent, payload: bytes, round_trip_s: float) -> None:
         """A LabReply: its resends (oldest first), then the submission answering the request."""
@@ -85,7 +95,23 @@ class LabReplies:
                 and not submission.trajectories:
             self._final_report(sent, submission, primary)
             return
-        result = self.coordinator.submit(submission, sender=pid, admitted=True, encoded=body)
+        if any(judged_pid == pid for judged_pid, _ in self._judging):
+            self._finish_judging()  # the coordinator takes one submission of a lab at a time
+        finish = self.coordinator.begin_submit(submission, sender=pid, admitted=True, encoded=body)
+        self._judging.append((pid, lambda: self._answer(sent, submission, finish(), primary, round_trip_s)))
+
+    def _finish_judging(self, keep: int = 0) -> None:
+        """Finish the submissions begun (`Coordinator.begin_submit`), oldest first, all but the
+        last `keep`: each waits for its verdicts, is journaled and answered (`_answer`)."""
+        while len(self._judging) > keep:
+            _, finish = self._judging.popleft()
+            finish()
+
+    def _answer(self, sent: _Sent, submission: Submission, result: SubmissionResult, primary: bool,
+                round_trip_s: float) -> None:
+        """The answer to a judged submission: its receipt (built from what the journal stored, after
+        its COMMIT: R2) or its refusal, and its console lines."""
+        pid = sent.participant_id
         if result.refusal is not None:
             refusal = result.rejected[0]
             self._refuse(sent, refusal.code.value, refusal.detail, primary=primary, journaled=True,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Protocol, runtime_checkable
@@ -60,8 +60,8 @@ class RoundDriver(Protocol):
         """Payloads of the next round by node id (a subset of `participants`, node id ->
         participant id), or None (or {}) to wait, e.g. for a quorum, and be asked again."""
 
-    def on_reply(self, node_id: int, payload: bytes) -> None:
-        """A participant's reply bytes for the current round."""
+    def on_replies(self, replies: Sequence[tuple[int, bytes]]) -> None:
+        """The (node id, reply bytes) of one pull for the current round, in the order pulled."""
 
     def on_error(self, node_id: int, error: str) -> None:
         """A node's failure for the current round, as "HACFED-E-...: message"."""
@@ -133,7 +133,7 @@ def load_driver(spec: str, run_config: Mapping[str, object]) -> RoundDriver:
     if not callable(factory):
         raise ValueError(f"driver {spec!r}: {attr!r} is not a callable in {module_name}")
     driver = factory(run_config)
-    missing = [m for m in ("next_round", "on_reply", "on_error", "round_done", "close_round", "finished", "hello",
+    missing = [m for m in ("next_round", "on_replies", "on_error", "round_done", "close_round", "finished", "hello",
                            "identify") if not callable(getattr(driver, m, None))]
     if missing:
         raise ValueError(f"driver {spec!r} built a {type(driver).__name__} without {', '.join(missing)}")
@@ -281,6 +281,7 @@ class RoundLoop:
         deadline = time.monotonic() + timeout
         while outstanding and not self.driver.round_done() and time.monotonic() < deadline:
             time.sleep(self.settings.poll_interval_s)
+            replied: list[tuple[int, bytes]] = []  # handed over together: the driver overlaps their judging
             for reply in self.grid.pull_messages(list(outstanding)):
                 node_id = outstanding.pop(reply.metadata.reply_to_message_id, None)
                 if node_id is None:
@@ -292,9 +293,12 @@ class RoundLoop:
                     printable(relayed.participant_id), f"replied {len(relayed.payload)} bytes"
                     if relayed.payload is not None else f"failed: {relayed.error}", relayed.torch_loaded)
                 if relayed.payload is not None:
-                    self.driver.on_reply(node_id, relayed.payload)
+                    replied.append((node_id, relayed.payload))
                 else:
                     self.driver.on_error(node_id, str(relayed.error))
+            if replied:
+                self.driver.on_replies(replied)
+            del replied
             self.discover()
         reason = (f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s" if time.monotonic() >= deadline
                   else "HACFED-E-ROUND-CLOSED: the round closed before this node replied")

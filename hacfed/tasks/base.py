@@ -42,6 +42,9 @@ class Task(Protocol):
     # each item in order, for a task that verifies a batch faster than item by item (the GSM8K-style
     # `MathDataTask`: its math-verify requests run while the rest is screened). The coordinator
     # uses it when present and `verify_threads` > 1; the verdicts must be `verify`'s.
+    # Optional too: `start_verify_batch(items) -> Callable[[], list[Verdict]]`, `verify_batch` in
+    # two halves (the work that needs the caller's thread now, then a function that waits for the
+    # rest and gives the verdicts), so the coordinator can judge the next submission meanwhile.
 
 
 class SplitLookup:

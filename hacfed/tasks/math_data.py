@@ -110,7 +110,12 @@ class MathDataTask(SplitLookup):
         """`verify` of each (problem, response), in order, the math-verify requests sent while the
         rest is screened (`MathVerifier.verify_concurrently`): the coordinator's re-verification
         of a submission."""
-        return self._verifier.verify_concurrently([(problem.answer, response) for problem, response in items])
+        return self.start_verify_batch(items)()
+
+    def start_verify_batch(self, items: Sequence[tuple[Problem, str]]) -> Callable[[], list[Verdict]]:
+        """`verify_batch` in two halves (`MathVerifier.start_concurrently`): every response is
+        screened and the math-verify requests are sent now; the function returned waits for them."""
+        return self._verifier.start_concurrently([(problem.answer, response) for problem, response in items])
 
     @cached_property
     def _verifier(self) -> MathVerifier:

@@ -328,6 +328,13 @@ class MathVerifier:
         max(screening, requests / workers) instead of their sum (bench/coordinator_scale.py's reward
         phase). The verdicts are `verify`'s; a request repeated in the call is sent once, and a
         bad gold answer raises before anything is sent, as in `verify_many`."""
+        return self.start_concurrently(pairs)()
+
+    def start_concurrently(self, pairs: Sequence[tuple[str, str]]) -> Callable[[], list[Verdict]]:
+        """`verify_concurrently` in two halves: this call screens every pair and sends the requests
+        that need math-verify; the function it returns waits for their verdicts and gives the list.
+        Between the two the caller may do other work while the workers decide (the coordinator
+        decodes and checks the next lab's submission: `hacfed.server.replies`)."""
         for gold, _ in pairs:
             _check_gold(gold)
         askers: ThreadPoolExecutor | None = None  # taken at the first request only
@@ -349,7 +356,7 @@ class MathVerifier:
             with self._pool:
                 self.cache_hits += 1
             out.append(answer)
-        return [v if isinstance(v, Verdict) else v.result() for v in out]
+        return lambda: [v if isinstance(v, Verdict) else v.result() for v in out]
 
     def _askers(self) -> ThreadPoolExecutor:
         """The helper threads of `verify_concurrently`, one per possible worker, started on first use."""

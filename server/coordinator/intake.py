@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 from hacfed.crashpoints import crash_point
 from hacfed.messages import Submission
@@ -25,13 +26,14 @@ from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
 from hacfed.server.coordinator.journal import SubmissionRecord
 from hacfed.server.coordinator.results import Receipt, SubmissionResult
 from hacfed.server.coordinator.validation import (
-    Rejection, ValidationLimits, check_report, is_short_id, json_submission_digest, quick_size_rejection, report_to_dict,
-    submission_digest, validate_submission,
+    Rejection, ValidationLimits, ValidationOutcome, check_report, is_short_id, json_submission_digest,
+    quick_size_rejection, report_to_dict, start_validation, submission_digest,
 )
 from hacfed.trajectory import Trajectory
 from hacfed.wire.pool_splice import submission_pool_records
 
 log = logging.getLogger("hacfed.server.coordinator")
+JUDGING_RETRY_S = 1.0  # the retry-after of a submission refused while another of its lab is judged
 
 
 class SubmissionIntake:
@@ -71,24 +73,53 @@ class SubmissionIntake:
         being encoded again for the next round's update. Only ever the bytes `sub` came from.
         An identical resend returns the stored result and receipt; nothing is written twice.
         """
+        return self.begin_submit(sub, sender, admitted=admitted, encoded=encoded)()
+
+    def begin_submit(
+        self, sub: Submission, sender: str | None = None, *, admitted: bool = False, encoded: bytes | None = None,
+    ) -> Callable[[], SubmissionResult]:
+        """`submit` in two halves. Now: the gates, the cheap checks, and the start of reward
+        verification (the verifier's workers decide while the caller goes on). The function
+        returned (call it once) waits for the verdicts, journals the submission and returns its
+        result only after the COMMIT (the ACK point, R2), as `submit` does.
+
+        Between the two the caller may begin another participant's submission: the driver begins
+        the next lab's while the workers verify this one (`hacfed.server.replies`). A second
+        submission of the same participant is refused (DUPLICATE) until the first is finished, so
+        no gate ever reads the journal without a submission of the same participant it should see."""
         with self._lock:
             if self.failed_closed is not None:
-                return SubmissionResult((), (self._closed_rejection(),), None)
+                return _finished(SubmissionResult((), (self._closed_rejection(),), None))
             try:
                 gate = self._gate(sub, sender, admitted, encoded)
                 if isinstance(gate, SubmissionResult):
-                    return gate
+                    return _finished(gate)
                 if isinstance(gate, Rejection):  # (a NamedTuple: test it before the plain tuple)
                     rid = sub.round_id if isinstance(sub, Submission) and isinstance(sub.round_id, int) else None
                     self._journal_refusal(_refused_sender(sub, sender), rid, gate)
-                    return SubmissionResult((), (gate,), None)
-                n_bytes, digest = gate
-                with self._audited():
-                    result = self._judge_and_record(sub, self._clock(), n_bytes, digest, encoded)
+                    return _finished(SubmissionResult((), (gate,), None))
             except AuditError:
+                return _finished(SubmissionResult((), (self._closed_rejection(),), None))
+            n_bytes, digest = gate
+            received = self._clock()
+            outcome = self._start_judging(sub)
+            self._judging.add(sub.participant_id)
+
+        def finish() -> SubmissionResult:
+            with self._lock:
+                try:
+                    if self.failed_closed is None:  # (it may have failed while this one was verified)
+                        with self._audited():
+                            result = self._record(sub, received, n_bytes, digest, outcome(), encoded)
+                        crash_point("after_commit_before_ack")
+                        return result
+                except AuditError:
+                    pass
+                finally:
+                    self._judging.discard(sub.participant_id)
                 return SubmissionResult((), (self._closed_rejection(),), None)
-            crash_point("after_commit_before_ack")
-            return result
+
+        return finish
 
     def _journal_refusal(self, pid: str | None, round_id: int | None, problem: Rejection) -> None:
         with self._audited():
@@ -158,14 +189,17 @@ class SubmissionIntake:
             latest_closed = self.journal.latest_closed_round()
             code = ErrorCode.ROUND_CLOSED if latest_closed and latest_closed.round_id == sub.round_id else ErrorCode.STALE_ROUND
             return Rejection(None, code, f"round {sub.round_id} is {record.state.lower()}")
+        if pid in self._judging:
+            detail = f"another submission of {pid} is being judged; resend this one after it"
+            return Rejection(None, ErrorCode.DUPLICATE, detail, retry_after_s=JUDGING_RETRY_S)
         seq = self.journal.submission_seq(pid, sub.round_id)
         if seq is not None:
             return Rejection(None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})")
         return n_bytes, digest
 
-    def _judge_and_record(
-        self, sub: Submission, now: float, n_bytes: int, digest: str, encoded: bytes | None = None,
-    ) -> SubmissionResult:
+    def _start_judging(self, sub: Submission) -> Callable[[], ValidationOutcome]:
+        """The cheap checks of every trajectory now, the reward verification started
+        (`start_validation`); the function returned gives the outcome."""
         pid, round_id = sub.participant_id, sub.round_id
         plan = self.plan_for(round_id)
         limits = ValidationLimits(
@@ -177,7 +211,13 @@ class SubmissionIntake:
             verify_threads=self.cfg.verify_threads,
         )
         used = self.journal.used_trajectory_ids(pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)])
-        outcome = validate_submission(sub, plan, self.task, limits, used)
+        return start_validation(sub, plan, self.task, limits, used)
+
+    def _record(
+        self, sub: Submission, now: float, n_bytes: int, digest: str, outcome: ValidationOutcome,
+        encoded: bytes | None = None,
+    ) -> SubmissionResult:
+        pid, round_id = sub.participant_id, sub.round_id
         strikes = outcome.strikes
         window_start = round_id - self.cfg.strike_window_rounds + 1
         quarantine = bool(strikes) and (
@@ -257,3 +297,8 @@ def _refused_sender(sub: object, sender: str | None) -> str | None:
     if sender is not None:
         return safe_text(sender)
     return safe_text(sub.participant_id) if isinstance(sub, Submission) else None
+
+
+def _finished(result: SubmissionResult) -> Callable[[], SubmissionResult]:
+    """The second half of a `begin_submit` decided by the gates alone."""
+    return lambda: result

@@ -82,6 +82,7 @@ class Coordinator(SubmissionIntake):
             quota_trajectories=cfg.quota_trajectories, clock=clock, round_retry_s=self._round_retry_s,
         )
         self.failed_closed: str | None = None  # why the audit log failed; then every submission is refused
+        self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
 
     @contextmanager
     def _audited(self) -> Iterator[None]:

@@ -39,7 +39,7 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Collection, Iterable, NamedTuple
+from typing import Any, Callable, Collection, Iterable, NamedTuple, Sequence
 
 from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
 from hacfed.messages import RoundPlan, StepReport, Submission
@@ -257,6 +257,19 @@ def validate_submission(
     used_trajectory_ids: ids of this submission that its participant already used (ids are namespaced
       by their source: another participant's ids never collide with them).
     """
+    return start_validation(sub, plan, task, limits, used_trajectory_ids)()
+
+
+def start_validation(
+    sub: Submission,
+    plan: RoundPlan,
+    task: Task,
+    limits: ValidationLimits,
+    used_trajectory_ids: Collection[str] = frozenset(),
+) -> Callable[[], ValidationOutcome]:
+    """`validate_submission` in two halves: the cheap checks run and the reward verification starts
+    now; the function returned waits for the verdicts and gives the outcome. With a task that has
+    `start_verify_batch` the verifier's workers decide meanwhile (`_start_verified_rewards`)."""
     planned = {p.prompt_id: (pos, p.messages) for pos, p in enumerate(plan.prompts)}
     rejections: list[Rejection] = []
     groups: dict[str, list[tuple[Trajectory, Rejection | None]]] = {}
@@ -286,17 +299,23 @@ def validate_submission(
         problem = task.problem(prompt_id)
         to_verify.extend((problem, t) for t, _ in samples)
         judged.append((prompt_id, pos, samples, []))
-    verified = iter(_verified_rewards(task, to_verify, limits.verify_threads))
-    accepted: list[AcceptedTrajectory] = []
-    for prompt_id, pos, samples, group_rejections in judged:
-        if samples is None:
-            rejections.extend(group_rejections)
-            continue
-        group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, [next(verified) for _ in samples])
-        accepted.extend(group_accepted)
-        rejections.extend(group_rejections)
+    rewards = _start_verified_rewards(task, to_verify, limits.verify_threads)
     report_rejection = check_report(sub.report, sub.participant_id, sub.round_id)
-    return ValidationOutcome(tuple(accepted), tuple(rejections), report_rejection)
+
+    def outcome() -> ValidationOutcome:
+        verified = iter(rewards())
+        accepted: list[AcceptedTrajectory] = []
+        refused = list(rejections)
+        for prompt_id, pos, samples, group_rejections in judged:
+            if samples is None:
+                refused.extend(group_rejections)
+                continue
+            group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, [next(verified) for _ in samples])
+            accepted.extend(group_accepted)
+            refused.extend(group_rejections)
+        return ValidationOutcome(tuple(accepted), tuple(refused), report_rejection)
+
+    return outcome
 
 
 def _cheap_group_rejections(
@@ -340,16 +359,33 @@ def _judge_rewards(
     return accepted, []
 
 
+def _start_verified_rewards(
+    task: Task, items: list[tuple[Any, Trajectory]], threads: int,
+) -> Callable[[], list[float]]:
+    """`_verified_rewards` in two halves when the task has `start_verify_batch` and `threads` > 1
+    (its requests are sent now, the function returned waits for them); else computed now."""
+    start = getattr(task, "start_verify_batch", None)
+    if threads > 1 and callable(start):
+        pending = start([(problem, t.response_text) for problem, t in items])
+        return lambda: _checked_rewards(task, pending(), len(items), "start_verify_batch")
+    rewards = _verified_rewards(task, items, threads)
+    return lambda: rewards
+
+
+def _checked_rewards(task: Task, verdicts: Sequence[Any], n: int, method: str) -> list[float]:
+    if len(verdicts) != n:
+        raise ValueError(f"task {task.name!r} {method} gave {len(verdicts)} verdicts for {n} samples")
+    return [_checked_reward(task, v.reward) for v in verdicts]
+
+
 def _verified_rewards(task: Task, items: list[tuple[Any, Trajectory]], threads: int) -> list[float]:
     """`_verified_reward` of each (problem, sample), in order, over at most `threads` threads
     (contiguous slices, the first in the calling thread); a verifier error propagates. A task with
     `verify_batch` (`hacfed.tasks.base.Task`) gets the whole batch instead when `threads` > 1."""
     batch = getattr(task, "verify_batch", None)
     if threads > 1 and callable(batch):
-        verdicts = batch([(problem, t.response_text) for problem, t in items])
-        if len(verdicts) != len(items):
-            raise ValueError(f"task {task.name!r} verify_batch gave {len(verdicts)} verdicts for {len(items)} samples")
-        return [_checked_reward(task, v.reward) for v in verdicts]
+        return _checked_rewards(task, batch([(problem, t.response_text) for problem, t in items]), len(items),
+                                "verify_batch")
     n = min(threads, len(items) // MIN_SAMPLES_PER_THREAD) if threads > 1 else 1
     if n <= 1:
         return [_verified_reward(task, problem, t) for problem, t in items]

@@ -216,8 +216,9 @@ class RecordingDriver:
         self.on_next_round(self.round)
         return {n: f"r{self.round}-{p}".encode() for n, p in participants.items()}
 
-    def on_reply(self, node_id: int, payload: bytes) -> None:
-        self.log.append((self.round, "reply", node_id, payload))
+    def on_replies(self, replies) -> None:
+        for node_id, payload in replies:
+            self.log.append((self.round, "reply", node_id, payload))
 
     def on_error(self, node_id: int, error: str) -> None:
         self.log.append((self.round, "error", node_id, error.split(":")[0]))
@@ -366,9 +367,10 @@ class EchoDriver:
         result["seconds"] = round(time.monotonic() - self.started, 3)
         self.results[self.names[node_id]] = result
 
-    def on_reply(self, node_id: int, payload: bytes) -> None:
-        expected = echo_reply(self.names[node_id], self.sent[node_id])
-        self._record(node_id, ok=payload == expected, bytes=len(payload), head=payload[:40].decode())
+    def on_replies(self, replies) -> None:
+        for node_id, payload in replies:
+            expected = echo_reply(self.names[node_id], self.sent[node_id])
+            self._record(node_id, ok=payload == expected, bytes=len(payload), head=payload[:40].decode())
 
     def on_error(self, node_id: int, error: str) -> None:
         self._record(node_id, error=error)

@@ -68,3 +68,59 @@ def test_a_rounds_deliveries_are_let_go_before_the_next_round_is_built() -> None
     assert grid.pushed == [b"delivery 1", b"delivery 2"]
     assert [e[0] for e in driver.errors] == [7, 7]  # each refused push reached the driver
     assert driver.alive_at_next_round == [False]  # round 1's payloads were gone when round 2 was built
+
+
+class _Reply:
+    """What `parse_reply` reads of a relay's reply Message: its content, type and the message it answers."""
+
+    def __init__(self, reply_to: str, payload: bytes) -> None:
+        from flwr.app import ConfigRecord, RecordDict
+
+        from hacfed.server.serverapp import EXCHANGE_TYPE, PAYLOAD_KEY, RECORD_NAME
+
+        self.content = RecordDict({RECORD_NAME: ConfigRecord({PAYLOAD_KEY: payload})})
+        self.metadata = type("Metadata", (), {"reply_to_message_id": reply_to, "message_type": EXCHANGE_TYPE})()
+
+    def has_error(self) -> bool:
+        return False
+
+
+class AnsweringGrid(Grid):
+    """Three nodes; every pushed message is answered, all three answers in the first pull."""
+
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+    def push_messages(self, messages):
+        super().push_messages(messages)
+        self.ids = [f"m{m.metadata.dst_node_id}" for m in messages]
+        return self.ids
+
+    def pull_messages(self, ids):
+        return [_Reply(i, b"reply to " + i.encode()) for i in ids]
+
+
+class BatchRecordingDriver(Driver):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pulls: list[list[tuple[int, bytes]]] = []
+
+    def finished(self) -> bool:
+        return self.rounds >= 1
+
+    def on_replies(self, replies) -> None:
+        self.pulls.append(list(replies))
+
+    def round_done(self) -> bool:
+        return False
+
+
+def test_the_replies_of_one_pull_reach_the_driver_together_in_the_order_pulled() -> None:
+    """The driver judges a pull's submissions overlapped (`FederationDriver.on_replies`): the loop
+    must hand them over together, not one call per reply."""
+    driver, grid = BatchRecordingDriver(), AnsweringGrid()
+    loop = RoundLoop(grid, driver, LoopSettings("x:y", 0.01, 5.0, 5.0, 60.0))
+    loop.participants.update({1: "lab-a", 2: "lab-b", 3: "lab-c"})
+    loop.run()
+    assert driver.pulls == [[(1, b"reply to m1"), (2, b"reply to m2"), (3, b"reply to m3")]]
+    assert driver.errors == []
