@@ -668,6 +668,58 @@ def test_hostile_corpus_through_the_round_driver(tmp_path: Path) -> None:
     assert rss_after - rss_before < 128 * 2**20
 
 
+def test_the_hostile_corpus_in_one_pull_is_answered_as_case_by_case(tmp_path: Path) -> None:
+    """Every hostile case, every edge and the honest lab replying in one pull: the driver judges
+    them overlapped (`FederationDriver.on_replies` begins each lab's submission before it finishes
+    the one before). Each case must get the answers the case-by-case test demands, and nothing a
+    hostile reply holds may leak into the judging of its neighbours in the pull."""
+    cases = CORPUS + EDGES
+    pids = ["lab-a"] + [f"{'edge' if c in EDGES else 'hostile'}-{i:02d}" for i, c in enumerate(cases)]
+    harness = DriverHarness(tmp_path, pids)
+    honest = ParticipantService(HonestParticipant("lab-a"), TASK, harness.labs["lab-a"].key,
+                                harness.coordinator_public, tmp_path / "lab-a")
+    harness.hello_all({"lab-a": honest})
+    stranger = generate_key()
+    deliveries = harness.exchange()
+    plan = harness.plan_in(deliveries[harness.node_of("lab-a")])
+    contexts = {pid: Ctx(harness.labs[pid], plan, harness.labs["lab-a"], stranger) for pid in pids[1:]}
+    for case, pid in zip(cases, pids[1:], strict=True):
+        if case.setup is not None:  # the replays' honest first exchange, one by one
+            harness.send(pid, _attack_reply(contexts[pid], case.setup(contexts[pid])))
+    harness.exchange()
+
+    pulled = [(harness.node_of(pid), _attack_reply(contexts[pid], case.build(contexts[pid])))
+              for case, pid in zip(cases, pids[1:], strict=True)]
+    middle = len(pulled) // 2  # the honest lab between hostile neighbours
+    pulled.insert(middle, (harness.node_of("lab-a"), honest.handle(deliveries[harness.node_of("lab-a")])))
+    mark = len(harness.answered)
+    harness.driver.on_replies(pulled)
+    answers: dict[str, list] = {}
+    for pid, answer in harness.answered[mark:]:
+        answers.setdefault(pid, []).append(open_answer(answer, harness.trusted))
+
+    untouched = {pid: {t.trajectory_id for t in scripted_trajectories(plan, pid)
+                       if t.prompt_id != plan.prompts[0].prompt_id} for pid in pids}
+    full = len(plan.prompts) * plan.group_size
+    for case, pid in zip(cases, pids[1:], strict=True):
+        outcome = Outcome(case, 0.0, 0, 1, answers.get(pid, []))
+        assert outcome.answers, f"{case.name}: no signed answer"
+        if case in EDGES:
+            assert all(isinstance(a, SubmissionReceipt) and not a.rejections and len(a.accepted_trajectory_ids) == full
+                       for a in outcome.answers), (case.name, outcome.answers)
+            continue
+        assert outcome.codes() <= case.allowed(), f"{case.name}: got {outcome.codes()}, allowed {set(case.allowed())}"
+        assert case.must in outcome.codes(), f"{case.name}: got {outcome.codes()}, expected {case.must}"
+        accepted = {i for a in outcome.answers if isinstance(a, SubmissionReceipt) for i in a.accepted_trajectory_ids}
+        assert accepted <= untouched[pid], (case.name, accepted)
+    [receipt] = answers["lab-a"]
+    assert isinstance(receipt, SubmissionReceipt) and not receipt.rejections and len(receipt.accepted_trajectory_ids) == full
+    assert not harness.driver._judging and not harness.driver.coordinator._judging  # nothing left half-judged
+    assert verify_audit_log(harness.cfg.audit_path).ok
+    with sqlite3.connect(harness.cfg.journal_path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
 def _p99(values: list[float]) -> float:
     if len(values) == 1:
         return values[0]
