@@ -561,7 +561,10 @@ def _attack_reply(ctx: Ctx, attack: Attack) -> bytes:
     return attack.outer if attack.outer is not None else ctx.reply(attack.items)
 
 
-def test_hostile_corpus_through_the_round_driver(tmp_path: Path) -> None:
+def _open_corpus_round(tmp_path: Path):  # noqa: ANN202 - the round's parts, unpacked by the caller
+    """A harness with the honest lab-a and one lab per corpus case, round 0 open: (cases, their
+    labs' ids after "lab-a", the harness, lab-a's service, round 0's deliveries, its plan, and each
+    case lab's attack context)."""
     cases = CORPUS + EDGES
     pids = ["lab-a"] + [f"{'edge' if c in EDGES else 'hostile'}-{i:02d}" for i, c in enumerate(cases)]
     harness = DriverHarness(tmp_path, pids)
@@ -573,6 +576,35 @@ def test_hostile_corpus_through_the_round_driver(tmp_path: Path) -> None:
     assert set(deliveries) == set(harness.nodes) and harness.driver.coordinator.current_round == 0
     plan = harness.plan_in(deliveries[harness.node_of("lab-a")])
     contexts = {pid: Ctx(harness.labs[pid], plan, harness.labs["lab-a"], stranger) for pid in pids[1:]}
+    return cases, pids, harness, honest, deliveries, plan, contexts
+
+
+def _untouched(plan: RoundPlan, pids: list[str]) -> dict[str, set[str]]:
+    """Each lab's samples outside the attacked group (every case attacks the first planned prompt's)."""
+    return {pid: {t.trajectory_id for t in scripted_trajectories(plan, pid)
+                  if t.prompt_id != plan.prompts[0].prompt_id} for pid in pids}
+
+
+def _check_answers(o: Outcome, plan: RoundPlan, untouched: set[str]) -> None:
+    """What every case must be answered: an edge accepted whole; a hostile case refused with its
+    `must` code and only allowed ones, nothing of the attacked group accepted."""
+    name = o.case.name
+    assert o.answers, f"{name}: no signed answer"
+    if o.case in EDGES:
+        assert all(isinstance(a, SubmissionReceipt) and not a.rejections and
+                   len(a.accepted_trajectory_ids) == len(plan.prompts) * plan.group_size for a in o.answers), \
+            (name, o.answers)
+        return
+    assert o.codes() <= o.case.allowed(), f"{name}: got {o.codes()}, allowed {set(o.case.allowed())}"
+    assert o.case.must in o.codes(), f"{name}: got {o.codes()}, expected {o.case.must}"
+    # the lab's other group is honest and may be accepted on its own (groups are all-or-nothing,
+    # submissions are not)
+    accepted = {i for a in o.answers if isinstance(a, SubmissionReceipt) for i in a.accepted_trajectory_ids}
+    assert accepted <= untouched, (name, accepted)
+
+
+def test_hostile_corpus_through_the_round_driver(tmp_path: Path) -> None:
+    cases, pids, harness, honest, deliveries, plan, contexts = _open_corpus_round(tmp_path)
 
     # the replays' honest first exchange, then the answers-only delivery that carries its receipt
     first_answers = {}
@@ -596,22 +628,9 @@ def test_hostile_corpus_through_the_round_driver(tmp_path: Path) -> None:
     rss_after, fds_after = _process_usage()
 
     pid_of = {c.name: pid for c, pid in zip(cases, pids[1:], strict=True)}
-    untouched = {pid: {t.trajectory_id for t in scripted_trajectories(plan, pid)
-                       if t.prompt_id != plan.prompts[0].prompt_id} for pid in pids}
+    untouched = _untouched(plan, pids)
     for o in outcomes:
-        name = o.case.name
-        assert o.answers, f"{name}: no signed answer"
-        if o.case in EDGES:
-            assert all(isinstance(a, SubmissionReceipt) and not a.rejections and
-                       len(a.accepted_trajectory_ids) == len(plan.prompts) * plan.group_size for a in o.answers), \
-                (name, o.answers)
-            continue
-        assert o.codes() <= o.case.allowed(), f"{name}: got {o.codes()}, allowed {set(o.case.allowed())}"
-        assert o.case.must in o.codes(), f"{name}: got {o.codes()}, expected {o.case.must}"
-        # every case attacks the group of the first planned prompt; the lab's other group is honest and
-        # may be accepted on its own (groups are all-or-nothing, submissions are not)
-        accepted = {i for a in o.answers if isinstance(a, SubmissionReceipt) for i in a.accepted_trajectory_ids}
-        assert accepted <= untouched[pid_of[name]], (name, accepted)
+        _check_answers(o, plan, untouched[pid_of[o.case.name]])
     resend = next(o for o in outcomes if o.case.name == "identical-resend")
     pid = pids[1 + cases.index(resend.case)]
     assert resend.answers == first_answers[pid]  # the original receipt (and the bytes: see test_replay_protection)
@@ -673,16 +692,7 @@ def test_the_hostile_corpus_in_one_pull_is_answered_as_case_by_case(tmp_path: Pa
     them overlapped (`FederationDriver.on_replies` begins each lab's submission before it finishes
     the one before). Each case must get the answers the case-by-case test demands, and nothing a
     hostile reply holds may leak into the judging of its neighbours in the pull."""
-    cases = CORPUS + EDGES
-    pids = ["lab-a"] + [f"{'edge' if c in EDGES else 'hostile'}-{i:02d}" for i, c in enumerate(cases)]
-    harness = DriverHarness(tmp_path, pids)
-    honest = ParticipantService(HonestParticipant("lab-a"), TASK, harness.labs["lab-a"].key,
-                                harness.coordinator_public, tmp_path / "lab-a")
-    harness.hello_all({"lab-a": honest})
-    stranger = generate_key()
-    deliveries = harness.exchange()
-    plan = harness.plan_in(deliveries[harness.node_of("lab-a")])
-    contexts = {pid: Ctx(harness.labs[pid], plan, harness.labs["lab-a"], stranger) for pid in pids[1:]}
+    cases, pids, harness, honest, deliveries, plan, contexts = _open_corpus_round(tmp_path)
     for case, pid in zip(cases, pids[1:], strict=True):
         if case.setup is not None:  # the replays' honest first exchange, one by one
             harness.send(pid, _attack_reply(contexts[pid], case.setup(contexts[pid])))
@@ -698,22 +708,12 @@ def test_the_hostile_corpus_in_one_pull_is_answered_as_case_by_case(tmp_path: Pa
     for pid, answer in harness.answered[mark:]:
         answers.setdefault(pid, []).append(open_answer(answer, harness.trusted))
 
-    untouched = {pid: {t.trajectory_id for t in scripted_trajectories(plan, pid)
-                       if t.prompt_id != plan.prompts[0].prompt_id} for pid in pids}
-    full = len(plan.prompts) * plan.group_size
+    untouched = _untouched(plan, pids)
     for case, pid in zip(cases, pids[1:], strict=True):
-        outcome = Outcome(case, 0.0, 0, 1, answers.get(pid, []))
-        assert outcome.answers, f"{case.name}: no signed answer"
-        if case in EDGES:
-            assert all(isinstance(a, SubmissionReceipt) and not a.rejections and len(a.accepted_trajectory_ids) == full
-                       for a in outcome.answers), (case.name, outcome.answers)
-            continue
-        assert outcome.codes() <= case.allowed(), f"{case.name}: got {outcome.codes()}, allowed {set(case.allowed())}"
-        assert case.must in outcome.codes(), f"{case.name}: got {outcome.codes()}, expected {case.must}"
-        accepted = {i for a in outcome.answers if isinstance(a, SubmissionReceipt) for i in a.accepted_trajectory_ids}
-        assert accepted <= untouched[pid], (case.name, accepted)
+        _check_answers(Outcome(case, 0.0, 0, 1, answers.get(pid, [])), plan, untouched[pid])
     [receipt] = answers["lab-a"]
-    assert isinstance(receipt, SubmissionReceipt) and not receipt.rejections and len(receipt.accepted_trajectory_ids) == full
+    assert isinstance(receipt, SubmissionReceipt) and not receipt.rejections
+    assert len(receipt.accepted_trajectory_ids) == len(plan.prompts) * plan.group_size
     assert not harness.driver._judging and not harness.driver.coordinator._judging  # nothing left half-judged
     assert verify_audit_log(harness.cfg.audit_path).ok
     with sqlite3.connect(harness.cfg.journal_path) as db:
