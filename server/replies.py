@@ -82,6 +82,10 @@ class LabReplies:
     def _judge(self, sent: _Sent, item: bytes, *, primary: bool, round_trip_s: float) -> None:
         """One signed submission of a reply: caps, signature, then the coordinator; always answered."""
         pid = sent.participant_id
+        if any(judged_pid == pid for judged_pid, _ in self._judging):
+            # one submission of a lab at a time (the coordinator refuses a second while it judges the
+            # first), and a lab's answers in the order of its submissions
+            self._finish_judging()
         problem = self.coordinator.admit(pid, len(item))  # caps first: before verifying or decoding (T8)
         if problem is not None:
             self._refuse(sent, problem.code.value, problem.detail, primary=primary, journaled=True,
@@ -95,8 +99,6 @@ class LabReplies:
                 and not submission.trajectories:
             self._final_report(sent, submission, primary)
             return
-        if any(judged_pid == pid for judged_pid, _ in self._judging):
-            self._finish_judging()  # the coordinator takes one submission of a lab at a time
         finish = self.coordinator.begin_submit(submission, sender=pid, admitted=True, encoded=body)
         self._judging.append((pid, lambda: self._answer(sent, submission, finish(), primary, round_trip_s)))
 

@@ -105,3 +105,26 @@ def test_on_replies_begins_each_lab_before_it_finishes_the_one_before(tmp_path: 
     assert all(fed.driver.answers.pending(pid) for pid in ("lab-a", "lab-b", "lab-c"))
     assert fed.driver.round_done()
 
+
+
+def test_a_reply_carrying_two_submissions_of_one_lab_is_judged_one_after_the_other(tmp_path: Path) -> None:
+    """A reply's resends and its submission are one lab's: the driver finishes the first before it
+    begins the next, so the second meets the journal with the first in it (here: already submitted
+    for the round, not "being judged"), and the lab's answers come in the order of its submissions."""
+    from hacfed.exchange import open_answer
+    from hacfed.wire import SubmissionReceipt, SubmissionRefusal
+    from tests.unit.test_replay_protection import _inject
+
+    fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
+    lab_a = fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    payloads = fed.driver.next_round(fed.identified())
+    plan = fed.driver.coordinator.plan_for(0)
+    resent = _inject(lab_a, scripted_submission(plan, "lab-a", nonce="f" * 32))
+    replies = [(node, fed.nodes[node][1].handle(payload)) for node, payload in sorted(payloads.items())]
+    fed.driver.on_replies(replies)
+    answers = [open_answer(a, lab_a._trusted) for a in fed.driver.answers.pending("lab-a")]
+    assert [type(a) for a in answers] == [SubmissionReceipt, SubmissionRefusal], answers
+    assert answers[0].nonce == resent and not answers[0].rejections
+    assert answers[1].code == ErrorCode.DUPLICATE.value and "already submitted for round 0" in answers[1].message
+    assert fed.driver.coordinator.has_submitted("lab-b", 0)
