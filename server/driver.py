@@ -108,7 +108,7 @@ class FederationDriver(LabReplies, RunEnd):
         self.metrics_out = Path(settings.metrics_out)
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
         self._sent: dict[int, _Sent] = {}
-        self._judging: deque[tuple[str, Callable[[], None]]] = deque()  # `on_replies`, `LabReplies._judge`
+        self._begun: deque[tuple[str, Callable[[], None]]] = deque()  # `on_replies`, `LabReplies._judge`
         self._retry_at: dict[str, float] = {}
         self._last_error: dict[str, str] = {}
         self._told: set[str] = set()

@@ -57,7 +57,7 @@ class _Sent:
 class LabReplies:
     """The reply-handling half of `FederationDriver` (see the module docstring)."""
 
-    _judging: deque[tuple[str, Callable[[], None]]]  # begun submissions: (participant, finish and answer)
+    _begun: deque[tuple[str, Callable[[], None]]]  # begun submissions: (participant, finish and answer)
 
     def _take_reply(self, sent: _Sent, payload: bytes, round_trip_s: float) -> None:
         """A LabReply: its resends (oldest first), then the submission answering the request."""
@@ -82,7 +82,7 @@ class LabReplies:
     def _judge(self, sent: _Sent, item: bytes, *, primary: bool, round_trip_s: float) -> None:
         """One signed submission of a reply: caps, signature, then the coordinator; always answered."""
         pid = sent.participant_id
-        if any(judged_pid == pid for judged_pid, _ in self._judging):
+        if any(begun_pid == pid for begun_pid, _ in self._begun):
             # one submission of a lab at a time (the coordinator refuses a second while it judges the
             # first), and a lab's answers in the order of its submissions
             self._finish_judging()
@@ -100,13 +100,13 @@ class LabReplies:
             self._final_report(sent, submission, primary)
             return
         finish = self.coordinator.begin_submit(submission, sender=pid, admitted=True, encoded=body)
-        self._judging.append((pid, lambda: self._answer(sent, submission, finish(), primary, round_trip_s)))
+        self._begun.append((pid, lambda: self._answer(sent, submission, finish(), primary, round_trip_s)))
 
     def _finish_judging(self, keep: int = 0) -> None:
         """Finish the submissions begun (`Coordinator.begin_submit`), oldest first, all but the
         last `keep`: each waits for its verdicts, is journaled and answered (`_answer`)."""
-        while len(self._judging) > keep:
-            _, finish = self._judging.popleft()
+        while len(self._begun) > keep:
+            _, finish = self._begun.popleft()
             finish()
 
     def _answer(self, sent: _Sent, submission: Submission, result: SubmissionResult, primary: bool,
