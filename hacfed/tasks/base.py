@@ -38,13 +38,12 @@ class Task(Protocol):
 
     def verify(self, problem: Problem, response: str) -> Verdict: ...
 
-    # Optional: `verify_batch(items: Sequence[tuple[Problem, str]]) -> list[Verdict]`, `verify` of
-    # each item in order, for a task that verifies a batch faster than item by item (the GSM8K-style
-    # `MathDataTask`: its math-verify requests run while the rest is screened). The coordinator
-    # uses it when present and `verify_threads` > 1; the verdicts must be `verify`'s.
-    # Optional too: `start_verify_batch(items) -> Callable[[], list[Verdict]]`, `verify_batch` in
-    # two halves (the work that needs the caller's thread now, then a function that waits for the
-    # rest and gives the verdicts), so the coordinator can judge the next submission meanwhile.
+    # Optional: `start_verify_batch(items: Sequence[tuple[Problem, str]]) -> Callable[[], list[Verdict]]`,
+    # for a task that verifies a batch faster than item by item (the GSM8K-style `MathDataTask`: its
+    # math-verify requests run while the rest is screened). It does what needs the caller's thread
+    # now and returns a function that waits for the rest and gives `verify` of each item, in order,
+    # so the coordinator can judge the next submission meanwhile. The coordinator uses it when
+    # present and `verify_threads` > 1; the verdicts must be `verify`'s.
 
 
 class SplitLookup:

@@ -106,15 +106,10 @@ class MathDataTask(SplitLookup):
     def verify(self, problem: Problem, response: str) -> Verdict:
         return self._verifier.verify(problem.answer, response)
 
-    def verify_batch(self, items: Sequence[tuple[Problem, str]]) -> list[Verdict]:
-        """`verify` of each (problem, response), in order, the math-verify requests sent while the
-        rest is screened (`MathVerifier.verify_concurrently`): the coordinator's re-verification
-        of a submission."""
-        return self.start_verify_batch(items)()
-
     def start_verify_batch(self, items: Sequence[tuple[Problem, str]]) -> Callable[[], list[Verdict]]:
-        """`verify_batch` in two halves (`MathVerifier.start_concurrently`): every response is
-        screened and the math-verify requests are sent now; the function returned waits for them."""
+        """The coordinator's re-verification of a submission (`MathVerifier.start_concurrently`):
+        every response is screened and the math-verify requests are sent now; the function returned
+        waits for them and gives `verify` of each (problem, response), in order."""
         return self._verifier.start_concurrently([(problem.answer, response) for problem, response in items])
 
     @cached_property

@@ -30,7 +30,7 @@ correctness). Aborts (timeout, crash, refusal, memory) may be transient and are 
 Workers: up to `parallel_workers` sandboxed workers, each started only when every started one is
 busy with another caller's request. A caller that verifies one item at a time (a lab scoring its
 rollouts) never starts a second. The coordinator verifies a submission as one batch
-(`verify_concurrently`, through `MathDataTask.verify_batch` and
+(`start_concurrently`, through `MathDataTask.start_verify_batch` and
 `hacfed.server.coordinator.validation`): its thread screens every sample in process and hands each
 request for math-verify, as it finds one, to a helper thread per worker, so both workers are kept
 busy while the screening goes on. A request another thread is already sending for the same

@@ -70,7 +70,7 @@ class CoordinatorConfig:
       equally likely) or "successes" (the K groups with the most verified reward, ties drawn).
     verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
       verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), more than 1 keeps the
-      workers busy while the rest is screened in process (a task with `verify_batch`, such as GSM8K,
+      workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,
       then verifies the submission as one batch: one thread screening, a helper per worker); a pure
       in-process verifier gains nothing from more than 1 (hacfed.server.coordinator.validation).
     """

@@ -23,9 +23,10 @@ The samples of every group that passed the cheap checks are verified together
 sandboxed worker processes (`hacfed.tasks.math_verifier`, `parallel_workers`), and while one thread
 waits for its worker the other screens its samples in process, so a submission's verification uses
 both cores instead of one thread waiting on one worker (bench/coordinator_scale.py). A task that
-verifies a batch itself (`verify_batch`: GSM8K-style math tasks) gets the whole batch instead: one
-thread screens every sample while helper threads keep the workers busy with the samples only
-math-verify decides, as they are found. The verdicts,
+verifies a batch itself (`start_verify_batch`: GSM8K-style math tasks) gets the whole batch instead:
+one thread screens every sample while helper threads keep the workers busy with the samples only
+math-verify decides, as they are found, and the verdicts are collected when the outcome is asked
+for (`start_validation`). The verdicts,
 and so the outcome, do not depend on the number of threads: each sample's verdict is a function of
 its (gold, response) alone.
 """
@@ -362,30 +363,27 @@ def _judge_rewards(
 def _start_verified_rewards(
     task: Task, items: list[tuple[Any, Trajectory]], threads: int,
 ) -> Callable[[], list[float]]:
-    """`_verified_rewards` in two halves when the task has `start_verify_batch` and `threads` > 1
-    (its requests are sent now, the function returned waits for them); else computed now."""
+    """The verified rewards of `items`: from the task's `start_verify_batch` when it has one and
+    `threads` > 1 (its requests are sent now, the function returned waits for them), else computed
+    now (`_verified_rewards`)."""
     start = getattr(task, "start_verify_batch", None)
     if threads > 1 and callable(start):
         pending = start([(problem, t.response_text) for problem, t in items])
-        return lambda: _checked_rewards(task, pending(), len(items), "start_verify_batch")
+        return lambda: _checked_rewards(task, pending(), len(items))
     rewards = _verified_rewards(task, items, threads)
     return lambda: rewards
 
 
-def _checked_rewards(task: Task, verdicts: Sequence[Any], n: int, method: str) -> list[float]:
+def _checked_rewards(task: Task, verdicts: Sequence[Any], n: int) -> list[float]:
     if len(verdicts) != n:
-        raise ValueError(f"task {task.name!r} {method} gave {len(verdicts)} verdicts for {n} samples")
+        raise ValueError(f"task {task.name!r} start_verify_batch gave {len(verdicts)} verdicts for {n} samples")
     return [_checked_reward(task, v.reward) for v in verdicts]
 
 
 def _verified_rewards(task: Task, items: list[tuple[Any, Trajectory]], threads: int) -> list[float]:
     """`_verified_reward` of each (problem, sample), in order, over at most `threads` threads
-    (contiguous slices, the first in the calling thread); a verifier error propagates. A task with
-    `verify_batch` (`hacfed.tasks.base.Task`) gets the whole batch instead when `threads` > 1."""
-    batch = getattr(task, "verify_batch", None)
-    if threads > 1 and callable(batch):
-        return _checked_rewards(task, batch([(problem, t.response_text) for problem, t in items]), len(items),
-                                "verify_batch")
+    (contiguous slices, the first in the calling thread); a verifier error propagates. (A task with
+    `start_verify_batch` gets the whole batch instead: `_start_verified_rewards`.)"""
     n = min(threads, len(items) // MIN_SAMPLES_PER_THREAD) if threads > 1 else 1
     if n <= 1:
         return [_verified_reward(task, problem, t) for problem, t in items]

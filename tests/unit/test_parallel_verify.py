@@ -75,20 +75,20 @@ def test_a_verifier_error_in_a_helper_thread_reaches_the_caller(tmp_path) -> Non
 
 
 class BatchTask(ThreadRecordingTask):
-    """ThreadRecordingTask with `verify_batch`: records each batch, verifies item by item."""
+    """ThreadRecordingTask with `start_verify_batch`: records each batch, verifies item by item."""
 
     def __init__(self, drop_one: bool = False) -> None:
         super().__init__()
         self.batches: list[int] = []
         self.drop_one = drop_one
 
-    def verify_batch(self, items) -> list[Verdict]:
+    def start_verify_batch(self, items):
         self.batches.append(len(items))
         verdicts = [self.verify(problem, response) for problem, response in items]
-        return verdicts[:-1] if self.drop_one else verdicts
+        return lambda: verdicts[:-1] if self.drop_one else verdicts
 
 
-def test_a_task_with_verify_batch_gets_the_whole_batch_and_the_same_outcome(tmp_path) -> None:
+def test_a_task_with_start_verify_batch_gets_the_whole_batch_and_the_same_outcome(tmp_path) -> None:
     one_task, batch_task, single_task = ThreadRecordingTask(), BatchTask(), BatchTask()
     _, one = _judged(tmp_path / "one", 1, one_task)
     _, batched = _judged(tmp_path / "batched", 2, batch_task)
@@ -99,7 +99,7 @@ def test_a_task_with_verify_batch_gets_the_whole_batch_and_the_same_outcome(tmp_
 
 
 def test_a_batch_with_a_missing_verdict_is_an_error(tmp_path) -> None:
-    with pytest.raises(ValueError, match="verify_batch gave 159 verdicts for 160 samples"):
+    with pytest.raises(ValueError, match="start_verify_batch gave 159 verdicts for 160 samples"):
         _judged(tmp_path, 2, BatchTask(drop_one=True))
 
 
