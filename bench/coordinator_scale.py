@@ -353,11 +353,12 @@ def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
     replies `replies_per_pull` at a time as the ServerApp's round loop hands over one pull's
     (`FederationDriver.on_replies`); per-round phases."""
     import hacfed.server.driver as driver_mod
+    from hacfed.server.allocator import keep_freed_memory
     from hacfed.server.driver_settings import DriverSettings
 
     settings = DriverSettings.read(work / "driver-settings.json")
     driver = driver_mod.FederationDriver(settings)
-    driver_mod.keep_freed_memory()  # as make_driver does in the ServerApp
+    keep_freed_memory()  # as make_driver does in the ServerApp
     driver_mod.freeze_startup_objects()
     clock, sizes = PhaseClock(), []
     cfg = settings.coordinator_config

@@ -6,9 +6,11 @@ lab: a lab's trainer allocates through torch, whose memory this must not pin.
 Why: at 64 labs a round builds ~384 MB of deliveries (one ~6 MB sealed update per lab), sends
 them, and frees them; the next round builds as much again. With glibc's defaults a freed block of
 that size goes back to the operating system (it was either mmap()ed, or it sits above the heap's
-trim threshold), so every round page-faults its ~100,000 pages in afresh: measured at 64 labs, 0.28
-to 0.68 s per round of copying the deliveries at 0.6-1.4 GB/s, against 0.03 s for the same copy into
-memory kept from the round before (bench/coordinator_scale.py, docs/results.md).
+trim threshold), so every round page-faults its ~100,000 pages in afresh. Copying 384 MB in one
+thread took 0.28-0.68 s into fresh memory and 0.03 s into memory kept from the round before; in
+bench/coordinator_scale.py at 64 labs the run's minor faults fell 405,000 -> 254,000 and the pool
+phase by a few hundredths of a second (docs/results.md, stop 27): the deliveries are joined in the
+driver's sealing threads, whose malloc arenas glibc still gives back.
 
 What: blocks up to `MMAP_THRESHOLD_BYTES` come from the heap, and up to `TRIM_THRESHOLD_BYTES` of
 freed heap is kept. The process's peak memory is unchanged (the next round reuses what the last
