@@ -128,3 +128,28 @@ def test_a_reply_carrying_two_submissions_of_one_lab_is_judged_one_after_the_oth
     assert answers[0].nonce == resent and not answers[0].rejections
     assert answers[1].code == ErrorCode.DUPLICATE.value and "already submitted for round 0" in answers[1].message
     assert fed.driver.coordinator.has_submitted("lab-b", 0)
+
+
+def test_one_signed_submission_three_times_in_a_reply_is_judged_once(tmp_path: Path) -> None:
+    """A hostile (or confused) lab repeats one signed submission as its primary and two resends,
+    in a pull with another lab: it is judged and journaled once, the repeats get the stored
+    receipt, and nothing is left begun."""
+    from hacfed.envelope import DOMAIN_SUBMIT, seal
+    from hacfed.exchange import open_answer, seal_lab_reply
+    from hacfed.wire import PayloadType, SubmissionReceipt, encode_submission
+
+    fed = Federation(tmp_path, FakeClock(), expected_participants=2, min_participants=1)
+    lab_a = fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    payloads = fed.driver.next_round(fed.identified())
+    plan = fed.driver.coordinator.plan_for(0)
+    envelope = seal(encode_submission(scripted_submission(plan, "lab-a", nonce="a" * 32)), PayloadType.SUBMISSION,
+                    lab_a._key, DOMAIN_SUBMIT)
+    fed.driver.on_replies([(1, seal_lab_reply(envelope, [envelope, envelope], lab_a._key)),
+                           (2, fed.nodes[2][1].handle(payloads[2]))])
+    answers = [open_answer(a, lab_a._trusted) for a in fed.driver.answers.pending("lab-a")]
+    assert answers and all(isinstance(a, SubmissionReceipt) and a.seq == answers[0].seq for a in answers), answers
+    with sqlite3.connect(fed.driver.cfg.journal_path) as db:
+        assert db.execute("SELECT COUNT(*) FROM submissions WHERE participant_id='lab-a'").fetchone()[0] == 1
+        assert db.execute("SELECT COUNT(*) FROM rejections").fetchone()[0] == 0  # no "being judged" refusal
+    assert not fed.driver._begun and not fed.driver.coordinator._judging
