@@ -29,7 +29,7 @@ from pathlib import Path
 
 
 def in_process(agents: list[str], rounds: int, prompts: int, group: int, seed: int) -> list[float]:
-    from hacfed.sim import SimConfig, run_sim
+    from hacfed.tools.sim import SimConfig, run_sim
 
     stamps: dict[int, float] = {}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the rollout engines (hacfed/rollout/gpu_check.py): on one CUDA GPU, samples with
+# The GPU check of the rollout engines (hacfed/tools/gpu_check.py): on one CUDA GPU, samples with
 # vLLM and with transformers from a real small model (SmolLM2-135M by default), checks that each
 # engine's per-sample log-prob sums match transformers' teacher forcing of the same tokens within
 # tolerance, records rollout tokens/s of both, writes runs/gpu-check.json and prints a summary.
@@ -12,7 +12,7 @@
 #                                           # an existing environment (a GPU host's own CUDA torch)
 #                                           # that can already import hacfed: no .venv, no installs
 #
-# Other arguments go to `python -m hacfed.rollout.gpu_check` (--model, --dtype, --prompts, --samples,
+# Other arguments go to `python -m hacfed.tools.gpu_check` (--model, --dtype, --prompts, --samples,
 # --max-new-tokens, --eager, --out). Exit code: 0 passed (or skipped), 1 a comparison failed or
 # vLLM is missing, 2 a setup problem (a GPU but no CUDA build of torch).
 set -euo pipefail
@@ -43,7 +43,7 @@ say() { echo "[gpu_check] $*" >&2; }
 if [ -n "${HACFED_PYTHON:-}" ]; then
     # The GPU host's own environment: its CUDA torch stays; nothing is installed unless --install-vllm.
     py="$HACFED_PYTHON"
-    if ! "$py" -c 'import hacfed.rollout.gpu_check' 2>/dev/null; then
+    if ! "$py" -c 'import hacfed.tools.gpu_check' 2>/dev/null; then
         say "HACFED_PYTHON=$py cannot import hacfed: pip install -e . into that environment, or unset HACFED_PYTHON"
         exit 2
     fi
@@ -62,4 +62,4 @@ if [ "$install_vllm" = 1 ]; then
     "$py" -m pip install --quiet -e ".[vllm]"
 fi
 say "running the check (model load, vLLM start-up and both engines: a few minutes)"
-exec "$py" -m hacfed.rollout.gpu_check ${args[@]+"${args[@]}"}
+exec "$py" -m hacfed.tools.gpu_check ${args[@]+"${args[@]}"}

@@ -2,7 +2,7 @@
 
 `hacfed.rollout.hf.generate` (transformers) is the default engine; `hacfed.rollout.vllm_backend`
 offers the same call on GPUs with vLLM. `hacfed.rollout.logprobs.sequence_logprobs` recomputes
-log-probs for the trainer; `hacfed.rollout.gpu_check` checks both engines against it on a GPU
+log-probs for the trainer; `hacfed.tools.gpu_check` checks both engines against it on a GPU
 (scripts/gpu_check.sh). Importing this package pulls in torch but never vLLM.
 """
 

@@ -49,7 +49,7 @@ def test_smoke_matrix_runs_resumes_after_ctrl_c_and_reports(tmp_path):
     out, results, img = tmp_path / "runs", tmp_path / "results.md", tmp_path / "img"
     env = {**os.environ, "HACFED_HOME": os.environ.get("HACFED_HOME", str(ROOT / ".hacfed-home")),
            "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "hacfed.cli", "bench", "modes", "--matrix", str(ROOT / "bench" / "smoke.toml"),
+    command = [sys.executable, "-m", "hacfed.tools.cli", "bench", "modes", "--matrix", str(ROOT / "bench" / "smoke.toml"),
                "--out", str(out), "--results", str(results), "--img-dir", str(img), "--jobs", "2"]
 
     # 1. one setting alone

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hacfed.sim import SimConfig, run_sim
+from hacfed.tools.sim import SimConfig, run_sim
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_sim_with_two_ranks_per_agent(tmp_path):
 
 
 def test_sim_cli_refuses_a_bad_nproc():
-    out = subprocess.run([sys.executable, "-m", "hacfed.cli", "sim", "--nproc", "0"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "hacfed.tools.cli", "sim", "--nproc", "0"], capture_output=True,
                          text=True, check=False, timeout=300)
     assert out.returncode == 2 and "nproc must be an integer in 1..64, got 0" in out.stderr
     assert "Traceback" not in out.stderr

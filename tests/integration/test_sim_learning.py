@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from hacfed.sim import SimConfig, run_sim, summary_table
+from hacfed.tools.sim import SimConfig, run_sim, summary_table
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed.sim import SimConfig, run_sim
+from hacfed.tools.sim import SimConfig, run_sim
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ SIM = ["--agents", ",".join(AGENTS), "--task", "chain-notations", "--rounds", "2
 def _run_two_at_a_time(tmp_path: Path, jobs: dict[str, list[str]], timeout_s: float) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with ProcessSupervisor() as sup:
-        procs = {name: sup.start([sys.executable, "-m", "hacfed.cli", *argv], env=env,
+        procs = {name: sup.start([sys.executable, "-m", "hacfed.tools.cli", *argv], env=env,
                                  log_path=tmp_path / f"{name}.log", name=name) for name, argv in jobs.items()}
         for name, proc in procs.items():
             code = proc.wait(timeout=timeout_s)

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.cli import main
-from hacfed.experiments.matrix import MatrixError, load_matrix, parse_matrix
-from hacfed.experiments.report import BEGIN, END, ReportPaths, format_difference, replace_section, write_report
-from hacfed.experiments.runner import (
+from hacfed.tools.cli import main
+from hacfed.tools.experiments.matrix import MatrixError, load_matrix, parse_matrix
+from hacfed.tools.experiments.report import BEGIN, END, ReportPaths, format_difference, replace_section, write_report
+from hacfed.tools.experiments.runner import (
     StaleRunError, has_final_rows, plan_runs, run_matrix, runs_of, sim_args, split_done,
 )
-from hacfed.experiments.stats import mean_ci, paired_difference, t_975
-from hacfed.sim import SIM_MODES
+from hacfed.tools.experiments.stats import mean_ci, paired_difference, t_975
+from hacfed.tools.sim import SIM_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -272,7 +272,7 @@ def test_final_rows_must_cover_every_agent(tmp_path):
 
 FAKE_SIM = """\
 #!{python}
-# Stands in for `python -m hacfed.cli sim ...`: writes the rows of a 2-round run, honours FAKE_* env.
+# Stands in for `python -m hacfed.tools.cli sim ...`: writes the rows of a 2-round run, honours FAKE_* env.
 import json, os, sys, time
 args = sys.argv[3:]
 opt = lambda name: args[args.index(name) + 1]
@@ -329,8 +329,8 @@ def test_sigterm_stops_the_children_and_exits_non_zero(tmp_path, fake_sim):
     pids = tmp_path / "pids"
     code = textwrap.dedent(f"""
         from pathlib import Path
-        from hacfed.experiments.matrix import parse_matrix
-        from hacfed.experiments.runner import plan_runs, run_matrix
+        from hacfed.tools.experiments.matrix import parse_matrix
+        from hacfed.tools.experiments.runner import plan_runs, run_matrix
         data = {{"defaults": {DEFAULTS!r}, "settings": {{"pair": {{"agents": ["m1"]}}}}}}
         run_matrix(plan_runs(parse_matrix(data, Path("m.toml"))), Path({str(tmp_path / 'out')!r}),
                    jobs=2, python={fake_sim!r}, poll_s=0.02)
@@ -530,7 +530,7 @@ def test_section_markers():
 
 
 def test_cross_diagnostics_are_averaged_over_rounds_then_seeds_and_reported(tmp_path):
-    from hacfed.experiments.results import parse_agent_runs
+    from hacfed.tools.experiments.results import parse_agent_runs
 
     matrix = _matrix({"pair": {"agents": ["m1", "m2"]}}, defaults={**DEFAULTS, "seeds": [0, 1]})
     out = tmp_path / "runs"
@@ -554,7 +554,7 @@ def test_cross_diagnostics_are_averaged_over_rounds_then_seeds_and_reported(tmp_
 
 
 def test_halves_of_the_mix_are_tabled_per_agent_with_paired_differences(tmp_path):
-    from hacfed.experiments.results import parse_agent_runs
+    from hacfed.tools.experiments.results import parse_agent_runs
 
     matrix = _matrix({"pair": {"agents": ["m1", "m2"]}}, defaults={**DEFAULTS, "seeds": [0, 1]})
     out = tmp_path / "runs"

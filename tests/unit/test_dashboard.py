@@ -72,7 +72,7 @@ def test_hacfed_server_refuses_a_public_dashboard_in_one_line_before_any_file(tm
 
 
 def test_hacfed_demo_refuses_a_public_dashboard_before_starting_anything(tmp_path, capsys):
-    from hacfed.cli import main
+    from hacfed.tools.cli import main
 
     state = tmp_path / "demo"
     code = main(["demo", "--dashboard", "0.0.0.0:8080", "--state-dir", str(state)])

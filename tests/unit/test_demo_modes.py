@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from hacfed.demo import DEMO_MODE, write_server_config
+from hacfed.tools.demo import DEMO_MODE, write_server_config
 from hacfed.hacpo_config import HacpoConfig
-from hacfed.modes import MODE_NAMES, hacpo_config_for
+from hacfed.tools.modes import MODE_NAMES, hacpo_config_for
 from hacfed.server.coordinator.config import load_coordinator_config
 
 
@@ -26,7 +26,7 @@ def test_demo_default_mode_is_the_recommended_one_not_the_paper_default():
 
 
 def test_demo_refuses_an_unknown_mode(capsys):
-    from hacfed.cli import main
+    from hacfed.tools.cli import main
 
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--mode", "hacpo-typo"])

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hacfed.rollout import gpu_check as gc
+from hacfed.tools import gpu_check as gc
 from hacfed.rollout import vllm_backend
 from hacfed.trajectory import ChatMessage
 

@@ -3,7 +3,8 @@
 Every module's imports are read with `ast` (including imports inside functions, which run just the
 same, only later), resolved to first-party modules, and followed transitively, so a module under
 server/ that imports a shared hacfed/ module that imports clients/ fails too. Shared hacfed/ modules
-import neither side, except the all-in-one tools (`hacfed`, `hacfed sim`, `hacfed demo`). Only the
+import neither side, nor the all-in-one tool (`hacfed.tools`), which is the one package that starts
+both sides; no module outside it may import it. Only the
 wire family touches generated protobuf code (style.md rule 6). The coordinator's side also never
 reaches torch, transformers or vLLM (design.md; `test_server_side_never_loads_torch` checks the same
 at run time).
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # folder -> installed package (pyproject's package-dir)
 FOLDERS = {"hacfed": "hacfed", "server": "hacfed.server", "clients": "hacfed.clients", "proto": "hacfed.proto"}
 SERVER, CLIENTS = "hacfed.server", "hacfed.clients"
-ALL_IN_ONE_TOOLS = {"hacfed.cli", "hacfed.sim", "hacfed.demo"}
+TOOL = "hacfed.tools"
 WIRE = "hacfed.wire"
 HEAVY = ("torch", "transformers", "vllm", "peft", "accelerate")
 
@@ -119,11 +120,13 @@ def violations(graph: dict[str, list[Import]], root: Path = ROOT) -> list[str]:
                 steps = " -> ".join(f"{i.target} ({i.where(root)})" for i in chain)
                 found.append(f"{chain[0].where(root)}: {rule}: {name} -> {steps}")
         shared = name.startswith("hacfed.") and not _inside(name, SERVER) and not _inside(name, CLIENTS) \
-            and not _inside(name, "hacfed.proto") and name not in ALL_IN_ONE_TOOLS
+            and not _inside(name, "hacfed.proto") and not _inside(name, TOOL)
         for imp in graph[name]:
             if shared and (_inside(imp.target, SERVER) or _inside(imp.target, CLIENTS)):
                 found.append(f"{imp.where(root)}: shared hacfed/ modules import neither side: {name} imports "
                              f"{imp.target}")
+            if not _inside(name, TOOL) and _inside(imp.target, TOOL):
+                found.append(f"{imp.where(root)}: only the tool imports hacfed.tools: {name} imports {imp.target}")
             if imp.target.endswith("_pb2") or imp.target.endswith("_pb2_grpc"):
                 if not (_inside(name, WIRE) or _inside(name, "hacfed.proto")):
                     found.append(f"{imp.where(root)}: only hacfed.wire imports generated protobuf code: "
@@ -145,6 +148,9 @@ def test_the_checker_names_file_and_line_of_a_crossing(tmp_path: Path) -> None:
         "hacfed/__init__.py": "",
         "hacfed/shared.py": "def helper():\n    from hacfed.clients import relay  # lazy, still an import\n",
         "hacfed/wirefree.py": "from hacfed.proto import hacfed_v1_pb2\n",
+        "hacfed/uses_tool.py": "from hacfed.tools import sim\n",
+        "hacfed/tools/__init__.py": "",
+        "hacfed/tools/sim.py": "from hacfed.clients import relay\nfrom hacfed.server import driver\n",
         "clients/__init__.py": "",
         "clients/relay.py": "from hacfed.server.driver import x\n",
         "proto/__init__.py": "",
@@ -159,4 +165,6 @@ def test_the_checker_names_file_and_line_of_a_crossing(tmp_path: Path) -> None:
     assert "clients/relay.py:1: clients/ must not import server/" in problems
     assert "hacfed/shared.py:2: shared hacfed/ modules import neither side" in problems
     assert "hacfed/wirefree.py:1: only hacfed.wire imports generated protobuf code" in problems
+    assert "hacfed/uses_tool.py:1: only the tool imports hacfed.tools" in problems
+    assert "hacfed/tools/sim.py" not in problems  # the tool may start both sides
 

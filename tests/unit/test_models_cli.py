@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed import cli
+from hacfed.tools import cli
 from hacfed.models import store
 from hacfed.models.zoo import preset_recipe
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_console_scripts_declared():
     scripts = {ep.name: ep.value for ep in md.entry_points(group="console_scripts") if ep.dist and ep.dist.name == "hacfed"}
     assert scripts == {
-        "hacfed": "hacfed.cli:main",
+        "hacfed": "hacfed.tools.cli:main",
         "hacfed-server": "hacfed.server.main:main",
         "hacfed-client": "hacfed.clients.main:main",
     }

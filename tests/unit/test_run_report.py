@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.cli import main
-from hacfed.run_report import (
+from hacfed.tools.cli import main
+from hacfed.tools.run_report import (
     NoMetrics, capability_ratios, find_sources, load_run, ratio_quantile_samples, read_rows, totals,
 )
 from hacfed.server.coordinator.journal import Journal

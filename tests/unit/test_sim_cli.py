@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed.cli import main
-from hacfed.sim import SimConfig, parse_hacpo_overrides, participant_ids
+from hacfed.tools.cli import main
+from hacfed.tools.sim import SimConfig, parse_hacpo_overrides, participant_ids
 
 
 def test_hacpo_overrides_are_typed_by_the_config_defaults():
@@ -64,7 +64,7 @@ def test_cli_refuses_a_bad_peers_per_prompt_without_traceback(capsys):
 def coordinator_settings(monkeypatch, tmp_path, field: str, option: str, values: list) -> list:
     """The coordinator config's `field` when `hacfed sim` runs with SimConfig `option` set to each of
     `values` (stopped before any model is loaded)."""
-    import hacfed.sim as sim
+    import hacfed.tools.sim as sim
     from hacfed.server.coordinator import config
 
     real = config.CoordinatorConfig
@@ -103,7 +103,7 @@ def test_peer_choice_reaches_the_coordinator_and_a_bad_one_is_refused(monkeypatc
 
 
 def test_a_rows_evaluation_keys_are_pass1_and_the_halves_only():
-    from hacfed.sim import _eval_extras
+    from hacfed.tools.sim import _eval_extras
 
     metrics = {"eval_pass1": 0.2, "eval_greedy/sym": 0.5, "eval_greedy/word": 0.1, "loss": 1.0, "time_eval_s": 3.0}
     assert _eval_extras(metrics) == {"eval_pass1": 0.2, "eval_greedy/sym": 0.5, "eval_greedy/word": 0.1}

@@ -123,7 +123,7 @@ def test_client_flag_without_its_package_exits_2_before_any_file(
 
 def test_sim_tensorboard_without_the_package_exits_2(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
-    from hacfed.cli import main
+    from hacfed.tools.cli import main
 
     _hide(monkeypatch, "tensorboard")
     code = main(["sim", "--agents", "tiny-llama", "--rounds", "1", "--tensorboard", str(tmp_path / "tb")])

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hacfed.experiments.matrix import Matrix, Setting
+from hacfed.tools.experiments.matrix import Matrix, Setting
 from hacfed.procs import ManagedProcess, ProcessSupervisor
 
 LOG_TAIL_LINES = 20
@@ -122,7 +122,7 @@ def split_done(runs: Sequence[Run], out: Path) -> tuple[list[Run], list[Run]]:
 
 
 def command_line(run: Run, out: Path, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "hacfed.cli", *run.sim_args, "--metrics-out", str(run.partial_path(out))]
+    return [python, "-m", "hacfed.tools.cli", *run.sim_args, "--metrics-out", str(run.partial_path(out))]
 
 
 class _Progress:

@@ -6,7 +6,7 @@ The same coordinator logic as a real federation (seeded prompt plans shared by a
 re-verification, capability tracker, SQLite journal, redistribution of the pool) driven with direct
 calls instead of a network (`hacfed.server.coordinator.transport.run_rounds`).
 
-Modes are listed by `hacfed sim --help` (hacfed.modes): the recommended `xhacpo`, paper-exact
+Modes are listed by `hacfed sim --help` (hacfed.tools.modes): the recommended `xhacpo`, paper-exact
 `hacpo`, the baselines `naive`, `sapo`, `gspo`, `gspo2` (each agent alone with 2G responses per
 prompt: the paper's GSPO×2) and `grpo`, and the ablations. Every mode uses the same minibatch size
 (prompts × G / 2), so gspo2 makes twice the updates of gspo, as in the paper.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hacfed.cli_help import HelpFormatter
-from hacfed.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
+from hacfed.tools.cli_help import HelpFormatter
+from hacfed.tools.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
 from hacfed.messages import PEER_CHOICES
 
 SIM_MODES = MODE_NAMES

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hacfed.experiments.results import SettingResults
-from hacfed.experiments.stats import mean_ci
+from hacfed.tools.experiments.results import SettingResults
+from hacfed.tools.experiments.stats import mean_ci
 
 
 def plot_setting(results: SettingResults, path: Path) -> Path:

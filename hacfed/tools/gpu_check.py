@@ -1,6 +1,6 @@
 """GPU check of the rollout engines: vLLM's and transformers' log-prob summaries against teacher forcing.
 
-    python -m hacfed.rollout.gpu_check --out runs/gpu-check.json     # scripts/gpu_check.sh runs this
+    python -m hacfed.tools.gpu_check --out runs/gpu-check.json     # scripts/gpu_check.sh runs this
 
 A participant publishes `source_logp_sum` (the sum of log π over a sample's tokens) as the rollout
 engine reported it, and the other labs' importance ratios are built on it; the trainer recomputes
@@ -290,7 +290,7 @@ def cuda_available() -> bool:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     d = CheckConfig()
-    ap = argparse.ArgumentParser(prog="python -m hacfed.rollout.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hacfed.tools.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=d.model, help=f"model spec for load_model (default {d.model})")
     ap.add_argument("--dtype", default=d.dtype, choices=sorted(DEFAULT_TOLERANCES), help=f"default {d.dtype}")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"default {d.prompts}")

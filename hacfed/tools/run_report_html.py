@@ -5,7 +5,7 @@
 
 The HTML file carries everything inline (charts are PNG data URIs, the style is in the page, no
 script), so it can be mailed to another lab or opened offline; it fetches nothing. The PNG is one
-image of the run-wide charts. RUN_DIR is any folder hacfed.run_report understands (a coordinator's
+image of the run-wide charts. RUN_DIR is any folder hacfed.tools.run_report understands (a coordinator's
 or a lab's state dir, a `hacfed sim`/`hacfed demo` metrics file or its folder); a folder without
 metrics is refused with exit code 2.
 """
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from hacfed.run_report import NoMetrics, RunData, accuracy_change, load_run, totals
-from hacfed.run_report_charts import Chart, lab_charts, overview_charts
+from hacfed.tools.run_report import NoMetrics, RunData, accuracy_change, load_run, totals
+from hacfed.tools.run_report_charts import Chart, lab_charts, overview_charts
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em}

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hacfed.experiments.curves import plot_setting
-from hacfed.experiments.matrix import Comparison, Matrix
-from hacfed.experiments.results import Metric, SettingResults, load_setting
-from hacfed.experiments.stats import Estimate, PairedDifference, mean_ci, paired_difference
+from hacfed.tools.experiments.curves import plot_setting
+from hacfed.tools.experiments.matrix import Comparison, Matrix
+from hacfed.tools.experiments.results import Metric, SettingResults, load_setting
+from hacfed.tools.experiments.stats import Estimate, PairedDifference, mean_ci, paired_difference
 
 BEGIN = "<!-- BEGIN hacfed bench modes -->"
 END = "<!-- END hacfed bench modes -->"

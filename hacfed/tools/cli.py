@@ -76,16 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hacfed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_models_parser(sub)
-    from hacfed import sim  # torch-free at import; heavy modules load inside run_sim
+    from hacfed.tools import sim  # torch-free at import; heavy modules load inside run_sim
 
     sim.add_parser(sub)
-    from hacfed import demo  # torch-free at import
+    from hacfed.tools import demo  # torch-free at import
 
     demo.add_parser(sub)
-    from hacfed.experiments import bench_modes  # torch-free at import
+    from hacfed.tools.experiments import bench_modes  # torch-free at import
 
     bench_modes.add_parser(sub)
-    from hacfed import run_report_html  # torch-free; matplotlib loads only to draw
+    from hacfed.tools import run_report_html  # torch-free; matplotlib loads only to draw
 
     run_report_html.add_parser(sub)
     return parser
@@ -99,19 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "models":
         return _run_models(args)
     if args.command == "sim":
-        from hacfed import sim
+        from hacfed.tools import sim
 
         return sim.run_from_args(args)
     if args.command == "demo":
-        from hacfed import demo
+        from hacfed.tools import demo
 
         return demo.run_from_args(args)
     if args.command == "bench":
-        from hacfed.experiments import bench_modes
+        from hacfed.tools.experiments import bench_modes
 
         return bench_modes.run_from_args(args)
     if args.command == "report":
-        from hacfed import run_report_html
+        from hacfed.tools import run_report_html
 
         return run_report_html.run_from_args(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse only admits the ones above

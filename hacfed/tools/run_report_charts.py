@@ -1,6 +1,6 @@
 """The charts of `hacfed report`: each one a function that draws on a matplotlib Axes.
 
-The HTML report (hacfed.run_report_html) gives each chart a figure of its own; the PNG report puts
+The HTML report (hacfed.tools.run_report_html) gives each chart a figure of its own; the PNG report puts
 the run-wide ones on one grid. Drawing on a given Axes keeps the two from diverging. Which charts a
 run gets depends on what its rows logged (`charts_for`): a run without cross samples (a single lab,
 `gspo`) has no ratio charts, one without a journal no rejection codes.
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hacfed.run_report import (
+from hacfed.tools.run_report import (
     QUANTILES, RunData, capability_ratios, cross_stats, ratio_quantile_samples, series,
 )
 

@@ -51,9 +51,9 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def _run_checked(args: argparse.Namespace) -> int:
-    from hacfed.experiments.matrix import load_matrix
-    from hacfed.experiments.report import NothingToReport, ReportPaths, write_report
-    from hacfed.experiments.runner import plan_runs, run_matrix
+    from hacfed.tools.experiments.matrix import load_matrix
+    from hacfed.tools.experiments.report import NothingToReport, ReportPaths, write_report
+    from hacfed.tools.experiments.runner import plan_runs, run_matrix
 
     matrix = load_matrix(args.matrix)
     only = [name.strip() for item in args.only for name in item.split(",") if name.strip()]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from hacfed.experiments.matrix import Setting
-from hacfed.experiments.runner import is_complete, runs_of
+from hacfed.tools.experiments.matrix import Setting
+from hacfed.tools.experiments.runner import is_complete, runs_of
 
 Metric = Literal["accuracy", "pass1"]
 # Per-source cross-sample statistics the update logs (`train/cross/SOURCE/STAT`, clients/update.py):

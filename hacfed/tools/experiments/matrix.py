@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hacfed.modes import get_mode
+from hacfed.tools.modes import get_mode
 from hacfed.messages import PEER_CHOICES
-from hacfed.sim import SIM_MODES, TASKS, participant_ids
+from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
 from hacfed.tomlfile import read_toml
 
 # Keys of [defaults], each also allowed in a setting's table.

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from hacfed.modes import MODE_NAMES, RECOMMENDED, get_mode, modes_help
+from hacfed.tools.modes import MODE_NAMES, RECOMMENDED, get_mode, modes_help
 
 DEFAULT_AGENTS = "tiny-llama,tiny-gpt2,tiny-qwen2"
 DEMO_MODE = RECOMMENDED
@@ -195,7 +195,7 @@ def provision_transport(root: Path, server_state: Path, ids: Sequence[str], *, i
 
 
 def write_server_config(path: Path, args: Any, n: int, state_dir: Path) -> Path:
-    # The named mode's HacpoConfig settings (gspo2 also doubles G: hacfed.modes).
+    # The named mode's HacpoConfig settings (gspo2 also doubles G: hacfed.tools.modes).
     hacpo_table = "\n".join(f"{key} = {json.dumps(value)}" for key, value in get_mode(args.mode).settings.items())
     text = f"""run_id = "hacfed-demo"
 rounds = {args.rounds}
