@@ -16,12 +16,12 @@ import base64
 import html
 import io
 import math
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from hacfed.envelope import write_atomic
 from hacfed.tools.run_report import NoMetrics, RunData, accuracy_change, load_run, totals
 from hacfed.tools.run_report_charts import Chart, lab_charts, overview_charts
 
@@ -142,11 +142,12 @@ def render_png(data: RunData, path: Path, title: str) -> int:
 
 
 def _atomic_write(path: Path, write: Any) -> None:
+    """`write(file)` into memory, then a fresh temp file beside `path` and a rename: a file or
+    link someone planted at a predictable temp name is never followed or written through."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        write(fh)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    write(buffer)
+    write_atomic(path, buffer.getvalue(), 0o644)
 
 
 def write_report(run: Path, out: Path | None) -> tuple[Path, int]:

@@ -96,6 +96,17 @@ def test_png_report_is_one_image(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
+@pytest.mark.parametrize("name", ["report.html", "report.png"])
+def test_a_link_planted_at_the_temp_name_is_not_written_through(tmp_path: Path, name: str) -> None:
+    state = _state_dir(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (state / f"{name}.tmp").symlink_to(victim)
+    assert main(["report", str(state), "--out", str(state / name)]) == 0
+    assert victim.read_text() == "keep me"
+    assert (state / name).is_file() and not (state / name).is_symlink()
+
+
 @pytest.mark.parametrize("setup", ["empty", "missing", "empty-file", "bad-suffix"])
 def test_no_metrics_is_one_line_and_exit_2(setup: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     target, out = tmp_path / "run", []
