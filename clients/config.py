@@ -1,4 +1,4 @@
-"""hacfed-client's typed configuration: one lab's local choices (design.md rule 5).
+"""hacfed-client's typed configuration: one lab's local choices (docs/style.md rule 5).
 
     cfg = load_client_config("deploy/participant.toml", flags={"model": "tiny-gpt2"}, task_sets=["digits=3"])
 

@@ -1,7 +1,7 @@
 """A lab's participant: owns model, tokenizer, optimizer, reference policy and checkpoints.
 
 Runs in a lab's hacfed-client process, resident for the whole run (and in `hacfed sim`, one per
-agent). One exchange per round (design.md): `step(update)` trains on the pool of round r, evaluates
+agent). One exchange per round (docs/design.md): `step(update)` trains on the pool of round r, evaluates
 when the next plan asks for it, rolls out plan r+1 with the updated policy and returns the
 submission. The parts live beside it: `rollout_and_eval` (sampling a plan, held-out accuracy),
 `training` (policy, reference, optimizer, training on the pool; the HACPO update is `update`) and

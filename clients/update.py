@@ -1,4 +1,4 @@
-"""One learner's HACPO update on a round's pool (design.md "Participant's round", step 1).
+"""One learner's HACPO update on a round's pool (docs/design.md "A lab's round", step 1).
 
 Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `hacfed.clients.training`.
 
@@ -54,7 +54,7 @@ class UpdateSettings:
 
 
 def order_pool(pool: Sequence[Trajectory], learner: str, agent_order: Sequence[str], cfg: HacpoConfig) -> list[Trajectory]:
-    """Own samples first, then each other source in agent order (hacpo.md §5); gspo drops others."""
+    """Own samples first, then each other source in agent order (docs/hacpo.md §5); gspo drops others."""
     rank = {agent: i for i, agent in enumerate(agent_order)}
     own = [t for t in pool if t.source_id == learner]
     if cfg.mode in ("gspo", "grpo"):

@@ -1,4 +1,4 @@
-"""HACPO math: pure functions on torch tensors (Zhang et al., arXiv 2603.02604; hacpo.md).
+"""HACPO math: pure functions on torch tensors (Zhang et al., arXiv 2603.02604; docs/hacpo.md).
 
 One function per mechanism, no model, tokenizer, I/O or global state:
   - capability estimate P̂ and ratios ........ `CapabilityTracker`, `capability_ratio` (§2, Eq. 10)
@@ -42,7 +42,7 @@ def hacpo_advantages(
     capabilities: Mapping[str, float],
     cfg: HacpoConfig,
 ) -> Tensor:
-    """Advantages of every sample for learner k (hacpo.md §3, Eqs. 6-8).
+    """Advantages of every sample for learner k (docs/hacpo.md §3, Eqs. 6-8).
 
     rewards: (N,) raw rewards; prompt_ids / source_ids: length N. Per prompt group:
       - all rewards identical -> every advantage 0 (uniform-reward guard);
@@ -116,7 +116,7 @@ def hacpo_policy_loss(
     update_index: int,
     cfg: HacpoConfig,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The HACPO objective for one minibatch (hacpo.md §4-§5). All inputs are (B,).
+    """The HACPO objective for one minibatch (docs/hacpo.md §4-§5). All inputs are (B,).
 
     learner_mean_logp: token-mean log-prob of each response under the current learner (grad flows).
     source_mean_logp: the source's old per-token mean (= sum / count of the summary), no grad.
@@ -214,7 +214,7 @@ def hacpo_policy_loss(
 def grpo_token_loss(
     logp: Tensor, old_logp: Tensor, mask: Tensor, advantages: Tensor, cfg: HacpoConfig
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO with DAPO's clip-higher (hacpo.md §7): token-level ratios, own samples only.
+    """GRPO with DAPO's clip-higher (docs/hacpo.md §7): token-level ratios, own samples only.
 
     logp, old_logp, mask: (B, T); advantages: (B,). r_t = exp(logp_t − old_t);
     obj_t = min(r_t·A, clip(r_t, 1 − ε_low, 1 + ε_high)·A) with ε = grpo_clip_low / grpo_clip_high
@@ -254,7 +254,7 @@ def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
 
     logp, ref_logp, mask: (B, T). Token-mean inside each sequence, mean over sequences (the same
     aggregation as the policy loss). The log difference is clamped to ±20 for numerical safety.
-    Applied to the learner's own samples only (hacpo.md §5).
+    Applied to the learner's own samples only (docs/hacpo.md §5).
     """
     if logp.shape != ref_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
         raise ValueError(

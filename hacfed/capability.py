@@ -1,4 +1,4 @@
-"""Capability estimate P̂ and capability ratios (hacpo.md §2). Torch-free: the coordinator uses it.
+"""Capability estimate P̂ and capability ratios (docs/hacpo.md §2). Torch-free: the coordinator uses it.
 
 Federated difference from the authors' two-agent trainer: an agent absent from a step (a dropped
 lab) keeps its history unchanged and the step does not fail; agents can be added later.

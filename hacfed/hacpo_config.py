@@ -1,4 +1,4 @@
-"""HACPO hyper-parameters (hacpo.md §5-§6). Torch-free so the coordinator can carry them."""
+"""HACPO hyper-parameters (docs/hacpo.md §5-§6). Torch-free so the coordinator can carry them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Domain types of one federation round (design.md "What crosses the wire"). Torch-free.
+"""Domain types of one federation round (docs/design.md "What crosses the wire"). Torch-free.
 
 The coordinator owns every setting that must agree across organizations and sends it in the
 `RoundPlan`. One exchange per round: the coordinator sends a `RoundUpdate` (pool and capabilities of

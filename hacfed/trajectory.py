@@ -1,4 +1,4 @@
-"""Tokenizer-neutral trajectories and learner-side training views (hacpo.md §1, design.md).
+"""Tokenizer-neutral trajectories and learner-side training views (docs/hacpo.md §1, docs/design.md).
 
 A `Trajectory` is what crosses the wire: text, reward and the source policy's log-prob summary
 (sum and token count of its own response tokens, EOS excluded). A `TrainingView` is the same sample

@@ -1,6 +1,6 @@
 """hacfed's coordinator side (installed as ``hacfed.server``): everything the coordinator's processes run.
 
-Never imports torch (design.md; tests/unit/test_import_boundary.py and test_server_driver.py check
+Never imports torch (docs/design.md; tests/unit/test_import_boundary.py and test_server_driver.py check
 it) and never imports ``hacfed.clients``. Processes and the modules each one runs:
 
 - hacfed-server (``main``, ``config``, ``runner``): checks the config, opens the journal, creates
@@ -15,7 +15,7 @@ it) and never imports ``hacfed.clients``. Processes and the modules each one run
     hacfed-client --model tiny-llama --server 127.0.0.1:9092 --participant-id lab-a \\
         --state-dir state/lab-a --coordinator-key state/coordinator/coordinator.pub --insecure
 
-Protocol (one exchange per round, design.md), every payload an Ed25519 envelope (security.md S2):
+Protocol (one exchange per round, docs/design.md), every payload an Ed25519 envelope (security.md S2):
 
     coordinator (FederationDriver, inside the Flower ServerApp)          participant (ParticipantService)
     update = coordinator.make_update(r)

@@ -28,7 +28,7 @@ left out, and its next hello (the loop asks again after hello-timeout-s) tells i
 (HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before every
 round and every reply, so a lab revoked meanwhile is sent nothing more and its reply is refused.
 
-Never imports torch (design.md): `driver-status.json` records `'torch' in sys.modules`.
+Never imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Session-wide test settings.
 
 Every test, and every Python process it starts, is confined to the clone
-(tests/confine/hacfed_confine.py): a test that reads `../shared`, the home directory or any other
+(tests/confine/hacfed_confine.py): a test that reads a sibling directory, the home directory or any other
 file a fresh clone does not have fails, naming the path. HACFED_TEST_CONFINE=0 switches it off.
 
 Third-party caches stay out of the home directory too: matplotlib (the demo's plot) keeps its font

@@ -1,7 +1,7 @@
 """Build a Task from a plain config mapping (a TOML table or the coordinator's run config).
 
 Torch-free on purpose: the coordinator builds its task here and must never import torch
-(design.md). `datasets` is imported only when a data-file task actually reads its files.
+(docs/design.md). `datasets` is imported only when a data-file task actually reads its files.
 
     load_task({"kind": "arithmetic", "digits": 2, "operators": "+", "seed": 0})
     load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["gsm8k/train.jsonl"],

@@ -31,7 +31,7 @@ XHACPO = {"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pes
 _MODES = (
     NamedMode("xhacpo", XHACPO, "recommended: HACPO that learns from peers' successes only, with a "
               "tokenizer-invariant ratio and a one-sided clip (docs/xhacpo.md)"),
-    NamedMode("hacpo", {"mode": "hacpo"}, "paper-exact HACPO (Zhang et al. 2026): the four mechanisms, hacpo.md"),
+    NamedMode("hacpo", {"mode": "hacpo"}, "paper-exact HACPO (Zhang et al. 2026): the four mechanisms, docs/hacpo.md"),
     NamedMode("naive", {"mode": "naive"}, "share rollouts with none of HACPO's mechanisms (the paper's Naive)"),
     NamedMode("sapo", {"mode": "sapo"}, "RL Swarm's SAPO: peers' text scored by the learner as its own "
               "on-policy samples, no source log-probs"),

@@ -1,4 +1,4 @@
-"""The one serde family: hacfed domain types <-> versioned protobuf bytes (style.md rule 6).
+"""The one serde family: hacfed domain types <-> versioned protobuf bytes (docs/style.md rule 6).
 
 Shared by both sides: the coordinator's driver and a lab's participant service encode and decode
 with it. `types` holds the wire layer's own records and codes, `convert` maps each domain type to

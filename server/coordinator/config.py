@@ -1,5 +1,5 @@
 """The coordinator's typed configuration: every setting that must agree across organizations
-(design.md rule 5) plus the coordinator's own reliability limits. Network and TLS options belong to
+(docs/style.md rule 5) plus the coordinator's own reliability limits. Network and TLS options belong to
 the server command line, not here.
 
 Read by hacfed-server (`hacfed.server.config`), by the round driver in the ServerApp process, and

@@ -3,7 +3,7 @@
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
 
-HACPO needs every agent to answer the same prompts (hacpo.md §1), so a round has one plan for all
+HACPO needs every agent to answer the same prompts (docs/hacpo.md §1), so a round has one plan for all
 participants. The prompts are the `prompts_per_round` train problems with the smallest
 sha256(run_id, seed, round_id, prompt_id): a pure function of the configuration and the task's
 prompt ids, identical on every machine, Python version and restart, and independent of the order in

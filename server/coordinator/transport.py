@@ -1,4 +1,4 @@
-"""The transport interface and its in-process implementation (design.md "An in-process transport").
+"""The transport interface and its in-process implementation (docs/design.md "An in-process transport").
 
 Runs in the coordinator's process: the in-process loop drives `hacfed sim`, tests and benchmarks;
 the Flower transport is `hacfed.server.serverapp` + `hacfed.server.driver`.

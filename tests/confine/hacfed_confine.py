@@ -1,6 +1,6 @@
 """Test confinement: record every file a test process opens, lists or creates outside the clone.
 
-A clone must stand on its own (no `../shared`, no files of this machine's home). `tests/conftest.py`
+A clone must stand on its own (no sibling directory, no files of this machine's home). `tests/conftest.py`
 installs this in the pytest process and, through `sitecustomize.py` in this folder (put first on
 PYTHONPATH), in every Python process the tests start, so hacfed-server, hacfed-client and the Flower
 processes they spawn are watched too. The hook is `sys.addaudithook` on the events `open`,
@@ -8,7 +8,7 @@ processes they spawn are watched too. The hook is `sys.addaudithook` on the even
 
 Where a path may be:
 - inside the clone: allowed;
-- inside a directory that existed beside the clone when the session started (`../shared`, ...):
+- inside a directory that existed beside the clone when the session started (a sibling folder):
   a violation, even when the clone's parent is itself a temporary or allowed directory, unless
   that directory is one of the specific roots below (a virtual environment kept in `../venv`);
 - inside the specific roots of this run (the virtual environment, the Python installation,

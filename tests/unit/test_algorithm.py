@@ -1,4 +1,4 @@
-"""HACPO math pinned against numbers worked by hand (hacpo.md §2-§5), arithmetic in the comments."""
+"""HACPO math pinned against numbers worked by hand (docs/hacpo.md §2-§5), arithmetic in the comments."""
 
 from __future__ import annotations
 

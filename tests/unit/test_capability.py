@@ -1,4 +1,4 @@
-"""CapabilityTracker (hacpo.md §2) including the federated cases: dropped and late agents."""
+"""CapabilityTracker (docs/hacpo.md §2) including the federated cases: dropped and late agents."""
 
 from __future__ import annotations
 

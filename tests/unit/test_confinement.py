@@ -1,5 +1,5 @@
 """The check that keeps the suite honest about a fresh clone (tests/confine/hacfed_confine.py): a
-test that reads `../shared` fails, in the pytest process and in any process it starts."""
+test that reads a sibling directory of the clone fails, in the pytest process and in any process it starts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every TOML shipped under deploy/ parses and validates (style.md rule 4)."""
+"""Every TOML shipped under deploy/ parses and validates (docs/style.md rule 4)."""
 
 from __future__ import annotations
 

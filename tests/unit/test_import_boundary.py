@@ -5,8 +5,8 @@ same, only later), resolved to first-party modules, and followed transitively, s
 server/ that imports a shared hacfed/ module that imports clients/ fails too. Shared hacfed/ modules
 import neither side, nor the all-in-one tool (`hacfed.tools`), which is the one package that starts
 both sides; no module outside it may import it. Only the
-wire family touches generated protobuf code (style.md rule 6). The coordinator's side also never
-reaches torch, transformers or vLLM (design.md; `test_server_side_never_loads_torch` checks the same
+wire family touches generated protobuf code (docs/style.md rule 6). The coordinator's side also never
+reaches torch, transformers or vLLM (docs/design.md; `test_server_side_never_loads_torch` checks the same
 at run time).
 """
 
