@@ -354,12 +354,13 @@ def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
     (`FederationDriver.on_replies`); per-round phases."""
     import hacfed.server.driver as driver_mod
     from hacfed.server.allocator import keep_freed_memory
+    from hacfed.server.collector import freeze_startup_objects
     from hacfed.server.driver_settings import DriverSettings
 
     settings = DriverSettings.read(work / "driver-settings.json")
     driver = driver_mod.FederationDriver(settings)
     keep_freed_memory()  # as make_driver does in the ServerApp
-    driver_mod.freeze_startup_objects()
+    freeze_startup_objects()
     clock, sizes = PhaseClock(), []
     cfg = settings.coordinator_config
     labs = lab_ids(cfg.expected_participants)

@@ -15,6 +15,11 @@ enough registered participants are connected: the first round waits up to one de
 round or the next one. After the last round a plan-less update collects the final reports
 (`hacfed.server.run_end`).
 
+The driver owns the rounds (opening, closing, what each lab is sent) and hands the rest to
+collaborators it builds: `Deliveries` (what is in flight, retry times, sealing), `Hellos` (which
+lab a node is), `LabReplies` (judging and answering replies) and `RunEnd` (final reports and
+acknowledgements).
+
 Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier
 submissions (`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal
 with its code) plus this exchange's request. A lab replies with a `LabReply`: its submission and the
@@ -23,8 +28,7 @@ signature, then `Coordinator.submit`) and answered. A lab whose answers wait whi
 else to do gets them in an answers-only delivery.
 
 A Flower node takes part only once its hello proved which registered lab it is (`hello` /
-`identify`, `hacfed.server.membership`); a node whose hello claims an id that is not registered is
-left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
+`identify`, `hacfed.server.hellos`); a node whose hello claims an id that is not registered is left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
 (HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before every
 round and every reply, so a lab revoked meanwhile is sent nothing more and its reply is refused.
 
@@ -33,44 +37,36 @@ Never imports torch (docs/design.md): `driver-status.json` records `'torch' in s
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
-import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from hacfed.crashpoints import crash_point
-from hacfed.envelope import DOMAIN_UPDATE, load_private_key, seal, seal_parts
-from hacfed.exchange import seal_delivery
+from hacfed.envelope import load_private_key
 from hacfed.flower_pulls import shorten_pull_retries
-from hacfed.hello import HELLO_REQUEST_TYPE, hello_challenge
 from hacfed.identity import is_participant_id
 from hacfed.server.allocator import keep_freed_memory
 from hacfed.server.answers import AnswerQueue
+from hacfed.server.collector import freeze_startup_objects
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
-from hacfed.server.coordinator.pool_share import share_salt
-from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, STATUS_FILE, DriverSettings
-from hacfed.server.membership import NOT_REGISTERED, Membership
+from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
+from hacfed.server.console_log import ConsoleLog
+from hacfed.server.driver_settings import CONSOLE_FILE, DriverSettings
+from hacfed.server.hellos import Hellos
+from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
-from hacfed.server.replies import ACK, ANSWERS, NOTICE_INTERVAL_S, LabReplies, _Sent, _what
+from hacfed.server.replies import LabReplies
 from hacfed.server.reporting import (
     StepTimes, append_rows, participant_line, round_line, round_rows, rounds_written, split_round,
 )
-from hacfed.server.round_updates import RoundUpdates
-from hacfed.server.run_end import RunEnd
-from hacfed.wire import PayloadType
-from hacfed.wire.framing import delivery_parts_of
+from hacfed.server.round_updates import SealedUpdates
+from hacfed.server.run_end import RunEnd, write_status
 
 log = logging.getLogger("hacfed.server.driver")
-T, R = TypeVar("T"), TypeVar("R")
 
 
 class SupervisorGone(RuntimeError):
@@ -83,7 +79,7 @@ class FailedClosed(RuntimeError):
     again) and otherwise exits non-zero. Unacknowledged submissions stay in the labs' outboxes."""
 
 
-class FederationDriver(LabReplies, RunEnd):
+class FederationDriver:
     def __init__(
         self, settings: DriverSettings, *, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
@@ -92,37 +88,38 @@ class FederationDriver(LabReplies, RunEnd):
         self.cfg = settings.coordinator_config
         self.state_dir = Path(self.cfg.state_dir)
         self._monotonic = monotonic
-        self._console_sink = console
+        self.console = ConsoleLog(self.state_dir / CONSOLE_FILE, console)
         self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
         self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, settings.task_base_dir),
                                        self.journal, clock=clock)
         self._key = load_private_key(settings.coordinator_key)
         self.answers = AnswerQueue(self._key, self.cfg.run_id)
-        self._answers_retry_at: dict[str, float] = {}  # after a failed answers-only delivery
-        self._noticed: dict[str, float] = {}  # unregistered participant -> when it was last told
         self.membership = Membership(Path(settings.keys_dir), self.console,
                                      trust_on_first_use=settings.trust_on_first_use,
                                      bindings_path=self.state_dir / BINDINGS_FILE if settings.supernode_auth else None)
-        self._challenges: dict[int, bytes] = {}  # node id -> the challenge of its last hello
-        self._unregistered: dict[int, str] = {}  # node id -> the unregistered id its hello claimed
         self.metrics_out = Path(settings.metrics_out)
+        self.deliveries = Deliveries(self._key, self.answers, monotonic)
+        self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
+        self.hellos = Hellos(self._key, self.cfg.run_id, self.membership, monotonic)
+        self.run_end = RunEnd(self.cfg, self.coordinator, self.journal, self.membership, self.deliveries, self._key,
+                              self.console, monotonic, self.metrics_out)
+        self.replies = LabReplies(
+            coordinator=self.coordinator, journal=self.journal, membership=self.membership, answers=self.answers,
+            deliveries=self.deliveries, run_end=self.run_end, key=self._key, rounds=self.cfg.rounds,
+            console=self.console, monotonic=monotonic, on_step_times=self._record_steps,
+        )
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
-        self._sent: dict[int, _Sent] = {}
-        self._begun: deque[tuple[str, Callable[[], None]]] = deque()  # `on_replies`, `LabReplies._judge`
-        self._retry_at: dict[str, float] = {}
         self._last_error: dict[str, str] = {}
         self._told: set[str] = set()
         self._registered: set[str] = set()  # registered with the coordinator by this driver
         self._connected: set[str] = set()  # admitted participants the loop currently knows
-        self._updates: dict[tuple[int, tuple[str, ...]], RoundUpdates] = {}
         self._steps: dict[str, StepTimes] = {}
         self._coordinator_s = 0.0
         self._waiting_since: float | None = None
-        self._final_since: float | None = None
-        self._acks: set[str] = set()  # the run is over for them; acknowledgement not yet delivered
-        self._acked: set[str] = set()  # acknowledgements sent (each participant gets one)
-        self._done = (self.state_dir / DONE_FILE).exists()
         self._resume()
+
+    def _record_steps(self, participant_id: str, times: StepTimes) -> None:
+        self._steps[participant_id] = times
 
     # -- RoundDriver ----------------------------------------------------------------------------
 
@@ -148,22 +145,10 @@ class FederationDriver(LabReplies, RunEnd):
             self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
             raise SupervisorGone(f"hacfed-server (pid {self.settings.supervisor[0]}) is gone")
         started = self._monotonic()
-        admitted = self.membership.admit(participants)  # re-reads the registry if it changed
-        for pid in sorted(admitted - self._connected):
-            self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
-            self.coordinator.register(pid)  # idempotent; a quarantined participant stays so
-            self._registered.add(pid)
-        for pid in sorted(self._connected - admitted):
-            self.console(f"left: {pid} (its Flower node is gone)" if self.membership.known(pid) else
-                         f"revoked: {pid} is no longer registered: it is sent nothing more and its submissions "
-                         f"are refused")
-        self._connected = set(admitted)
-        # Only admitted participants get rounds; with trust on first use an unknown (valid) id also gets
-        # a key request. A revoked lab's node stays mapped by the loop, but is sent nothing.
-        self._nodes = {node: pid for node, pid in participants.items() if pid in admitted or (
-            self.membership.trust_on_first_use and is_participant_id(pid) and not self.membership.known(pid))}
-        payloads = self._key_requests({pid for pid in self._nodes.values() if not self.membership.known(pid)})
-        if self._done:
+        admitted = self._admit(participants)
+        unknown = {pid for pid in self._nodes.values() if not self.membership.known(pid)}
+        payloads = self.replies.key_requests(self._nodes, unknown)
+        if self.run_end.done:
             return payloads or None
         if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
             self._close(reason)
@@ -177,30 +162,32 @@ class FederationDriver(LabReplies, RunEnd):
         self._coordinator_s += self._monotonic() - started
         return payloads or None
 
+    def _admit(self, participants: Mapping[int, str]) -> set[str]:
+        """The admitted labs among the loop's nodes (the registry re-read if it changed), joins and
+        leaves named on the console; `_nodes` becomes the nodes that may be sent something."""
+        admitted = self.membership.admit(participants)
+        for pid in sorted(admitted - self._connected):
+            self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
+            self.coordinator.register(pid)  # idempotent; a quarantined participant stays so
+            self._registered.add(pid)
+        for pid in sorted(self._connected - admitted):
+            self.console(f"left: {pid} (its Flower node is gone)" if self.membership.known(pid) else
+                         f"revoked: {pid} is no longer registered: it is sent nothing more and its submissions "
+                         f"are refused")
+        self._connected = set(admitted)
+        # Only admitted participants get rounds; with trust on first use an unknown (valid) id also gets
+        # a key request. A revoked lab's node stays mapped by the loop, but is sent nothing.
+        self._nodes = {node: pid for node, pid in participants.items() if pid in admitted or (
+            self.membership.trust_on_first_use and is_participant_id(pid) and not self.membership.known(pid))}
+        return admitted
+
     def hello(self, node_id: int) -> bytes:
-        """The payload of a hello to `node_id`: a fresh challenge, signed by the coordinator. A node
-        refused before because its id is not registered gets the challenge inside a delivery that also
-        tells it so (HACFED-E-UNKNOWN-PARTICIPANT), at most every NOTICE_INTERVAL_S."""
-        challenge = hello_challenge(self.cfg.run_id, node_id)
-        self._challenges[node_id] = challenge
-        request = seal(challenge, HELLO_REQUEST_TYPE, self._key, DOMAIN_UPDATE)
-        pid, now = self._unregistered.get(node_id), self._monotonic()
-        if pid is None or now < self._noticed.get(pid, -NOTICE_INTERVAL_S) + NOTICE_INTERVAL_S:
-            return request
-        notice = self._unknown_notice(pid)
-        if notice is None:
-            return request
-        self._noticed[pid] = now
-        return seal_delivery([notice], request, self._key)
+        """The payload of a hello to `node_id` (`Hellos.hello`)."""
+        return self.hellos.hello(node_id)
 
     def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
-        """True when node `node_id` may be participant `participant_id` (`Membership.identify`)."""
-        reason = self.membership.identify(node_id, participant_id, proof, self._challenges.pop(node_id, None))
-        if reason == NOT_REGISTERED:
-            self._unregistered[node_id] = participant_id  # told so with its next hello
-        else:
-            self._unregistered.pop(node_id, None)
-        return reason is None
+        """True when node `node_id` may be participant `participant_id` (`Hellos.identify`)."""
+        return self.hellos.identify(node_id, participant_id, proof)
 
     def on_reply(self, node_id: int, payload: bytes) -> None:
         self.on_replies([(node_id, payload)])
@@ -222,47 +209,47 @@ class FederationDriver(LabReplies, RunEnd):
     def _timed_finish(self, keep: int) -> None:
         started = self._monotonic()
         try:
-            self._finish_judging(keep)
+            self.replies.finish_judging(keep)
         finally:
             self._coordinator_s += self._monotonic() - started
 
     def _on_reply(self, node_id: int, payload: bytes) -> None:
         started = self._monotonic()
-        sent = self._sent.pop(node_id, None)
+        sent = self.deliveries.take(node_id)
         if sent is None:
             log.warning("ignoring a reply from node %s that was sent nothing", node_id)
             return
         pid = sent.participant_id
         self.membership.refresh()  # a lab revoked since it was sent this exchange is refused here
         if sent.round_id is None:
-            self._accept_key_offer(pid, payload)
+            self.replies.accept_key_offer(pid, payload)
         elif not self.membership.known(pid):
-            self._refuse(sent, "HACFED-E-UNAUTHENTICATED", f"{pid} is no longer registered (revoked)")
-        elif self.membership.known(pid):
+            self.replies.refuse(sent, "HACFED-E-UNAUTHENTICATED", f"{pid} is no longer registered (revoked)")
+        else:
             if sent.answers:  # the lab replied to the delivery: it holds these receipts and refusals
                 self.answers.delivered(pid, sent.answers)
                 crash_point("after_ack")
             if sent.round_id == ACK:
-                self._acks.discard(pid)
+                self.run_end.acknowledged(pid)
             else:
-                self._take_reply(sent, payload, started - sent.at)
+                self.replies.take(sent, payload, started - sent.at)
         self._coordinator_s += self._monotonic() - started
 
     def on_error(self, node_id: int, error: str) -> None:
-        sent = self._sent.pop(node_id, None)
+        sent = self.deliveries.take(node_id)
         if sent is None:
             return
         pid = sent.participant_id
         if sent.round_id == ACK:  # the participant may leave as soon as it has the ack: no retry
-            self._acks.discard(pid)
+            self.run_end.acknowledged(pid)
             return
         if sent.round_id == ANSWERS:  # its answers stay queued; try again after the interval
-            self._answers_retry_at[pid] = self._monotonic() + self.settings.retry_interval_s
+            self.deliveries.hold_answers(pid, self.settings.retry_interval_s)
             return
-        self._retry_at[pid] = self._monotonic() + self.settings.retry_interval_s
+        self.deliveries.hold(pid, self.settings.retry_interval_s)
         if self._last_error.get(pid) != error:  # a participant that stays down is named once
             self._last_error[pid] = error
-            self.console(f"{_what(sent)} {pid}: exchange failed: {safe_text(error, 300)}")
+            self.console(f"{what(sent)} {pid}: exchange failed: {safe_text(error, 300)}")
 
     def round_done(self) -> bool:
         if not self.settings.supervisor_alive():
@@ -276,12 +263,12 @@ class FederationDriver(LabReplies, RunEnd):
         with self._fail_closed_guard():
             if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
                 self._close(reason)
-            elif self.coordinator.finished and not self._done:
-                self._maybe_finish()
+            elif self.coordinator.finished and not self.run_end.done:
+                self.run_end.maybe_finish(self._nodes)
         self._coordinator_s += self._monotonic() - started
 
     def finished(self) -> bool:
-        return self._done
+        return self.run_end.done
 
     # -- rounds ---------------------------------------------------------------------------------
 
@@ -310,67 +297,41 @@ class FederationDriver(LabReplies, RunEnd):
                 return
         self._waiting_since = None
         plan = self.coordinator.open_round()
-        self._steps, self._coordinator_s, self._retry_at, self._last_error = {}, 0.0, {}, {}
+        self._steps, self._coordinator_s, self._last_error = {}, 0.0, {}
+        self.deliveries.clear_holds()
         self.console(f"round {plan.round_id} open: {len(plan.prompts)} prompts x G={plan.group_size}"
                      f"{' (+ evaluation)' if plan.evaluate else ''}, deadline {self.cfg.round_deadline_s:.0f}s")
 
     def _targets(self, admitted: set[str], done: Callable[[str], bool]) -> dict[int, str]:
-        now, busy = self._monotonic(), {s.participant_id for s in self._sent.values()}
+        now, busy = self._monotonic(), self.deliveries.busy()
         active = self._active(admitted)
         return {node: pid for node, pid in self._nodes.items()
-                if pid in active and pid not in busy and not done(pid) and self._retry_at.get(pid, 0.0) <= now}
-
-    def _sealed_update(self, next_round: int) -> Callable[[str], Sequence[bytes]]:
-        """The sealed update of `next_round` for each lab (`hacfed.server.round_updates`), built once
-        per round and active set."""
-        active = tuple(sorted(p.participant_id for p in self.coordinator.participants() if not p.quarantined))
-        key = (next_round, active)
-        if key not in self._updates:
-            self._updates = {}  # the last round's pool and blocks go before this one's are built
-            update = self.coordinator.make_update(next_round)
-            records = self.coordinator.take_pool_records(update.pool_round) if update.pool_round is not None else None
-            self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=self.cfg.pool_peers_per_prompt,
-                                               peer_choice=self.cfg.pool_peer_choice,
-                                               records=records,
-                                               salt=share_salt(self.cfg.run_id, self.cfg.seed, next_round),
-                                               console=self.console)}
-        return self._updates[key].pieces_for_lab
+                if pid in active and pid not in busy and not done(pid) and self.deliveries.may_ask(pid, now)}
 
     def _round_payloads(self, admitted: set[str]) -> dict[int, bytes]:
         round_id = self.coordinator.current_round
         targets = self._targets(admitted, lambda pid: self.coordinator.has_submitted(pid, round_id))
-        return self._send(targets, round_id, self._sealed_update(round_id)) if targets else {}
+        return self.deliveries.send(targets, round_id, self.updates.for_round(round_id)) if targets else {}
 
-    def _send(
-        self, targets: Mapping[int, str], round_id: int | None, request: bytes | Callable[[str], Sequence[bytes]],
-    ) -> dict[int, bytes]:
-        """A delivery per node: its lab's queued answers plus `request` (sealed once for all, or one
-        per lab: a callable from participant id to the sealed request as the pieces of its envelope,
-        `RoundUpdates.pieces_for_lab`, spliced into the delivery without joining them first). Per-lab
-        requests are sealed over SEAL_THREADS threads: hashing a lab's update and its delivery
-        (SHA-256 of ~6 MB each at 64 labs, bench/coordinator_scale.py) releases the GIL, so two labs
-        are sealed at once."""
-        now = self._monotonic()
-        jobs = [(node, pid, self.answers.pending(pid)) for node, pid in targets.items()]
-
-        def seal(job: tuple[int, str, tuple[bytes, ...]]) -> bytes:
-            _, pid, answers = job
-            if not callable(request):
-                return seal_delivery(answers, request, self._key)
-            return seal_parts(delivery_parts_of(answers, request(pid)), PayloadType.DELIVERY, self._key, DOMAIN_UPDATE)
-
-        sealed = in_threads(seal, jobs, SEAL_THREADS if callable(request) else 1)
-        for node, pid, answers in jobs:  # only once every delivery is sealed
-            self._sent[node] = _Sent(pid, round_id, now, answers)
-        return {node: data for (node, _, _), data in zip(jobs, sealed)}
+    def _final_payloads(self, admitted: set[str]) -> dict[int, bytes]:
+        """After the last round: the acknowledgements due, and the plan-less update to every active
+        lab that has not reported yet; when there is nothing to send, the run may be done."""
+        payloads = self.run_end.ack_payloads(self._nodes)
+        reported = set(self.run_end.final_reports())
+        targets = self._targets(admitted, lambda pid: pid in reported)
+        if targets:
+            payloads.update(self.deliveries.send(targets, FINAL, self.updates.for_round(self.cfg.rounds)))
+        if not payloads:
+            self.run_end.maybe_finish(self._nodes)
+        return payloads
 
     def _answer_deliveries(self, admitted: set[str], taken: set[int]) -> dict[int, bytes]:
         """Answers-only deliveries for idle labs whose answers would otherwise wait."""
-        now, busy = self._monotonic(), {s.participant_id for s in self._sent.values()}
+        now, busy = self._monotonic(), self.deliveries.busy()
         targets = {node: pid for node, pid in self._nodes.items()
                    if node not in taken and pid in admitted and pid not in busy and self.answers.pending(pid)
-                   and self._answers_retry_at.get(pid, 0.0) <= now}
-        return self._send(targets, ANSWERS, b"")
+                   and self.deliveries.may_send_answers(pid, now)}
+        return self.deliveries.send(targets, ANSWERS, b"")
 
     def _close(self, reason: str) -> None:
         round_id = self.coordinator.current_round
@@ -386,14 +347,15 @@ class FederationDriver(LabReplies, RunEnd):
             if line and (m.submitted or (connected and not m.quarantined)):
                 self.console(line)
         self.console(round_line(summary, times) + f"; contributors {list(closed.contributors)}")
-        self._sent = {n: s for n, s in self._sent.items() if s.round_id != round_id}
+        self.deliveries.forget_round(round_id)
         self._write_status()
         if self.coordinator.finished:
-            self._final_since = self._monotonic()
-            self._retry_at, self._last_error = {}, {}
+            self.run_end.start()
+            self.deliveries.clear_holds()
+            self._last_error = {}
             self.console(f"all {self.cfg.rounds} rounds done: collecting final reports")
 
-    # -- resume, status, console -----------------------------------------------------------------
+    # -- resume, status -----------------------------------------------------------------------
 
     def _resume(self) -> None:
         resumed = self.coordinator.resume()
@@ -406,53 +368,18 @@ class FederationDriver(LabReplies, RunEnd):
         if resumed.open_round is not None:
             where = f"round {resumed.open_round} continues (same id and deadline)"
         elif self.coordinator.finished:
-            where = "all rounds done" + ("" if self._done else "; final reports pending")
+            where = "all rounds done" + ("" if self.run_end.done else "; final reports pending")
         else:
             where = f"next round {resumed.next_round}"
         closed = f"; round {resumed.closed_on_resume.round_id} closed at its passed deadline" \
             if resumed.closed_on_resume else ""
         self.console(f"coordinator ready (run {self.cfg.run_id}): {where}{closed}")
-        if self.coordinator.finished and not self._done:
-            self._final_since = self._monotonic()
-            self._acks = set(self._final_reports())  # reported before the restart: they may still wait
+        if self.coordinator.finished and not self.run_end.done:
+            self.run_end.resume()  # labs that reported before the restart may still wait for their ack
         self._write_status()
 
     def _write_status(self) -> None:
-        status = {"torch_loaded": "torch" in sys.modules, "next_round": self.coordinator.next_round_id,
-                  "open_round": self.coordinator.current_round, "done": self._done}
-        (self.state_dir / STATUS_FILE).write_text(json.dumps(status, sort_keys=True) + "\n", encoding="utf-8")
-
-    def console(self, line: str) -> None:
-        """One console line: to the sink given (tests) or appended to <state-dir>/console.log, which
-        hacfed-server prints; also logged. Always exactly one line: any control character left in it
-        (a peer's text that escaped `printable` / `safe_text`) is shown escaped, never obeyed."""
-        line = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)
-        log.info("%s", line)
-        if self._console_sink is not None:
-            self._console_sink(line)
-            return
-        with open(self.state_dir / CONSOLE_FILE, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-
-
-SEAL_THREADS = 2  # threads sealing per-lab deliveries (`FederationDriver._send`)
-_SEALERS: ThreadPoolExecutor | None = None
-
-
-def in_threads(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
-    """`[fn(x) for x in items]`, the items split in up to `threads` contiguous slices, the first in
-    the calling thread and the rest in helper threads; the first exception is raised."""
-    global _SEALERS
-    n = max(1, min(threads, len(items)))
-    if n == 1:
-        return [fn(x) for x in items]
-    if _SEALERS is None:
-        _SEALERS = ThreadPoolExecutor(max_workers=SEAL_THREADS - 1, thread_name_prefix="hacfed-seal")
-    bounds = [len(items) * i // n for i in range(n + 1)]
-    futures = [_SEALERS.submit(lambda part: [fn(x) for x in part], items[bounds[i]:bounds[i + 1]])
-               for i in range(1, n)]
-    first = [fn(x) for x in items[bounds[0]:bounds[1]]]
-    return first + [r for f in futures for r in f.result()]
+        write_status(self.state_dir, self.coordinator, self.run_end.done)
 
 
 def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
@@ -466,22 +393,3 @@ def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
     keep_freed_memory()
     freeze_startup_objects()
     return driver
-
-
-GC_THRESHOLDS = (10_000, 10, 10)  # the ServerApp's garbage collector (`freeze_startup_objects`)
-
-
-def freeze_startup_objects() -> None:
-    """Move everything allocated so far (modules, the task's problems, the journal's caches) out of
-    the garbage collector's generations: each round allocates ~labs x 1,000 samples, and every full
-    collection would walk the startup objects again (bench/coordinator_scale.py: 0.1-0.4 s of GC per
-    round at 16 labs, ~0.1 s after the freeze). Nothing frozen here is garbage.
-
-    Then collect less often (GC_THRESHOLDS; Python's default is 700, 10, 10): a 64-lab round
-    allocates a few million containers, nearly all freed by reference counting or kept for the
-    next pool, and with the default the collector ran ~760 times per round, 4-5 of them over the
-    whole heap: 0.45-0.65 s of a ~4.7 s round (bench/coordinator_scale.py, timed with
-    gc.callbacks). A young generation of 10,000 only holds unreachable cycles a little longer."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)

@@ -24,11 +24,43 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacfed.envelope import DOMAIN_UPDATE, seal_pieces
 from hacfed.messages import RoundUpdate
-from hacfed.server.coordinator.pool_share import PoolShares
+from hacfed.server.coordinator import Coordinator
+from hacfed.server.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.pool_share import PoolShares, share_salt
 from hacfed.wire import MAX_MESSAGE_BYTES, PayloadType
 from hacfed.wire.pool_splice import encode_pool_items, header_of, round_update_parts
 
 DELIVERY_ROOM = 256 * 1024  # bytes kept free for the delivery's answers and the two envelopes
+
+
+class SealedUpdates:
+    """The `RoundUpdates` the driver sends now, built once per round and set of active labs."""
+
+    def __init__(
+        self, cfg: CoordinatorConfig, coordinator: Coordinator, key: Ed25519PrivateKey, console: Callable[[str], None],
+    ) -> None:
+        self._cfg = cfg
+        self._coordinator = coordinator
+        self._key = key
+        self._console = console
+        self._updates: dict[tuple[int, tuple[str, ...]], RoundUpdates] = {}
+
+    def for_round(self, next_round: int) -> Callable[[str], Sequence[bytes]]:
+        """The sealed update of `next_round` for each lab, as its envelope's pieces
+        (`RoundUpdates.pieces_for_lab`)."""
+        active = tuple(sorted(p.participant_id for p in self._coordinator.participants() if not p.quarantined))
+        key = (next_round, active)
+        if key not in self._updates:
+            self._updates = {}  # the last round's pool and blocks go before this one's are built
+            update = self._coordinator.make_update(next_round)
+            pool_round = update.pool_round
+            records = self._coordinator.take_pool_records(pool_round) if pool_round is not None else None
+            cfg = self._cfg
+            self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=cfg.pool_peers_per_prompt,
+                                               peer_choice=cfg.pool_peer_choice, records=records,
+                                               salt=share_salt(cfg.run_id, cfg.seed, next_round),
+                                               console=self._console)}
+        return self._updates[key].pieces_for_lab
 
 
 class RoundUpdates:
@@ -78,7 +110,7 @@ class RoundUpdates:
         ~6 MB update is copied once, into the delivery, and never joined on its own
         (bench/coordinator_scale.py). The pieces are the group blocks shared by every lab, so
         caching them holds no copy. Thread-safe: the driver seals several labs' deliveries at once
-        (`FederationDriver._send`); the shared update is built once, each lab's own selection
+        (`Deliveries.send`); the shared update is built once, each lab's own selection
         outside the lock."""
         with self._lock:
             if pid in self._sealed:

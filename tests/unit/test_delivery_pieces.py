@@ -1,5 +1,5 @@
 """A lab's delivery sealed from its round update's envelope pieces (`seal_pieces`,
-`delivery_parts_of`, `RoundUpdates.pieces_for_lab`, as `FederationDriver._send` does) is byte for
+`delivery_parts_of`, `RoundUpdates.pieces_for_lab`, as `Deliveries.send` does) is byte for
 byte the delivery sealed around the joined update (`seal_delivery`), which the lab opens with its
 strict decoders; the pieces keep every check of the joined path (answers' caps, bytes only, the
 envelope's size cap)."""

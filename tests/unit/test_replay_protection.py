@@ -12,7 +12,7 @@ import sqlite3
 
 from hacfed.envelope import DOMAIN_SUBMIT, seal
 from hacfed.exchange import open_answer, seal_lab_reply
-from hacfed.server.driver import ANSWERS, _Sent
+from hacfed.server.deliveries import ANSWERS, Sent
 from hacfed.wire import PayloadType, SubmissionReceipt, encode_submission
 from tests.unit.test_coordinator_fakes import FakeClock, scripted_submission
 from tests.unit.test_server_driver import Federation
@@ -60,7 +60,7 @@ def test_identical_resends_get_the_original_receipt_and_replays_are_refused(tmp_
 
     # 1. identical resend in the same round (forced now: the driver would only ask at its next delivery)
     _reopen(lab_a, first.nonce)
-    fed.driver._sent[1] = _Sent("lab-a", ANSWERS, clock.t)
+    fed.driver.deliveries.record(1, Sent("lab-a", ANSWERS, clock.t))
     fed.driver.on_reply(1, seal_lab_reply(b"", [first.envelope], lab_a._key))
     fed.exchange()  # the answer goes back to lab-a
     entry, _ = _answer_for(lab_a, first.nonce)

@@ -1,7 +1,7 @@
 """A lab's round update spliced from per-group blocks is byte for byte the update of its selection
 (`hacfed.server.round_updates`): for a pool in journal order (every group's samples consecutive)
 and for one that is not (record-by-record splicing), with and without peers left out to fit; and
-labs sealed from two threads (`hacfed.server.driver.in_threads`) get what one thread seals."""
+labs sealed from two threads (`hacfed.server.deliveries.in_threads`) get what one thread seals."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
 from hacfed.messages import RoundUpdate
 from hacfed.server.coordinator.pool_share import PoolShares
-from hacfed.server.driver import in_threads
+from hacfed.server.deliveries import in_threads
 from hacfed.server.round_updates import RoundUpdates
 from hacfed.wire import PayloadType, encode_round_update
 from tests.unit.test_pool_share import make_pool

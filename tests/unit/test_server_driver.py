@@ -494,7 +494,7 @@ def test_the_serverapp_collects_garbage_less_often() -> None:
     the collector took 0.45-0.65 s of a 64-lab round (bench/coordinator_scale.py)."""
     import gc
 
-    from hacfed.server.driver import GC_THRESHOLDS, freeze_startup_objects
+    from hacfed.server.collector import GC_THRESHOLDS, freeze_startup_objects
 
     before = gc.get_threshold()
     try:
