@@ -82,6 +82,17 @@ def test_advantages_binary_guard_uses_learners_own_mean():
     assert adv.tolist() == pytest.approx([-0.5 / 0.500001] + [0.5 / 0.500001] * 3, abs=1e-6)
 
 
+def test_advantages_binary_guard_without_own_samples_uses_the_plain_group_mean():
+    # learner me has no sample of this prompt (its submission was lost). P̂ me .8, zed .2, amy .4:
+    # w_zed = 1 / clip(.2 / .8) = 4, w_amy = 1 / clip(.4 / .8) = 2
+    # rewards zed [1, 0], amy [1, 1]: μ = (4 + 0 + 2 + 2) / 4 = 2 > reward_max 1 -> guard fires; no own
+    # reward to fall back on -> the unweighted mean (1 + 0 + 1 + 1) / 4 = .75
+    # std of [1,0,1,1] = .5: A(1) = .25 / .500001 = .499999, A(0) = −.75 / .500001 = −1.499997
+    adv = hacpo_advantages(t([1.0, 0.0, 1.0, 1.0]), ["q"] * 4, ["zed", "zed", "amy", "amy"], "me",
+                           {"me": 0.8, "zed": 0.2, "amy": 0.4}, CFG)
+    assert adv.tolist() == pytest.approx([0.499999, -1.499997, 0.499999, 0.499999], abs=1e-6)
+
+
 def test_advantages_uniform_guard_zero_even_with_weights():
     # all rewards 1: weighted μ would be (1 + 10) / 2 = 5.5, but the uniform guard comes first -> A = 0
     adv = hacpo_advantages(t([1.0, 1.0]), ["p", "p"], ["a", "b"], "a", {"a": 1.0, "b": 0.1}, CFG)
@@ -184,6 +195,21 @@ def test_policy_loss_value_and_gradient():
     assert metrics["cross_clip_frac"] == pytest.approx(0.5)
     assert metrics["cross_lower_bound"] == pytest.approx(0.8)
     assert metrics["self_ratio_mean"] == pytest.approx((1 + math.exp(0.001)) / 2, abs=1e-9)
+
+
+def test_own_sample_lower_clip_is_epsilon_low_not_epsilon_high():
+    # s = exp(−.00035) = .99965: below 1 − ε_low = .9997 but above 1 − ε_high = .9996
+    # A = −1: min(s·A, clip(s)·A) = min(−.99965, −.9997) = −.9997, a constant -> no gradient
+    lp = t([-1.00035], grad=True)
+    loss, metrics = hacpo_policy_loss(lp, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.9997, abs=1e-12)
+    assert lp.grad.item() == 0.0 and metrics["self_clip_frac"] == 1.0
+    # A = +1: min(.99965, .9997) = s·A -> gradient −s (the loss is −obj)
+    lp = t([-1.00035], grad=True)
+    loss, _ = hacpo_policy_loss(lp, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
+    loss.backward()
+    assert lp.grad.item() == pytest.approx(-math.exp(-0.00035), abs=1e-12)
 
 
 def test_cross_gradient_scale_follows_alpha_detached():
