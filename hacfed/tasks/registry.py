@@ -7,6 +7,8 @@ Torch-free on purpose: the coordinator builds its task here and must never impor
     load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["gsm8k/train.jsonl"],
                "eval_files": ["gsm8k/test.jsonl"], "answer_format": "gsm8k",
                "verifier": {"answer_mode": "boxed", "sandbox": {"timeout_s": 5}}}, base_dir="configs/")
+    load_task({"kind": "plugin", "plugin": "reverse-word", "train_files": "train.jsonl",
+               "eval_files": "eval.jsonl"})   # an installed task package's reward (hacfed.tasks.plugin)
 
 Unknown kinds and unknown keys are ValueErrors naming them, so a typo never silently falls back to
 a default. Data-file tasks are loaded eagerly here so bad files fail at config load.
@@ -23,9 +25,10 @@ from hacfed.tasks.base import Task
 from hacfed.tasks.chain import ChainTask
 from hacfed.tasks.math_data import MathDataTask
 from hacfed.tasks.math_verifier import MathVerifierConfig
+from hacfed.tasks.plugin import PluginTaskConfig, load_plugin_task
 from hacfed.tasks.sandbox import SandboxLimits
 
-TASK_KINDS = ("arithmetic", "chain", "jsonl", "parquet")
+TASK_KINDS = ("arithmetic", "chain", "jsonl", "parquet", "plugin")
 
 
 def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) -> Task:
@@ -52,6 +55,8 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
                     raise ValueError(f"chain task: {key!r} must be a list of strings, got {values!r}")
                 options[key] = tuple(values)
         return ChainTask(**options)  # type: ignore[arg-type]
+    if kind == "plugin":  # a lab's own reward from an installed package (hacfed.tasks.plugin)
+        return load_plugin_task(PluginTaskConfig.from_spec(options, base_dir))
     return _load_math_data(kind, options, base_dir)
 
 

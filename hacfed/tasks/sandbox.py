@@ -131,12 +131,16 @@ class SandboxedWorker:
     """Parent side: serializes requests to one worker process, restarting it after any failure.
 
     Thread-safe (one request at a time). `factory` is "module:function"; the child imports it and
-    calls it once with no arguments to get the request handler (a `dict -> dict` callable)."""
+    calls it once to get the request handler (a `dict -> dict` callable): with no arguments, or with
+    `argument` when one is given (which task plugin to load: `hacfed.tasks.plugin`)."""
 
-    def __init__(self, factory: str, limits: SandboxLimits = SandboxLimits()) -> None:
+    def __init__(self, factory: str, limits: SandboxLimits = SandboxLimits(), argument: str | None = None) -> None:
         if not isinstance(factory, str) or factory.count(":") != 1:
             raise ValueError(f"SandboxedWorker factory must be 'module:function', got {factory!r}")
+        if argument is not None and not isinstance(argument, str):
+            raise ValueError(f"SandboxedWorker argument must be a string or None, got {argument!r}")
         self.factory = factory
+        self.argument = argument
         self.limits = limits
         self._lock = threading.Lock()
         self._proc: _WorkerProcess | None = None
@@ -190,7 +194,7 @@ class SandboxedWorker:
 
     def _ensure_started(self) -> "_WorkerProcess":
         if self._proc is None:
-            self._proc = _WorkerProcess.start(self.factory, self.limits)
+            self._proc = _WorkerProcess.start(self.factory, self.limits, self.argument)
             self.starts += 1
         return self._proc
 
@@ -209,7 +213,7 @@ class _WorkerProcess:
         self._finalizer = weakref.finalize(self, _terminate, popen, workdir)
 
     @classmethod
-    def start(cls, factory: str, limits: SandboxLimits) -> "_WorkerProcess":
+    def start(cls, factory: str, limits: SandboxLimits, argument: str | None = None) -> "_WorkerProcess":
         prefix: tuple[str, ...] = ()
         if limits.network != "off":
             isolation = network_isolation_prefix()
@@ -223,7 +227,7 @@ class _WorkerProcess:
         package_root = str(Path(__file__).resolve().parents[2])
         config = {"cpu_s_per_item": limits.item_cpu_s, "cpu_s_lifetime": limits.cpu_s_lifetime,
                   "memory_bytes": limits.memory_bytes, "max_processes": limits.max_processes,
-                  "self_timeout_s": 0.8 * limits.timeout_s}
+                  "self_timeout_s": 0.8 * limits.timeout_s, "factory_argument": argument}
         bootstrap = "import sys; sys.path.insert(0, sys.argv[1]); from hacfed.tasks.sandbox_worker import child_main; child_main(sys.argv[2:])"
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -54,7 +54,9 @@ def child_main(args: list[str]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (lifetime, lifetime))
     try:
         module_name, func_name = factory_spec.split(":")
-        handler: Callable[[dict[str, Any]], dict[str, Any]] = getattr(importlib.import_module(module_name), func_name)()
+        factory = getattr(importlib.import_module(module_name), func_name)
+        argument = config.get("factory_argument")
+        handler: Callable[[dict[str, Any]], dict[str, Any]] = factory() if argument is None else factory(argument)
     except Exception as e:  # reported to the parent, which raises SandboxStartError
         _send(wire_out, {"ok": False, "error": f"{type(e).__name__}: {e}"[:300]})
         return

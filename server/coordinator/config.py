@@ -18,7 +18,8 @@ TOML layout (nested tables for the nested settings):
     round_deadline_s = 600
     state_dir = "state/coordinator"
     [task]          # passed as-is to hacfed.tasks.registry.load_task
-    kind = "arithmetic"
+    kind = "arithmetic"    # or "plugin" with plugin = "NAME": an installed task package's reward
+                           # (hacfed.tasks.plugin), with its own tables such as [task.sandbox]
     [sampling]      # hacfed.messages.SamplingParams
     max_new_tokens = 16
     [hacpo]         # hacfed.hacpo_config.HacpoConfig
@@ -215,7 +216,8 @@ class CoordinatorConfig:
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "CoordinatorConfig":
         """A copy with some settings replaced, re-validated. Keys are field names, dotted paths into
-        the nested tables (`"sampling.max_new_tokens"`), or nested mappings merged into them."""
+        the nested tables (`"sampling.max_new_tokens"`, `"task.sandbox.timeout_s"`), or nested
+        mappings merged into them."""
         data = self.to_dict()
         for key, value in overrides.items():
             if not isinstance(key, str) or not key:
@@ -224,7 +226,7 @@ class CoordinatorConfig:
             if rest:
                 if head not in _NESTED:
                     raise ValueError(f"override {key!r}: only {list(_NESTED)} have nested settings")
-                data[head] = {**data[head], rest: value}
+                data[head] = _with_path(data[head], rest.split("."), value)
             elif head in _NESTED and isinstance(value, Mapping) and head != "task":
                 data[head] = {**data[head], **value}
             else:
@@ -238,6 +240,17 @@ def load_coordinator_config(path: str | Path, overrides: Mapping[str, Any] | Non
     table = data.get("coordinator", data)
     cfg = CoordinatorConfig.from_mapping(table)
     return cfg.with_overrides(overrides) if overrides else cfg
+
+
+def _with_path(table: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """A copy of `table` with `value` at the nested `path` (tables on the way are copied or made)."""
+    head, rest = path[0], path[1:]
+    if not rest:
+        return {**table, head: value}
+    inner = table.get(head, {})
+    if not isinstance(inner, Mapping):
+        raise ValueError(f"override {'.'.join(path)!r}: {head!r} is {inner!r}, not a table")
+    return {**table, head: _with_path(inner, rest, value)}
 
 
 def _nested(cls: type, name: str, table: Any) -> Any:
