@@ -561,7 +561,7 @@ def table(points: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--labs", default="4,16,64", help="comma-separated lab counts (default 4,16,64)")
     parser.add_argument("--prompts", type=int, default=125, help="prompts per round (default 125)")
     parser.add_argument("--group-size", type=int, default=8, help="G (default 8: 125 x 8 = 1,000 per lab)")

@@ -141,7 +141,7 @@ def run_demo(args: argparse.Namespace, dashboard: bool) -> tuple[list[float], Po
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--agents", default="tiny-llama,tiny-gpt2")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per round (default 4)")

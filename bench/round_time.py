@@ -61,7 +61,7 @@ def through_flower(agents: list[str], rounds: int, prompts: int, group: int, see
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--agents", default="tiny-llama,tiny-gpt2")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--prompts-per-round", type=int, default=16)

@@ -44,7 +44,7 @@ CHECKPOINTS = (0, 20, 40, 80, 160, 320, 640)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="chain-llama-add", help="a built zoo preset (default: %(default)s)")
     parser.add_argument("--learn", default="sub", choices=OPERATIONS + NOTATIONS,

@@ -351,7 +351,7 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> tuple[BenchSettings, str | None]:
     d = BenchSettings()
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=d.model, help=f"hacfed model preset (default {d.model})")
     ap.add_argument("--task", default=d.task, choices=TASKS, help=f"default {d.task} (chain: use a chain-* model)")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per round (default {d.prompts})")

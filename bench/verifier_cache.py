@@ -90,7 +90,7 @@ MODES = {"before": (0, False), "verify": (MathVerifierConfig().verdict_cache_ent
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--labs", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="passes per mode, in rotating order; medians reported")
     parser.add_argument("--seed", type=int, default=0)

@@ -424,7 +424,7 @@ def _watch_parent(parent: int) -> None:
 def worker_main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m hacfed.clients.distributed",
+    parser = argparse.ArgumentParser(prog="python -m hacfed.clients.distributed", allow_abbrev=False,
                                      description="one data-parallel rank of a lab (started by hacfed-client --nproc)")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--world", type=int, required=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from hacfed.config_values import OneLineArgumentParser
 from hacfed.enrolment import (
     ENROLMENT_FILE, SUPERNODE_KEY, SUPERNODE_PUB, Enrolment, ensure_supernode_key, load_supernode_private_key,
     make_enrolment,
@@ -77,7 +78,7 @@ def rotate_lab_keys(state_dir: Path) -> Path | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hacfed-client keys", description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog="hacfed-client keys", description=__doc__.split("\n\n")[0])
     parser.add_argument("--state-dir", required=True, metavar="DIR",
                         help="the lab's state directory (the same as hacfed-client --state-dir)")
     parser.add_argument("--participant-id", required=True, metavar="ID", help="this lab's participant id")

@@ -13,7 +13,12 @@ from typing import Any
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse with one line per mistake: `prog: error: ... (see prog --help)`, exit 2, no usage dump."""
+    """argparse with one line per mistake: `prog: error: ... (see prog --help)`, exit 2, no usage dump;
+    and no abbreviated flags, so a typo such as `--round 3` is refused instead of read as `--rounds 3`.
+    Sub-commands (`add_subparsers().add_parser`) are made with this class too, so they inherit both."""
+
+    def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hacfed.certs import LOCAL_HOSTS, check_hosts, init_federation_certs
+from hacfed.config_values import OneLineArgumentParser
 from hacfed.enrolment import parse_enrolment
 from hacfed.server.audit import AuditError, AuditEvent, AuditLog
 from hacfed.server.registry import SUPERNODES_DIR, describe, load_registry, register, revoke
@@ -39,7 +40,7 @@ def _keys_dir(args: argparse.Namespace) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hacfed-server", description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog="hacfed-server", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     certs = sub.add_parser("certs", help="the federation's TLS certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)

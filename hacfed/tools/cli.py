@@ -10,6 +10,8 @@ import argparse
 from typing import Any
 import sys
 
+from hacfed.config_values import OneLineArgumentParser
+
 
 def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     defaults = argparse.ArgumentDefaultsHelpFormatter
@@ -73,7 +75,8 @@ def _list_models(store: Any) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hacfed", description=__doc__.splitlines()[0])
+    # One line per mistake and no abbreviated flags, for every subcommand (they are made with the same class).
+    parser = OneLineArgumentParser(prog="hacfed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_models_parser(sub)
     from hacfed.tools import sim  # torch-free at import; heavy modules load inside run_sim

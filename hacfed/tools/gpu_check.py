@@ -290,7 +290,7 @@ def cuda_available() -> bool:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     d = CheckConfig()
-    ap = argparse.ArgumentParser(prog="python -m hacfed.tools.gpu_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m hacfed.tools.gpu_check", allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=d.model, help=f"model spec for load_model (default {d.model})")
     ap.add_argument("--dtype", default=d.dtype, choices=sorted(DEFAULT_TOLERANCES), help=f"default {d.dtype}")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"default {d.prompts}")
