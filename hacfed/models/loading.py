@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from hacfed.model_spec import missing_directory
 from hacfed.models.store import ensure_built
 from hacfed.models.zoo import PRESETS, configure_generation
 
@@ -68,6 +69,8 @@ def load_model(spec: str, *, device: str | torch.device = "cpu", dtype: str | to
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch_dtype, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
         return _finish((model, tokenizer), spec, "gguf", str(gguf), device)
+    if (missing := missing_directory(spec)) is not None:
+        raise missing
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
