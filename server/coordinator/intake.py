@@ -1,9 +1,11 @@
 """How the coordinator takes in submissions: caps, gates, judging, journaling, refusals.
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
-starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`. A part of `Coordinator`
-(`hacfed.server.coordinator.state`), which mixes it in; it relies on the coordinator's config,
-journal, limiter, lock, clock and plans.
+starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`. `SubmissionIntake` is
+built by `Coordinator` (`hacfed.server.coordinator.state`), which hands it the config, task,
+journal, limiter, its lock and clock, its plans and open round, the fail-closed state
+(`FailClosed`, shared by both) and where committed samples go for the next pool; the intake owns
+the set of participants whose submission is being judged.
 
 Order, cheapest first (security.md T8): the caps of `limits` (the Flower driver applies the rate
 limit and the byte quota with `admit` before it verifies or decodes anything; the trajectory quota
@@ -18,17 +20,22 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping, Sequence
 
 from hacfed.crashpoints import crash_point
-from hacfed.messages import Submission
+from hacfed.messages import RoundPlan, Submission
+from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
-from hacfed.server.coordinator.journal import SubmissionRecord
+from hacfed.server.coordinator.journal import Journal, SubmissionRecord
+from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.results import Receipt, SubmissionResult
 from hacfed.server.coordinator.validation import (
-    Rejection, ValidationLimits, ValidationOutcome, check_report, is_short_id, json_submission_digest,
-    quick_size_rejection, report_to_dict, start_validation, submission_digest,
+    AcceptedTrajectory, Rejection, ValidationLimits, ValidationOutcome, check_report, is_short_id,
+    json_submission_digest, quick_size_rejection, report_to_dict, start_validation, submission_digest,
 )
+from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 from hacfed.wire.pool_splice import submission_pool_records
 
@@ -36,8 +43,50 @@ log = logging.getLogger("hacfed.server.coordinator")
 JUDGING_RETRY_S = 1.0  # the retry-after of a submission refused while another of its lab is judged
 
 
+class FailClosed:
+    """Why the audit log failed, once it has (security.md S10): from then on the coordinator refuses
+    every submission with AUDIT_UNAVAILABLE until restarted."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    @contextmanager
+    def audited(self) -> Iterator[None]:
+        """A write whose audit line fails puts the coordinator in the fail-closed state."""
+        try:
+            yield
+        except AuditError as exc:
+            if self.reason is None:
+                self.reason = str(exc)
+                log.error("AUDIT LOG FAILED, the coordinator stops accepting submissions: %s", exc)
+            raise
+
+    def rejection(self) -> Rejection:
+        detail = f"the coordinator's audit log failed ({self.reason}); it accepts nothing until restarted"
+        return Rejection(None, ErrorCode.AUDIT_UNAVAILABLE, safe_text(detail, 500))
+
+
 class SubmissionIntake:
-    """The submission half of `Coordinator` (see the module docstring)."""
+    """Judges and journals submissions for `Coordinator` (see the module docstring)."""
+
+    def __init__(
+        self, cfg: CoordinatorConfig, task: Task, journal: Journal, limiter: SubmissionLimiter, *,
+        lock: threading.RLock, clock: Callable[[], float], fail: FailClosed,
+        plan_for: Callable[[int], RoundPlan], current_round: Callable[[], int | None],
+        on_committed: Callable[[int, Sequence[AcceptedTrajectory], Mapping[int, bytes] | None], None],
+    ) -> None:
+        """lock: the coordinator's, held by every call. on_committed(round, accepted, records): a
+        submission's accepted samples after its COMMIT, with their pool records by `id()` of the
+        decoded sample when its bytes were given (`KeptSamples.remember`)."""
+        self.cfg, self.task, self.journal, self.limiter = cfg, task, journal, limiter
+        self._lock, self._clock, self._fail = lock, clock, fail
+        self._plan_for, self._current_round, self._on_committed = plan_for, current_round, on_committed
+        self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
+
+    @property
+    def judging(self) -> frozenset[str]:
+        """The participants with a submission begun and not finished."""
+        return frozenset(self._judging)
 
     @property
     def max_trajectories(self) -> int:
@@ -51,12 +100,12 @@ class SubmissionIntake:
         the open round. A refusal is journaled (and audited); pass `admitted=True` to `submit` after
         this returned None."""
         with self._lock:
-            if self.failed_closed is not None:
-                return self._closed_rejection()
+            if self._fail.reason is not None:
+                return self._fail.rejection()
             problem = self.limiter.take_token(participant_id) or \
-                self.limiter.charge_bytes(participant_id, self.current_round, n_bytes)
+                self.limiter.charge_bytes(participant_id, self._current_round(), n_bytes)
             if problem is not None:
-                self._journal_refusal(participant_id, self.current_round, problem)
+                self._journal_refusal(participant_id, self._current_round(), problem)
             return problem
 
     def submit(
@@ -88,8 +137,8 @@ class SubmissionIntake:
         submission of the same participant is refused (DUPLICATE) until the first is finished, so
         no gate ever reads the journal without a submission of the same participant it should see."""
         with self._lock:
-            if self.failed_closed is not None:
-                return _finished(SubmissionResult((), (self._closed_rejection(),), None))
+            if self._fail.reason is not None:
+                return _finished(SubmissionResult((), (self._fail.rejection(),), None))
             try:
                 gate = self._gate(sub, sender, admitted, encoded)
                 if isinstance(gate, SubmissionResult):
@@ -99,7 +148,7 @@ class SubmissionIntake:
                     self._journal_refusal(_refused_sender(sub, sender), rid, gate)
                     return _finished(SubmissionResult((), (gate,), None))
             except AuditError:
-                return _finished(SubmissionResult((), (self._closed_rejection(),), None))
+                return _finished(SubmissionResult((), (self._fail.rejection(),), None))
             n_bytes, digest = gate
             received = self._clock()
             outcome = self._start_judging(sub)
@@ -108,8 +157,8 @@ class SubmissionIntake:
         def finish() -> SubmissionResult:
             with self._lock:
                 try:
-                    if self.failed_closed is None:  # (it may have failed while this one was verified)
-                        with self._audited():
+                    if self._fail.reason is None:  # (it may have failed while this one was verified)
+                        with self._fail.audited():
                             result = self._record(sub, received, n_bytes, digest, outcome(), encoded)
                         crash_point("after_commit_before_ack")
                         return result
@@ -117,25 +166,14 @@ class SubmissionIntake:
                     pass
                 finally:
                     self._judging.discard(sub.participant_id)
-                return SubmissionResult((), (self._closed_rejection(),), None)
+                return SubmissionResult((), (self._fail.rejection(),), None)
 
         return finish
 
     def _journal_refusal(self, pid: str | None, round_id: int | None, problem: Rejection) -> None:
-        with self._audited():
+        with self._fail.audited():
             self.journal.record_rejection(pid, round_id, problem.code.value, problem.detail, self._clock())
         log.info("submission from %s for round %s refused: %s %s", pid, round_id, problem.code, problem.detail)
-
-    def _closed_rejection(self) -> Rejection:
-        detail = f"the coordinator's audit log failed ({self.failed_closed}); it accepts nothing until restarted"
-        return Rejection(None, ErrorCode.AUDIT_UNAVAILABLE, safe_text(detail, 500))
-
-    def _round_retry_s(self) -> float:
-        """A retry-after hint for a round quota: when the open round's deadline passes."""
-        record = self.journal.latest_round()
-        if record is None or record.state != "OPEN":
-            return 1.0
-        return max(record.deadline - self._clock(), 1.0)
 
     def _gate(
         self, sub: object, sender: str | None, admitted: bool, encoded: bytes | None = None,
@@ -153,7 +191,7 @@ class SubmissionIntake:
             return problem
         if not isinstance(sub.trajectories, tuple):
             return Rejection(None, ErrorCode.SCHEMA, "trajectories must be a tuple")
-        round_key = self.current_round
+        round_key = self._current_round()
         if (problem := self.limiter.charge_trajectories(pid, round_key, len(sub.trajectories))) is not None:
             return problem
         if sub.run_id != self.cfg.run_id:
@@ -201,7 +239,7 @@ class SubmissionIntake:
         """The cheap checks of every trajectory now, the reward verification started
         (`start_validation`); the function returned gives the outcome."""
         pid, round_id = sub.participant_id, sub.round_id
-        plan = self.plan_for(round_id)
+        plan = self._plan_for(round_id)
         limits = ValidationLimits(
             group_size=plan.group_size,
             max_new_tokens=plan.sampling.max_new_tokens,
@@ -237,7 +275,7 @@ class SubmissionIntake:
             pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
         )
         seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
-        self._remember_accepted(round_id, outcome.accepted, _records_by_sample(sub, encoded))  # after the COMMIT
+        self._on_committed(round_id, outcome.accepted, _records_by_sample(sub, encoded))  # after the COMMIT
         if strikes:
             log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
         if quarantine:
@@ -266,15 +304,15 @@ class SubmissionIntake:
             problem = check_report(sub.report, sub.participant_id, sub.round_id)
             if problem is not None or sub.report is None:
                 return problem or Rejection(None, ErrorCode.SCHEMA, "final submission carries no report")
-            if self.failed_closed is not None:
-                return self._closed_rejection()
+            if self._fail.reason is not None:
+                return self._fail.rejection()
             try:
-                with self._audited():
+                with self._fail.audited():
                     self.journal.record_report(
                         sub.participant_id, sub.round_id, json.dumps(report_to_dict(sub.report), sort_keys=True)
                     )
             except AuditError:
-                return self._closed_rejection()
+                return self._fail.rejection()
             return None
 
 

@@ -66,7 +66,7 @@ class JournalReads:
 
     def round_sample_counts(self, round_id: int) -> tuple[int, int]:
         """(accepted samples of the round, how many of them a purge withdrew): whether a pool kept in
-        memory still is the journal's (`Coordinator._pool_of`)."""
+        memory still is the journal's (`KeptSamples.pool`)."""
         with self._lock:
             row = self._db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(purged), 0) FROM trajectories WHERE round_id=?", (round_id,),

@@ -20,8 +20,10 @@ transaction; security.md R10):
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from dataclasses import dataclass
+from typing import Sequence
 
 from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
@@ -270,3 +272,27 @@ def trajectory_from_row(row: sqlite3.Row, parsed: dict[str, tuple[ChatMessage, .
         source_token_count=row["source_token_count"],
         finish_reason=row["finish_reason"],
     )
+
+
+def as_journaled(pool: Sequence[Trajectory]) -> bool:
+    """Whether every trajectory of `pool` is field for field what `Journal.pool` would build from its
+    row: exact built-in types (SQLite gives back a float for REAL, an int for INTEGER, a str for
+    TEXT, a prompt of ChatMessage of two strs) and no negative zero (which a REAL column does not
+    keep, and which protobuf encodes differently). Each distinct prompt object is checked once."""
+    prompts: set[int] = set()  # ids of prompts checked (every object is alive during the call)
+    for t in pool:
+        reward, lp = t.reward, t.source_logp_sum
+        if not (
+            type(reward) is float and type(lp) is float and type(t.source_token_count) is int
+            and type(t.policy_version) is int and type(t.response_text) is str and type(t.trajectory_id) is str
+            and type(t.prompt_id) is str and type(t.source_id) is str and type(t.finish_reason) is str
+            and (reward != 0.0 or math.copysign(1.0, reward) > 0) and (lp != 0.0 or math.copysign(1.0, lp) > 0)
+        ):
+            return False
+        prompt = t.prompt
+        if id(prompt) not in prompts:
+            if type(prompt) is not tuple or not all(
+                    type(m) is ChatMessage and type(m.role) is str and type(m.content) is str for m in prompt):
+                return False
+            prompts.add(id(prompt))
+    return True

@@ -10,9 +10,11 @@ starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
     if coord.poll(): coord.close_round(coord.poll())  # quorum or deadline
 
 Rounds go OPEN -> CLOSED(quorum|deadline) -> PUBLISHED (its pool was handed out). All state lives in
-the journal; this object only caches immutable things (plans, pools) and the capability tracker,
-which is restored from the journal on construction. A transport (in-process `transport.run_rounds`
-or Flower) drives it; every method is safe to call from several threads.
+the journal; this object only caches immutable things (plans; the accepted samples and the latest
+pool in its `KeptSamples`, `kept_pool`) and the capability tracker, which is restored from the
+journal on construction. Submissions go to its `SubmissionIntake` (`intake`), which it builds and
+hands the journal, its lock, clock and plans. A transport (in-process `transport.run_rounds` or
+Flower) drives it; every method is safe to call from several threads.
 
 Closing rules: a round may close early once every active (registered, not quarantined) participant
 has answered and at least `expected_participants` have. Once the deadline passes it closes if at
@@ -37,63 +39,77 @@ closed (`failed_closed`): it refuses every submission with AUDIT_UNAVAILABLE unt
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
-from operator import itemgetter
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable
 
 from hacfed.capability import CapabilityTracker
-from hacfed.messages import RoundPlan, RoundUpdate
+from hacfed.messages import RoundPlan, RoundUpdate, Submission
 from hacfed.server.coordinator.config import CoordinatorConfig
-from hacfed.server.coordinator.errors import AuditError, CoordinatorStateError, safe_text
-from hacfed.server.coordinator.intake import SubmissionIntake
+from hacfed.server.coordinator.errors import CoordinatorStateError, safe_text
+from hacfed.server.coordinator.intake import FailClosed, SubmissionIntake
 from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord
+from hacfed.server.coordinator.kept_pool import KeptSamples
 from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
-from hacfed.server.coordinator.results import ResumeReport, RoundClosed
-from hacfed.server.coordinator.validation import MAX_ID_CHARS, AcceptedTrajectory, is_short_id
+from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
 from hacfed.tasks.base import Task
-from hacfed.trajectory import ChatMessage, Trajectory
 
 log = logging.getLogger("hacfed.server.coordinator")
 CLOSE_REASONS = ("quorum", "deadline")
-_POOL_KEY = itemgetter(0, 1, 2)  # the journal's pool order: participant, prompt position, sample index
 
 
-class Coordinator(SubmissionIntake):
+class Coordinator:
     def __init__(self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time) -> None:
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
         self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
         self._lock = threading.RLock()
         self._plans: dict[int, RoundPlan] = {}
-        self._pools: dict[int, tuple[Trajectory, ...]] = {}
-        self._pool_records: dict[int, tuple[bytes, ...]] = {}  # the pool's records, when all kept (`take_pool_records`)
-        # round -> (participant, prompt position, sample index, trajectory, its pool record or None)
-        # of every sample this process saw committed as accepted in that round (`_remember_accepted`,
-        # `_pool_of`).
-        self._accepted: dict[int, list[tuple[str, int, int, Trajectory, bytes | None]]] = {}
+        self.kept = KeptSamples(journal)  # called under self._lock only
         self._tracker = self._restore_tracker()
         self.limiter = SubmissionLimiter(
             rate_per_s=cfg.rate_limit_per_s, burst=cfg.rate_limit_burst, quota_bytes=cfg.quota_bytes,
             quota_trajectories=cfg.quota_trajectories, clock=clock, round_retry_s=self._round_retry_s,
         )
-        self.failed_closed: str | None = None  # why the audit log failed; then every submission is refused
-        self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
+        self._fail = FailClosed()
+        self.intake = SubmissionIntake(
+            cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
+            current_round=lambda: self.current_round, on_committed=self.kept.remember,
+        )
 
-    @contextmanager
-    def _audited(self) -> Iterator[None]:
-        """A write whose audit line fails puts the coordinator in the fail-closed state (S10)."""
-        try:
-            yield
-        except AuditError as exc:
-            if self.failed_closed is None:
-                self.failed_closed = str(exc)
-                log.error("AUDIT LOG FAILED, the coordinator stops accepting submissions: %s", exc)
-            raise
+    @property
+    def failed_closed(self) -> str | None:
+        """Why the audit log failed (`FailClosed`); then every submission is refused."""
+        return self._fail.reason
+
+    @failed_closed.setter
+    def failed_closed(self, reason: str | None) -> None:
+        self._fail.reason = reason
+
+    # -- submissions (`SubmissionIntake`) ---------------------------------------------------------
+
+    @property
+    def max_trajectories(self) -> int:
+        return self.intake.max_trajectories
+
+    def admit(self, participant_id: str, n_bytes: int) -> Rejection | None:
+        return self.intake.admit(participant_id, n_bytes)
+
+    def submit(
+        self, sub: Submission, sender: str | None = None, *, admitted: bool = False, encoded: bytes | None = None,
+    ) -> SubmissionResult:
+        return self.intake.submit(sub, sender, admitted=admitted, encoded=encoded)
+
+    def begin_submit(
+        self, sub: Submission, sender: str | None = None, *, admitted: bool = False, encoded: bytes | None = None,
+    ) -> Callable[[], SubmissionResult]:
+        return self.intake.begin_submit(sub, sender, admitted=admitted, encoded=encoded)
+
+    def record_final_report(self, sub: Submission, sender: str | None = None) -> Rejection | None:
+        return self.intake.record_final_report(sub, sender)
 
     # -- rounds ----------------------------------------------------------------------------------
 
@@ -144,7 +160,7 @@ class Coordinator(SubmissionIntake):
                 raise CoordinatorStateError(f"cannot open round {round_id}: the run has {self.cfg.rounds} rounds")
             plan = make_plan(self.cfg, self.task, round_id)
             now = self._clock()
-            with self._audited():
+            with self._fail.audited():
                 self.journal.insert_round(round_id, now, now + self.cfg.round_deadline_s, plan_to_json(plan))
             self._plans[round_id] = plan
             self.limiter.refill()
@@ -192,7 +208,7 @@ class Coordinator(SubmissionIntake):
             if reason is None and record is not None and record.state == "OPEN" and now >= record.deadline:
                 deadline = now + self.cfg.round_deadline_s
                 detail = f"below quorum ({self.cfg.min_participants}) at deadline; extended to {deadline:.3f}"
-                with self._audited():
+                with self._fail.audited():
                     self.journal.extend_deadline(record.round_id, deadline, now, detail)
                 log.warning("round %d: %s", record.round_id, detail)
             return reason
@@ -206,7 +222,7 @@ class Coordinator(SubmissionIntake):
             round_id = self.current_round
             if round_id is None:
                 raise CoordinatorStateError("no round is open")
-            pairs = self._accepted_rewards(round_id)
+            pairs = self.kept.accepted_rewards(round_id)
             submitters = self.journal.submitters(round_id)
             scored = pairs + self._unaccepted_as_zero(round_id, pairs, submitters)
             tracker = self._copy_tracker()
@@ -215,7 +231,7 @@ class Coordinator(SubmissionIntake):
             capabilities = tracker.capabilities()
             contributors = tuple(sorted(p for p, n in submitters.items() if n > 0))
             below = len(contributors) < self.cfg.min_participants
-            with self._audited():
+            with self._fail.audited():
                 self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
             self._tracker = tracker  # only after the commit: a crash before it leaves the round OPEN
             self.limiter.forget_round(round_id)
@@ -251,11 +267,7 @@ class Coordinator(SubmissionIntake):
                 record = self.journal.round(pool_round)
                 if record is None or record.state == "OPEN":
                     raise CoordinatorStateError(f"round {pool_round} must be closed before its pool is published")
-                if pool_round not in self._pools:  # only the latest: memory does not grow with the rounds
-                    pool, records = self._pool_of(pool_round)
-                    self._pools = {pool_round: pool}
-                    self._pool_records = {pool_round: records} if records is not None else {}
-                pool = self._pools[pool_round]
+                pool = self.kept.pool(pool_round)
                 capabilities = {pid: 1.0 for pid in active} | dict(record.capabilities or {})
             next_plan = None
             if next_round < self.cfg.rounds:
@@ -266,64 +278,10 @@ class Coordinator(SubmissionIntake):
                 self.journal.mark_published(pool_round)
             return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
 
-    def _remember_accepted(
-        self, round_id: int, accepted: Sequence[AcceptedTrajectory], records: Mapping[int, bytes] | None = None,
-    ) -> None:
-        """Keep a committed submission's accepted samples for `_pool_of` (called after the COMMIT:
-        nothing is kept that the journal does not hold). Rounds before round_id - 1 are dropped.
-        `records`: the pool record of each sample as submitted, by `id()` of the decoded sample; a
-        sample is kept with its record only when it is that very object (judging left it as
-        submitted: the verified reward equals the claim, no local ids), so the record is its own."""
-        for old in [r for r in self._accepted if r < round_id - 1]:
-            del self._accepted[old]
-        kept = self._accepted.setdefault(round_id, [])
-        records = records or {}
-        kept.extend((a.trajectory.source_id, a.prompt_pos, a.idx, a.trajectory, records.get(id(a.trajectory)))
-                    for a in accepted)
-
-    def _kept(self, round_id: int) -> list[tuple[str, int, int, Trajectory, bytes | None]] | None:
-        """The samples kept at intake for the round, in pool order, when they are exactly what the
-        journal holds: every accepted sample of the round was committed by this process (no restart
-        in between) and none was purged since (the journal's count of the round's samples, and of
-        purged ones, must agree); else None."""
-        kept = self._accepted.get(round_id)
-        if kept is None or self.journal.round_sample_counts(round_id) != (len(kept), 0):
-            return None
-        kept.sort(key=_POOL_KEY)
-        return kept
-
-    def _accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
-        """`journal.accepted_rewards(round_id)`, from the samples kept at intake when they are the
-        journal's (`_kept`): the verified rewards, as the journal stored them (`float`), in pool order."""
-        kept = self._kept(round_id)
-        if kept is None:
-            return self.journal.accepted_rewards(round_id)
-        return [(pid, float(t.reward)) for pid, _, _, t, _ in kept]
-
     def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
-        """The `RoundUpdate.pool` record of each sample of the pool that `make_update(pool_round + 1)`
-        published, aligned with it, cut from the bytes its labs submitted
-        (`hacfed.wire.pool_splice.submission_pool_records`), for the round driver's updates
-        (`hacfed.server.round_updates`), which keep them as blocks: handed over once and then
-        dropped here (~48 MB at 64 labs), so a second ask gets None. None when the pool was read
-        back from the journal or some sample came without its bytes (in-process submissions): it
-        is then encoded."""
+        """The records of the pool `make_update(pool_round + 1)` published (`KeptSamples.take_records`)."""
         with self._lock:
-            return self._pool_records.pop(pool_round, None)
-
-    def _pool_of(self, round_id: int) -> tuple[tuple[Trajectory, ...], tuple[bytes, ...] | None]:
-        """`journal.pool(round_id)`, from the samples kept at intake when they are the journal's
-        (`_kept`) and every field has the type and value the journal would give back
-        (`_as_journaled`); otherwise the journal is read: the same trajectories in the same order
-        (tests/unit/test_pool_from_intake.py), without reading back and rebuilding the round's
-        samples (bench/coordinator_scale.py). The kept samples are released. With the pool, the
-        records of its samples when every one was kept with one (`take_pool_records`), else None."""
-        kept = self._kept(round_id)
-        self._accepted.pop(round_id, None)
-        if kept is not None and _as_journaled([t for _, _, _, t, _ in kept]):
-            records = tuple(r for _, _, _, _, r in kept)
-            return tuple(t for _, _, _, t, _ in kept), (records if None not in records else None)
-        return self.journal.pool(round_id), None
+            return self.kept.take_records(pool_round)
 
     # -- participants ----------------------------------------------------------------------------
 
@@ -331,7 +289,7 @@ class Coordinator(SubmissionIntake):
         """Join or rejoin (after a crash, or late): idempotent; a quarantined participant stays so."""
         if not is_short_id(participant_id):
             raise ValueError(f"participant id must be 1-{MAX_ID_CHARS} printable characters, got {safe_text(participant_id)}")
-        with self._lock, self._audited():
+        with self._lock, self._fail.audited():
             record = self.journal.upsert_participant(participant_id, self._clock())
             if participant_id not in self._tracker.agent_ids:
                 self._tracker.add_agent(participant_id)
@@ -362,6 +320,13 @@ class Coordinator(SubmissionIntake):
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _round_retry_s(self) -> float:
+        """A retry-after hint for a round quota: when the open round's deadline passes."""
+        record = self.journal.latest_round()
+        if record is None or record.state != "OPEN":
+            return 1.0
+        return max(record.deadline - self._clock(), 1.0)
+
     def _restore_tracker(self) -> CapabilityTracker:
         tracker = CapabilityTracker([], window=self.cfg.hacpo.capability_window)
         closed = self.journal.latest_closed_round()
@@ -377,26 +342,3 @@ class Coordinator(SubmissionIntake):
         tracker.load_state_dict(self._tracker.state_dict())
         return tracker
 
-
-def _as_journaled(pool: Sequence[Trajectory]) -> bool:
-    """Whether every trajectory of `pool` is field for field what `Journal.pool` would build from its
-    row: exact built-in types (SQLite gives back a float for REAL, an int for INTEGER, a str for
-    TEXT, a prompt of ChatMessage of two strs) and no negative zero (which a REAL column does not
-    keep, and which protobuf encodes differently). Each distinct prompt object is checked once."""
-    prompts: set[int] = set()  # ids of prompts checked (every object is alive during the call)
-    for t in pool:
-        reward, lp = t.reward, t.source_logp_sum
-        if not (
-            type(reward) is float and type(lp) is float and type(t.source_token_count) is int
-            and type(t.policy_version) is int and type(t.response_text) is str and type(t.trajectory_id) is str
-            and type(t.prompt_id) is str and type(t.source_id) is str and type(t.finish_reason) is str
-            and (reward != 0.0 or math.copysign(1.0, reward) > 0) and (lp != 0.0 or math.copysign(1.0, lp) > 0)
-        ):
-            return False
-        prompt = t.prompt
-        if id(prompt) not in prompts:
-            if type(prompt) is not tuple or not all(
-                    type(m) is ChatMessage and type(m.role) is str and type(m.content) is str for m in prompt):
-                return False
-            prompts.add(id(prompt))
-    return True

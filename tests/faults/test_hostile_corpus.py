@@ -714,7 +714,7 @@ def test_the_hostile_corpus_in_one_pull_is_answered_as_case_by_case(tmp_path: Pa
     [receipt] = answers["lab-a"]
     assert isinstance(receipt, SubmissionReceipt) and not receipt.rejections
     assert len(receipt.accepted_trajectory_ids) == len(plan.prompts) * plan.group_size
-    assert not harness.driver.replies.unfinished and not harness.driver.coordinator._judging  # nothing left half-judged
+    assert not harness.driver.replies.unfinished and not harness.driver.coordinator.intake.judging  # nothing left half-judged
     assert verify_audit_log(harness.cfg.audit_path).ok
     with sqlite3.connect(harness.cfg.journal_path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

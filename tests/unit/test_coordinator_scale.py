@@ -165,5 +165,5 @@ def test_the_coordinator_keeps_only_the_latest_pool_in_memory(tmp_path: Path) ->
     first = coord.make_update(1)
     assert len(first.pool) == 9 and first.pool_round == 0
     coord.make_update(2)
-    assert list(coord._pools) == [1]
+    assert coord.kept.pool_rounds() == [1]
     assert coord.make_update(1).pool == first.pool  # an older pool is read back from the journal

@@ -152,4 +152,4 @@ def test_one_signed_submission_three_times_in_a_reply_is_judged_once(tmp_path: P
     with sqlite3.connect(fed.driver.cfg.journal_path) as db:
         assert db.execute("SELECT COUNT(*) FROM submissions WHERE participant_id='lab-a'").fetchone()[0] == 1
         assert db.execute("SELECT COUNT(*) FROM rejections").fetchone()[0] == 0  # no "being judged" refusal
-    assert not fed.driver.replies.unfinished and not fed.driver.coordinator._judging
+    assert not fed.driver.replies.unfinished and not fed.driver.coordinator.intake.judging

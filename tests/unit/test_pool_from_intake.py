@@ -1,5 +1,5 @@
 """The next round's pool comes from the samples kept at intake exactly when they are the journal's
-(`Coordinator._pool_of`): the same trajectories, field for field and type for type, in the same
+(`KeptSamples.pool`): the same trajectories, field for field and type for type, in the same
 order as `Journal.pool`; after a restart, a purge, or a sample whose types the journal would change,
 the journal is read instead."""
 
@@ -96,7 +96,7 @@ def test_only_the_latest_rounds_are_kept(tmp_path: Path) -> None:
         plan = coord.open_round(round_id)
         coord.submit(scripted_submission(plan, "a"))
         coord.close_round("quorum")
-    assert set(coord._accepted) <= {1, 2}  # rounds 0.. were never published here: dropped, not kept
+    assert coord.kept.rounds() <= {1, 2}  # rounds 0.. were never published here: dropped, not kept
 
 
 def test_the_rewards_scored_at_close_are_the_journals(tmp_path: Path, monkeypatch) -> None:
@@ -108,7 +108,7 @@ def test_the_rewards_scored_at_close_are_the_journals(tmp_path: Path, monkeypatc
         coord.submit(scripted_submission(plan, pid, falsify=falsify))
     expected = coord.journal.accepted_rewards(0)
     monkeypatch.setattr(coord.journal, "accepted_rewards", lambda r: pytest.fail("read back from the journal"))
-    assert coord._accepted_rewards(0) == expected and [type(r) for _, r in expected] == [float] * len(expected)
+    assert coord.kept.accepted_rewards(0) == expected and [type(r) for _, r in expected] == [float] * len(expected)
     closed = coord.close_round("quorum")
     assert closed.accepted == len(expected)
 
@@ -121,8 +121,8 @@ def test_the_rewards_after_a_purge_come_from_the_journal(tmp_path: Path) -> None
     for pid in LABS:
         coord.submit(scripted_submission(plan, pid))
     coord.journal.purge("a", 0, 0.0, "withdrawn")
-    assert coord._accepted_rewards(0) == coord.journal.accepted_rewards(0)
-    assert "a" not in {pid for pid, _ in coord._accepted_rewards(0)}
+    assert coord.kept.accepted_rewards(0) == coord.journal.accepted_rewards(0)
+    assert "a" not in {pid for pid, _ in coord.kept.accepted_rewards(0)}
 
 
 def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_path: Path) -> None:
