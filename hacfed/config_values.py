@@ -32,6 +32,31 @@ def split_host_port(address: str, field: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_port_free(host: str, port: int, field: str) -> None:
+    """Refuse a HOST:PORT something already listens on, in one line, before anything is started or
+    written (port 0 lets the OS pick: always free). A test bind with SO_REUSEADDR, which on Linux
+    fails only when a socket listens there (a port in TIME_WAIT is free to reuse)."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"{field}: cannot listen on {host}:{port}: {exc.strerror}") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"{field}: port {port} on {host} is in use (another hacfed-server or another "
+                                 "program listens there); stop it or choose another port") from None
+            raise ValueError(f"{field}: cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def parse_set(item: str) -> tuple[str, Any]:
     """`KEY=VALUE` with VALUE read as a TOML value when it is one (3, 0.5, true, "x", [1, 2]),
     else as a plain string (so `--set run_id=demo` needs no quotes)."""

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from hacfed.config_values import check_port_free
 from hacfed.keys import describe_key, ensure_key_pair
-from hacfed.leftovers import forget_children, kill_leftovers, record_children
+from hacfed.leftovers import CHILDREN_FILE, forget_children, kill_leftovers, record_children
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
 from hacfed.server.config import ServerConfig
 from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
@@ -68,6 +69,18 @@ def check_before_writing(cfg: ServerConfig) -> None:
             raise ValueError(f"the {what} {path} is a file, not a directory")
     if cfg.metrics_out.is_dir():
         raise ValueError(f"metrics_out {cfg.metrics_out} is a directory; give a file path")
+    if not (cfg.state_dir / CHILDREN_FILE).exists():  # else a SuperLink left running may hold the port
+        check_ports(cfg)
+
+
+def check_ports(cfg: ServerConfig) -> None:
+    """The Fleet API's and the dashboard's ports are free (one line naming the flag if not)."""
+    check_port_free(*cfg.listen, "--listen")
+    if cfg.server.dashboard is not None:
+        from hacfed.server.dashboard.bind import parse_dashboard_address
+
+        address = parse_dashboard_address(cfg.server.dashboard, public=cfg.server.dashboard_public)
+        check_port_free(address.host, address.port, "--dashboard")
 
 
 def prepare(cfg: ServerConfig) -> Path:
@@ -259,6 +272,7 @@ def run_server(cfg: ServerConfig) -> int:
     try:
         for leftover in kill_leftovers(state):
             say(f"stopped {leftover} left running by a previous hacfed-server")
+        check_ports(cfg)  # again: a leftover SuperLink held the port until now
         prepare(cfg)
         if (state / DONE_FILE).exists():
             say(f"the run {cfg.coordinator.run_id} in {state} is already complete; nothing to do")

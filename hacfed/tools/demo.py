@@ -78,8 +78,11 @@ def run_from_args(args: Any) -> int:
     if getattr(args, "dashboard", None):
         from hacfed.server.dashboard.bind import parse_dashboard_address
 
-        try:
-            parse_dashboard_address(args.dashboard)
+        from hacfed.config_values import check_port_free
+
+        try:  # the port too, before any model is built or process started
+            address = parse_dashboard_address(args.dashboard)
+            check_port_free(address.host, address.port, "--dashboard")
         except ValueError as exc:
             problems.append(str(exc))
     if problems:

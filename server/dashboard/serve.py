@@ -62,7 +62,9 @@ def start_dashboard(address: DashboardAddress, sources: DashboardSources) -> Run
         if not thread.is_alive() or failure or time.monotonic() > deadline:
             server.should_exit = True
             thread.join(5.0)
-            reason = f": {failure[0]}" if failure else " (is the port taken?)"
+            # uvicorn reports a failed bind by logging it and raising SystemExit(1 or 3): no reason to pass on
+            known = failure and not isinstance(failure[0], SystemExit)
+            reason = f": {failure[0]}" if known else " (is the port in use?)"
             raise ValueError(f"--dashboard: cannot listen on {address.url_host}:{address.port}{reason}")
         time.sleep(0.02)
     port = server.servers[0].sockets[0].getsockname()[1]
