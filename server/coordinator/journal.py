@@ -34,17 +34,18 @@ from typing import Any, Callable, Iterator, Sequence
 
 from hacfed.crashpoints import crash_point
 from hacfed.server.coordinator.audit import AuditEvent, AuditLog
-from hacfed.server.coordinator.errors import JournalError, describe_db_error
+from hacfed.server.coordinator.errors import JournalError
 from hacfed.server.coordinator.journal_reads import JournalReads
 from hacfed.server.coordinator.journal_schema import (
-    MIGRATIONS, SCHEMA_SQL, SCHEMA_VERSION, SYNCHRONOUS_FULL, ParticipantRecord, RoundRecord, SubmissionRecord,
-    participant_record, prompt_json, round_record, trajectory_row,
+    SCHEMA_VERSION, ParticipantRecord, RoundRecord, SubmissionRecord, open_journal_db, participant_record,
+    prompt_json, round_record, trajectory_row,
 )
+from hacfed.trajectory import Trajectory
 
 __all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SubmissionRecord", "SCHEMA_VERSION"]
 
 
-class Journal(JournalReads):
+class Journal:
     """Thread-safe (one connection behind a lock); every write method is one transaction."""
 
     def __init__(self, path: str | Path, audit: AuditLog | None = None) -> None:
@@ -53,26 +54,8 @@ class Journal(JournalReads):
         self._lock = threading.RLock()
         self._last_versions: dict[str, int] = {}  # last_policy_version, once read (see there)
         self._prompt_ids: dict[str, int] = {}  # prompts.prompt_json -> id, for rows committed (`_prompt_refs`)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as exc:
-            raise JournalError(f"journal {self.path} cannot be opened: {describe_db_error(exc)}") from None
-        self._db.row_factory = sqlite3.Row
-        try:
-            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            sync = self._db.execute("PRAGMA synchronous").fetchone()[0]
-            if str(mode).lower() != "wal" or sync != SYNCHRONOUS_FULL:
-                raise JournalError(f"journal {self.path}: need journal_mode=wal and synchronous=FULL, got {mode!r}/{sync!r}")
-            self._init_schema()
-        except sqlite3.Error as exc:
-            self._db.close()
-            raise JournalError(f"journal {self.path} cannot be used: {describe_db_error(exc)}") from None
-        except JournalError:
-            self._db.close()
-            raise
+        self._db = open_journal_db(self.path)
+        self.reads = JournalReads(self._db, self._lock)  # the queries that write nothing
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -101,26 +84,6 @@ class Journal(JournalReads):
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
-
-    def _init_schema(self) -> None:
-        with self._tx() as db:
-            has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-            if not has_meta:
-                # One statement at a time: executescript() would COMMIT the open transaction.
-                for statement in SCHEMA_SQL.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                return
-            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            version = int(row[0]) if row and str(row[0]).isdigit() else None
-            if version is None or version > SCHEMA_VERSION or (version < SCHEMA_VERSION and version not in MIGRATIONS):
-                raise JournalError(f"journal {self.path} has schema version {version}, this hacfed reads {SCHEMA_VERSION}")
-            while version < SCHEMA_VERSION:  # migrate in place, inside this one transaction
-                for statement in MIGRATIONS[version]:
-                    db.execute(statement)
-                version += 1
-                db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version),))
 
     def pragma(self, name: str) -> Any:
         if name not in ("journal_mode", "synchronous", "integrity_check", "foreign_keys"):
@@ -231,13 +194,6 @@ class Journal(JournalReads):
             rows = self._db.execute("SELECT * FROM participants ORDER BY participant_id").fetchall()
         return [participant_record(r) for r in rows]
 
-    def count_strikes(self, participant_id: str, since_round: int) -> int:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT COUNT(*) FROM strikes WHERE participant_id=? AND round_id>=?", (participant_id, since_round)
-            ).fetchone()
-        return int(row[0])
-
     def last_policy_version(self, participant_id: str) -> int:
         """The highest policy version among the participant's journaled trajectories (0 if none).
 
@@ -266,42 +222,6 @@ class Journal(JournalReads):
                 self._last_versions[t.source_id] = int(t.policy_version)
 
     # -- submissions -----------------------------------------------------------------------------
-
-    def stored_result(self, content_hash: str) -> str | None:
-        with self._lock:
-            row = self._db.execute("SELECT result_json FROM submissions WHERE content_hash=?", (content_hash,)).fetchone()
-        return row[0] if row else None
-
-    def hash_for_nonce(self, participant_id: str, nonce: str) -> str | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT content_hash FROM submissions WHERE participant_id=? AND nonce=? AND nonce != ''",
-                (participant_id, nonce),
-            ).fetchone()
-        return row[0] if row else None
-
-    def submission_seq(self, participant_id: str, round_id: int) -> int | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT seq FROM submissions WHERE participant_id=? AND round_id=?", (participant_id, round_id)
-            ).fetchone()
-        return int(row[0]) if row else None
-
-    def used_trajectory_ids(self, participant_id: str, ids: Sequence[str]) -> set[str]:
-        """Which of `ids` this participant already used: ids live in their source's namespace, so
-        another lab's ids never collide with them (journal schema v2)."""
-        wanted = [i for i in ids if isinstance(i, str)]
-        found: set[str] = set()
-        with self._lock:
-            for start in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
-                chunk = wanted[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = self._db.execute(
-                    f"SELECT trajectory_id FROM trajectories WHERE participant_id=? AND trajectory_id IN ({marks})",
-                    (participant_id, *chunk),
-                )
-                found.update(r[0] for r in rows)
-        return found
 
     def record_submission(self, record: SubmissionRecord, result_for_seq: Callable[[int], str]) -> int:
         """Insert the whole submission in one transaction; return its sequence number after COMMIT.
@@ -393,6 +313,53 @@ class Journal(JournalReads):
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (participant_id, round_id, report_json))
             self._audit(AuditEvent("final_report", participant_id, round_id))
+
+    # -- queries (`JournalReads`) ------------------------------------------------------------------
+
+    def count_strikes(self, participant_id: str, since_round: int) -> int:
+        return self.reads.count_strikes(participant_id, since_round)
+
+    def stored_result(self, content_hash: str) -> str | None:
+        return self.reads.stored_result(content_hash)
+
+    def hash_for_nonce(self, participant_id: str, nonce: str) -> str | None:
+        return self.reads.hash_for_nonce(participant_id, nonce)
+
+    def submission_seq(self, participant_id: str, round_id: int) -> int | None:
+        return self.reads.submission_seq(participant_id, round_id)
+
+    def used_trajectory_ids(self, participant_id: str, ids: Sequence[str]) -> set[str]:
+        return self.reads.used_trajectory_ids(participant_id, ids)
+
+    def accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
+        return self.reads.accepted_rewards(round_id)
+
+    def pool(self, round_id: int) -> tuple[Trajectory, ...]:
+        return self.reads.pool(round_id)
+
+    def round_sample_counts(self, round_id: int) -> tuple[int, int]:
+        return self.reads.round_sample_counts(round_id)
+
+    def submitters(self, round_id: int) -> dict[str, int]:
+        return self.reads.submitters(round_id)
+
+    def submitter_ids(self, round_id: int) -> set[str]:
+        return self.reads.submitter_ids(round_id)
+
+    def round_stats(self, round_id: int) -> dict[str, dict[str, Any]]:
+        return self.reads.round_stats(round_id)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return self.reads.events(kind)
+
+    def count(self, table: str) -> int:
+        return self.reads.count(table)
+
+    def pools_trained_on(self) -> dict[str, list[int]]:
+        return self.reads.pools_trained_on()
+
+    def rounds_with_samples_of(self, participant_id: str, from_round: int) -> list[int]:
+        return self.reads.rounds_with_samples_of(participant_id, from_round)
 
     # -- purge (security.md §3.3, R11) ------------------------------------------------------------
 

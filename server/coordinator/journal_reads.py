@@ -1,15 +1,18 @@
 """The journal's read-only queries: closing a round, publishing its pool, metrics, and purges.
 
 Runs wherever the journal is open (the coordinator's ServerApp process, `hacfed sim`,
-`hacfed-server purge`). A part of `hacfed.server.coordinator.journal.Journal`, which mixes it in and
-provides the connection (`_db`) and its lock; every query here takes the lock and writes nothing.
+`hacfed-server purge`). Built by `hacfed.server.coordinator.journal.Journal`, which hands it its
+connection and the lock that guards it; every query here takes the lock and writes nothing. The
+journal's own methods of the same names call these.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
 from operator import itemgetter
-from typing import Any
+from typing import Any, Sequence
 
 from hacfed.trajectory import ChatMessage, Trajectory
 
@@ -23,7 +26,58 @@ _POOL_ORDER = itemgetter(0, 1, 2)
 
 
 class JournalReads:
-    """Read-only queries of `Journal` (see the module docstring)."""
+    """Read-only queries of the journal (see the module docstring)."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock) -> None:
+        self._db = db
+        self._lock = lock
+
+    # -- a submission's gates ---------------------------------------------------------------------
+
+    def count_strikes(self, participant_id: str, since_round: int) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM strikes WHERE participant_id=? AND round_id>=?", (participant_id, since_round)
+            ).fetchone()
+        return int(row[0])
+
+    def stored_result(self, content_hash: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT result_json FROM submissions WHERE content_hash=?", (content_hash,)).fetchone()
+        return row[0] if row else None
+
+    def hash_for_nonce(self, participant_id: str, nonce: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT content_hash FROM submissions WHERE participant_id=? AND nonce=? AND nonce != ''",
+                (participant_id, nonce),
+            ).fetchone()
+        return row[0] if row else None
+
+    def submission_seq(self, participant_id: str, round_id: int) -> int | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq FROM submissions WHERE participant_id=? AND round_id=?", (participant_id, round_id)
+            ).fetchone()
+        return int(row[0]) if row else None
+
+    def used_trajectory_ids(self, participant_id: str, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` this participant already used: ids live in their source's namespace, so
+        another lab's ids never collide with them (journal schema v2)."""
+        wanted = [i for i in ids if isinstance(i, str)]
+        found: set[str] = set()
+        with self._lock:
+            for start in range(0, len(wanted), 500):  # stay under SQLite's bound-parameter limit
+                chunk = wanted[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT trajectory_id FROM trajectories WHERE participant_id=? AND trajectory_id IN ({marks})",
+                    (participant_id, *chunk),
+                )
+                found.update(r[0] for r in rows)
+        return found
+
+    # -- closing a round, publishing its pool, metrics ---------------------------------------------
 
     def accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
         """(participant, verified reward) of each sample of `pool(round_id)`, in its order."""

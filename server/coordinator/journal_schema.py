@@ -4,8 +4,8 @@ Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-se
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`; `hacfed-server purge` and
 `audit verify` open it too.
 
-Version history (a journal of an older version is migrated in place when opened, in one
-transaction; security.md R10):
+Version history (a journal of the previous version is migrated in place when opened, in one
+transaction, `open_journal_db`; security.md R10; an older one is refused):
   1: the first release.
   2: trajectory ids are namespaced by their (authenticated) source: the key is
      (participant_id, trajectory_id), so one lab can no longer occupy the ids of another
@@ -23,8 +23,10 @@ import json
 import math
 import sqlite3
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
+from hacfed.server.coordinator.errors import JournalError, describe_db_error
 from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
 
@@ -128,25 +130,9 @@ CREATE TABLE events (
 """
 
 
-# Statements that bring a journal of version N (the key) to N + 1, run in one transaction.
+# Statements that bring a journal of the previous version (the key) to the current one, run in one
+# transaction; an older journal is refused (its release's hacfed migrates it first).
 MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        # SQLite cannot change a primary key in place: rebuild the table (same columns + purged).
-        "ALTER TABLE trajectories RENAME TO trajectories_v1",
-        "DROP INDEX trajectories_round",
-        """CREATE TABLE trajectories (
-            trajectory_id TEXT NOT NULL, submission_seq INTEGER NOT NULL REFERENCES submissions (seq),
-            participant_id TEXT NOT NULL, round_id INTEGER NOT NULL, prompt_id TEXT NOT NULL,
-            prompt_pos INTEGER NOT NULL, idx INTEGER NOT NULL, prompt_json TEXT NOT NULL,
-            response_text TEXT NOT NULL, reward REAL NOT NULL, claimed_reward REAL NOT NULL,
-            source_logp_sum REAL NOT NULL, source_token_count INTEGER NOT NULL, finish_reason TEXT NOT NULL,
-            policy_version INTEGER NOT NULL, purged INTEGER NOT NULL DEFAULT 0,
-            PRIMARY KEY (participant_id, trajectory_id), UNIQUE (participant_id, round_id, prompt_id, idx)
-        )""",
-        "INSERT INTO trajectories SELECT *, 0 FROM trajectories_v1",
-        "DROP TABLE trajectories_v1",
-        "CREATE INDEX trajectories_round ON trajectories (round_id)",
-    ),
     2: (
         # Each distinct prompt once, then the table rebuilt with a reference in place of the JSON.
         "CREATE TABLE prompts (id INTEGER PRIMARY KEY, prompt_json TEXT NOT NULL UNIQUE)",
@@ -172,6 +158,58 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "JOIN prompts p ON p.id = t.prompt_ref",
     ),
 }
+
+
+def open_journal_db(path: Path) -> sqlite3.Connection:
+    """The journal's connection: WAL, `synchronous=FULL`, foreign keys on, the schema created (a new
+    file) or migrated from the previous version; `JournalError` naming the file when it cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except (OSError, sqlite3.Error) as exc:
+        raise JournalError(f"journal {path} cannot be opened: {describe_db_error(exc)}") from None
+    db.row_factory = sqlite3.Row
+    try:
+        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        sync = db.execute("PRAGMA synchronous").fetchone()[0]
+        if str(mode).lower() != "wal" or sync != SYNCHRONOUS_FULL:
+            raise JournalError(f"journal {path}: need journal_mode=wal and synchronous=FULL, got {mode!r}/{sync!r}")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            _init_schema(db, path)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        db.close()
+        raise JournalError(f"journal {path} cannot be used: {describe_db_error(exc)}") from None
+    except JournalError:
+        db.close()
+        raise
+    return db
+
+
+def _init_schema(db: sqlite3.Connection, path: Path) -> None:
+    """Inside the open transaction: create the schema in a new file, or migrate the previous one."""
+    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    if not has_meta:
+        # One statement at a time: executescript() would COMMIT the open transaction.
+        for statement in SCHEMA_SQL.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        return
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    version = int(row[0]) if row and str(row[0]).isdigit() else None
+    if version is None or version > SCHEMA_VERSION or (version < SCHEMA_VERSION and version not in MIGRATIONS):
+        raise JournalError(f"journal {path} has schema version {version}, this hacfed reads {SCHEMA_VERSION}")
+    if version < SCHEMA_VERSION:  # migrate in place, inside this one transaction
+        for statement in MIGRATIONS[version]:
+            db.execute(statement)
+        db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 
 @dataclass(frozen=True)

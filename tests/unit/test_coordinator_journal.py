@@ -97,11 +97,12 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def test_previous_release_journal_opens_and_migrates(tmp_path):
-    """R10: tests/fixtures/journal-v1.sqlite was written by the first release (schema 1: global
-    trajectory ids); opening it migrates it in place, through schema 2, to schema 3 (each prompt
-    stored once) without losing a row."""
+    """R10: tests/fixtures/journal-v2.sqlite is a journal of the previous schema (2: trajectory ids
+    per source, each trajectory with its prompt's JSON), a first-release journal as that release
+    migrated it; opening it migrates it in place to schema 3 (each prompt stored once) without
+    losing a row."""
     path = tmp_path / "journal.sqlite"
-    shutil.copy(FIXTURES / "journal-v1.sqlite", path)
+    shutil.copy(FIXTURES / "journal-v2.sqlite", path)
     with sqlite3.connect(path) as db:
         before = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("rounds", "submissions", "trajectories")}
         old_pool = db.execute("SELECT trajectory_id, participant_id, reward FROM trajectories ORDER BY 2, 1").fetchall()
@@ -122,6 +123,18 @@ def test_previous_release_journal_opens_and_migrates(tmp_path):
         assert db.execute("SELECT COUNT(*) FROM prompts").fetchone()[0] == distinct < len(old_prompts)
     with Journal(path) as journal:  # opening a migrated journal again changes nothing
         assert journal.count("trajectories") == 24
+
+
+def test_a_journal_older_than_the_previous_schema_is_refused(tmp_path):
+    """Only the previous schema migrates: a journal of schema 1 is one clear error and is left as it was."""
+    path = tmp_path / "journal.sqlite"
+    Journal(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    with pytest.raises(JournalError, match=r"has schema version 1, this hacfed reads 3"):
+        Journal(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
 
 
 def _hashes(path):
