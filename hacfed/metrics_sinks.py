@@ -4,7 +4,7 @@
     logger.write({"round": 3, "agent": "lab-a", "reward_mean": 0.4, "train/loss": 0.1})
     logger.close()
 
-A row is the README's metrics row ("The metrics file (JSON Lines)"); TensorBoard and W&B get every
+A row is the metrics row of docs/experiments.md ("The metrics file (JSON Lines)"); TensorBoard and W&B get every
 numeric value under the row's own key (`reward_mean`, `train/loss`, `train/cross/lab-b/ratio_p50`)
 at step = `round`, so a tag means exactly what the JSONL key means. `seed` (constant) and `round`
 (the step) are not scalars; strings and booleans (`agent`, `mode`, `final`) are not either.

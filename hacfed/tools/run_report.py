@@ -3,7 +3,7 @@
     data = load_run(Path("state/coordinator"))      # or a sim output dir, a demo's runs/, a lab's state dir
     data.agents, data.rejections["lab-a"]           # ['lab-a', 'lab-b'], Counter({'HACFED-E-REWARD-MISMATCH': 4})
 
-Every run writes the same JSON Lines rows (README "The metrics file"): `hacfed sim --metrics-out`,
+Every run writes the same JSON Lines rows (docs/experiments.md "The metrics file"): `hacfed sim --metrics-out`,
 `hacfed demo --metrics-out` (default `runs/demo-metrics.jsonl`), a coordinator's
 `STATE/metrics.jsonl`, and a lab's own `STATE/metrics.jsonl` (hacfed.metrics_sinks). Why a
 trajectory was rejected is only in the coordinator's journal (`journal.sqlite`, table

@@ -258,7 +258,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--hacpo", action="append", default=[], metavar="KEY=VALUE",
                    help="override one HacpoConfig setting, e.g. --hacpo alpha=2 (repeatable)")
     p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temporary directory)")
-    p.add_argument("--metrics-out", default=None, help="write the JSON Lines metrics (README) here")
+    p.add_argument("--metrics-out", default=None, help="write the JSON Lines metrics (docs/experiments.md) here")
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="also write every row as TensorBoard scalars, one subdirectory per agent (needs tensorboard)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
