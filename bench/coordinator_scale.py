@@ -270,7 +270,7 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         for name in ("open_lab_reply", "open_envelope", "decode_submission"):
             patch(replies, name, clock.wrap("decode", getattr(replies, name)))
         patch(intake, "start_validation", clock.wrap_halves("validate", intake.start_validation))
-        patch(validation, "_start_verified_rewards", clock.wrap_halves("reward", validation._start_verified_rewards))
+        patch(validation, "start_verified_rewards", clock.wrap_halves("reward", validation.start_verified_rewards))
         for name in ("record_submission", "used_trajectory_ids", "last_policy_version"):
             patch(driver.journal, name, clock.wrap("journal", getattr(driver.journal, name)))
         patch(driver.answers, "receipt", clock.wrap("answers", driver.answers.receipt))

@@ -33,7 +33,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.results import Receipt, SubmissionResult
 from hacfed.server.coordinator.validation import (
     AcceptedTrajectory, Rejection, ValidationLimits, ValidationOutcome, check_report, is_short_id,
-    json_submission_digest, quick_size_rejection, report_to_dict, start_validation, submission_digest,
+    quick_size_rejection, report_to_dict, start_validation, submission_digest,
 )
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
@@ -199,7 +199,10 @@ class SubmissionIntake:
         too_big = quick_size_rejection(sub, self.max_trajectories, self.cfg.max_submission_bytes)
         if too_big is not None:
             return too_big
-        n_bytes, digest = submission_digest(sub, encoded)
+        try:
+            n_bytes, digest = submission_digest(sub, encoded)
+        except ValueError as exc:  # an in-process object of types the wire cannot carry
+            return Rejection(None, ErrorCode.SCHEMA, str(exc))
         if n_bytes > self.cfg.max_submission_bytes:
             return Rejection(None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}")
         if not admitted and (problem := self.limiter.charge_bytes(pid, round_key, n_bytes)) is not None:
@@ -208,11 +211,6 @@ class SubmissionIntake:
         if stored is not None:
             return SubmissionResult.from_json(stored, replayed=True)
         if sub.nonce and self.journal.hash_for_nonce(pid, sub.nonce) is not None:
-            # A resend of a submission journaled by a hacfed that digested the canonical JSON
-            # (before the wire digest) is still an identical resend, not a reused nonce.
-            stored = self.journal.stored_result(json_submission_digest(sub)[1])
-            if stored is not None:
-                return SubmissionResult.from_json(stored, replayed=True)
             return Rejection(None, ErrorCode.NONCE_REUSE, f"nonce {sub.nonce} was used for a different payload")
         participant = self.journal.participant(pid)
         if participant is None:

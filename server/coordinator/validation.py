@@ -18,31 +18,21 @@ Rewards are never taken from the participant: each is re-computed with the task'
 (`task.verify(task.problem(prompt_id), response_text).reward`). A claim that differs is a
 REWARD_MISMATCH (a strike, see errors.STRIKE_CODES); accepted trajectories carry the verified reward.
 
-The samples of every group that passed the cheap checks are verified together
-(`_verified_rewards`), split over `ValidationLimits.verify_threads` threads: math-verify runs in
-sandboxed worker processes (`hacfed.tasks.math_verifier`, `parallel_workers`), and while one thread
-waits for its worker the other screens its samples in process, so a submission's verification uses
-both cores instead of one thread waiting on one worker (bench/coordinator_scale.py). A task that
-verifies a batch itself (`start_verify_batch`: GSM8K-style math tasks) gets the whole batch instead:
-one thread screens every sample while helper threads keep the workers busy with the samples only
-math-verify decides, as they are found, and the verdicts are collected when the outcome is asked
-for (`start_validation`). The verdicts,
-and so the outcome, do not depend on the number of threads: each sample's verdict is a function of
-its (gold, response) alone.
+The samples of every group that passed the cheap checks are verified together, over
+`ValidationLimits.verify_threads` threads (`reward_verification`); the verdicts, and so the
+outcome, do not depend on the number of threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, NamedTuple, Sequence
 
 from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
+from hacfed.server.coordinator.reward_verification import start_verified_rewards
 from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.tasks.base import Task
 from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory
@@ -52,7 +42,6 @@ from hacfed.wire.types import MAX_REPORT_METRICS, WireError  # one cap: the wire
 MAX_ID_CHARS = 128
 MAX_POLICY_VERSION = 2**62  # stays a SQLite INTEGER
 REWARD_TOLERANCE = 1e-6
-MIN_SAMPLES_PER_THREAD = 64  # below this a helper thread costs more than it saves
 
 
 class Rejection(NamedTuple):
@@ -106,106 +95,20 @@ def submission_digest(sub: Submission, encoded: bytes | None = None) -> tuple[in
     gives the same digest, whatever transport carried it (local-only token ids are not on the
     wire). `encoded`: the bytes `sub` was decoded from, when a transport has them; the decoder
     accepts only the canonical encoding, so they are exactly `encode_submission(sub)` and are
-    hashed as they are (0.5 ms for a 1,000-sample submission, where encoding it again takes ~3 ms
-    and the canonical JSON of earlier versions ~11 ms: bench/coordinator_scale.py). A lab can
-    check a receipt's `content_hash` against the sha256 of what it sent.
+    hashed as they are (0.5 ms for a 1,000-sample submission, where encoding it again takes ~3 ms:
+    bench/coordinator_scale.py). A lab can check a receipt's `content_hash` against the sha256 of
+    what it sent.
 
-    An in-process object that cannot be encoded (wrong types: nothing a decoder builds) is
-    digested as its canonical JSON (`json_submission_digest`), as before.
+    An object the wire cannot encode (wrong types behind the dataclasses' backs: nothing a decoder
+    builds, only an in-process caller's) raises `ValueError` naming why; the intake refuses it.
     """
     if encoded is None:
         try:
             encoded = encode_submission(sub)
-        except (WireError, TypeError, ValueError, AttributeError, KeyError, OverflowError):
-            return json_submission_digest(sub)
+        except (WireError, TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+            detail = exc.message if isinstance(exc, WireError) else f"{type(exc).__name__}: {exc}"
+            raise ValueError(f"the submission cannot be encoded for the wire: {safe_text(detail, 300)}") from None
     return len(encoded), hashlib.sha256(encoded).hexdigest()
-
-
-def json_submission_digest(sub: Submission) -> tuple[int, str]:
-    """(size in bytes, sha256 hex) of the submission's canonical JSON encoding: the digest of
-    hacfed before the wire digest (`submission_digest`), still used for objects that cannot be
-    encoded and to recognise a resend of a submission journaled by an earlier version
-    (`SubmissionIntake._gate`).
-
-    The encoding is, byte for byte, `_canonical_json` of {run_id, participant_id, round_id, nonce,
-    created_at_ms, trajectories: [_trajectory_doc(t)...], report: report_to_dict(report)}. A
-    trajectory of exact built-in types (anything a decoder builds) is written by `_trajectory_json`
-    at a tenth of json's cost; any other goes through json, in the order one `json.dumps` of the
-    whole document would meet it, so even a hostile in-process object fails the same way.
-    """
-    prompts: dict[int, str] = {}
-    items: list[Any] = [_trajectory_json(t, prompts) for t in sub.trajectories]
-    others = [(i, _trajectory_doc(t)) for i, (t, item) in enumerate(zip(sub.trajectories, items)) if item is None]
-    doc = {
-        "run_id": sub.run_id,
-        "participant_id": sub.participant_id,
-        "round_id": sub.round_id,
-        "nonce": getattr(sub, "nonce", ""),
-        "created_at_ms": getattr(sub, "created_at_ms", 0),
-        "report": report_to_dict(sub.report),
-    }
-    head = _canonical_json(doc)
-    for i, other in others:
-        items[i] = _canonical_json(other)
-    # "trajectories" sorts after every other key of the document, so it closes the object.
-    data = f'{head[:-1]},"trajectories":[{",".join(items)}]}}'
-    raw = data.encode("utf-8", "surrogatepass")
-    return len(raw), hashlib.sha256(raw).hexdigest()
-
-
-def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
-
-
-_json_str = json.encoder.encode_basestring  # how json.dumps(ensure_ascii=False) writes a str
-_int_repr, _float_repr = int.__repr__, float.__repr__  # how it writes an int and a finite float
-_INF = math.inf
-_is_ascii = str.isascii
-_INT_BOUND = 2**64  # far below the digit limit of int -> str conversion
-
-
-def _trajectory_json(t: object, prompts: dict[int, str]) -> str | None:
-    """`_canonical_json(_trajectory_doc(t))` for a Trajectory whose fields all have exact
-    built-in types (str, int below 2**64, finite float) and whose prompt is a tuple of ChatMessage
-    of two strs: keys in sorted order, values as json writes them. None for any other object.
-    `prompts`: the prompt JSON by prompt object (`id`), for the prompts of one submission, which
-    stay alive while it is digested (a group's samples share one)."""
-    if type(t) is not Trajectory:
-        return None
-    fr, v, prompt, pid, text = t.finish_reason, t.policy_version, t.prompt, t.prompt_id, t.response_text
-    reward, sid, lp, n, tid = t.reward, t.source_id, t.source_logp_sum, t.source_token_count, t.trajectory_id
-    if not (
-        type(fr) is str and type(v) is int and -_INT_BOUND < v < _INT_BOUND and type(pid) is str
-        and type(text) is str and type(reward) is float and -_INF < reward < _INF and type(sid) is str
-        and type(lp) is float and -_INF < lp < _INF and type(n) is int and -_INT_BOUND < n < _INT_BOUND
-        and type(tid) is str
-    ):
-        return None
-    prompt_json = prompts.get(id(prompt))
-    if prompt_json is None:
-        prompt_json = _prompt_json(prompt)
-        if prompt_json is None:
-            return None
-        prompts[id(prompt)] = prompt_json
-    return (
-        f'{{"finish_reason":{_json_str(fr)},"policy_version":{_int_repr(v)},"prompt":{prompt_json},'
-        f'"prompt_id":{_json_str(pid)},"response_text":{_json_str(text)},"reward":{_float_repr(reward)},'
-        f'"source_id":{_json_str(sid)},"source_logp_sum":{_float_repr(lp)},'
-        f'"source_token_count":{_int_repr(n)},"trajectory_id":{_json_str(tid)}}}'
-    )
-
-
-def _prompt_json(prompt: object) -> str | None:
-    """`_canonical_json` of `_trajectory_doc`'s prompt list, when the prompt is a tuple of
-    ChatMessage of two exact strs; else None."""
-    if type(prompt) is not tuple:
-        return None
-    parts = []
-    for m in prompt:
-        if type(m) is not ChatMessage or type(m.role) is not str or type(m.content) is not str:
-            return None
-        parts.append(f"[{_json_str(m.role)},{_json_str(m.content)}]")
-    return f"[{','.join(parts)}]"
 
 
 def quick_size_rejection(sub: Submission, max_trajectories: int, max_bytes: int) -> Rejection | None:
@@ -270,7 +173,7 @@ def start_validation(
 ) -> Callable[[], ValidationOutcome]:
     """`validate_submission` in two halves: the cheap checks run and the reward verification starts
     now; the function returned waits for the verdicts and gives the outcome. With a task that has
-    `start_verify_batch` the verifier's workers decide meanwhile (`_start_verified_rewards`)."""
+    `start_verify_batch` the verifier's workers decide meanwhile (`reward_verification.start_verified_rewards`)."""
     planned = {p.prompt_id: (pos, p.messages) for pos, p in enumerate(plan.prompts)}
     rejections: list[Rejection] = []
     groups: dict[str, list[tuple[Trajectory, Rejection | None]]] = {}
@@ -300,7 +203,7 @@ def start_validation(
         problem = task.problem(prompt_id)
         to_verify.extend((problem, t) for t, _ in samples)
         judged.append((prompt_id, pos, samples, []))
-    rewards = _start_verified_rewards(task, to_verify, limits.verify_threads)
+    rewards = start_verified_rewards(task, to_verify, limits.verify_threads)
     report_rejection = check_report(sub.report, sub.participant_id, sub.round_id)
 
     def outcome() -> ValidationOutcome:
@@ -360,59 +263,6 @@ def _judge_rewards(
     return accepted, []
 
 
-def _start_verified_rewards(
-    task: Task, items: list[tuple[Any, Trajectory]], threads: int,
-) -> Callable[[], list[float]]:
-    """The verified rewards of `items`: from the task's `start_verify_batch` when it has one and
-    `threads` > 1 (its requests are sent now, the function returned waits for them), else computed
-    now (`_verified_rewards`)."""
-    start = getattr(task, "start_verify_batch", None)
-    if threads > 1 and callable(start):
-        pending = start([(problem, t.response_text) for problem, t in items])
-        return lambda: _checked_rewards(task, pending(), len(items))
-    rewards = _verified_rewards(task, items, threads)
-    return lambda: rewards
-
-
-def _checked_rewards(task: Task, verdicts: Sequence[Any], n: int) -> list[float]:
-    if len(verdicts) != n:
-        raise ValueError(f"task {task.name!r} start_verify_batch gave {len(verdicts)} verdicts for {n} samples")
-    return [_checked_reward(task, v.reward) for v in verdicts]
-
-
-def _verified_rewards(task: Task, items: list[tuple[Any, Trajectory]], threads: int) -> list[float]:
-    """`_verified_reward` of each (problem, sample), in order, over at most `threads` threads
-    (contiguous slices, the first in the calling thread); a verifier error propagates. (A task with
-    `start_verify_batch` gets the whole batch instead: `_start_verified_rewards`.)"""
-    n = min(threads, len(items) // MIN_SAMPLES_PER_THREAD) if threads > 1 else 1
-    if n <= 1:
-        return [_verified_reward(task, problem, t) for problem, t in items]
-    bounds = [len(items) * i // n for i in range(n + 1)]
-    slices = [items[bounds[i]:bounds[i + 1]] for i in range(n)]
-
-    def run(part: list[tuple[Any, Trajectory]]) -> list[float]:
-        return [_verified_reward(task, problem, t) for problem, t in part]
-
-    futures = [_helpers().submit(run, part) for part in slices[1:]]
-    first = run(slices[0])
-    return first + [r for f in futures for r in f.result()]
-
-
-_HELPERS: ThreadPoolExecutor | None = None
-_HELPERS_LOCK = threading.Lock()
-
-
-def _helpers() -> ThreadPoolExecutor:
-    """The verification helper threads, started on first use and shared by every coordinator of
-    the process (each call waits for its own futures; 7 = the most `verify_threads` asks besides
-    the caller)."""
-    global _HELPERS
-    with _HELPERS_LOCK:
-        if _HELPERS is None:
-            _HELPERS = ThreadPoolExecutor(max_workers=7, thread_name_prefix="hacfed-verify")
-        return _HELPERS
-
-
 def _with_reward(t: Trajectory, reward: float) -> Trajectory:
     """`t` carrying the verified `reward`. When its claim already is exactly that float (the usual
     case for an accepted sample: honest labs claim the 0.0 or 1.0 their own verifier gave), `t`
@@ -421,16 +271,6 @@ def _with_reward(t: Trajectory, reward: float) -> Trajectory:
     if type(t.reward) is float and t.reward == reward and math.copysign(1.0, t.reward) == math.copysign(1.0, reward):
         return t
     return dataclasses.replace(t, reward=reward)
-
-
-def _verified_reward(task: Task, problem: Any, t: Trajectory) -> float:
-    return _checked_reward(task, task.verify(problem, t.response_text).reward)
-
-
-def _checked_reward(task: Task, reward: object) -> float:
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not (0.0 <= reward <= 1.0):
-        raise ValueError(f"task {task.name!r} verifier returned reward {reward!r} outside [0, 1]")
-    return float(reward)
 
 
 def _cheap_check(
@@ -518,7 +358,7 @@ def _check_numbers(t: Trajectory, limits: ValidationLimits) -> Rejection | None:
 
 def is_storable_text(text: str) -> bool:
     """UTF-8 encodable (no lone surrogates), so it can be hashed, journaled and re-sent."""
-    if type(text) is str and _is_ascii(text):  # O(1) in CPython (a flag of the str); ASCII always encodes
+    if type(text) is str and text.isascii():  # O(1) in CPython (a flag of the str); ASCII always encodes
         return True
     try:
         text.encode("utf-8")
@@ -537,29 +377,8 @@ def _id_or_none(value: object) -> str | None:
     return value if is_short_id(value) else None
 
 
-def _trajectory_doc(t: object) -> Any:
-    if not isinstance(t, Trajectory):
-        return {"not_a_trajectory": repr(t)[:1000]}
-    return {
-        "trajectory_id": t.trajectory_id,
-        "prompt_id": t.prompt_id,
-        "source_id": t.source_id,
-        "policy_version": t.policy_version,
-        "prompt": [[m.role, m.content] if isinstance(m, ChatMessage) else repr(m) for m in t.prompt],
-        "response_text": t.response_text,
-        "reward": t.reward,
-        "source_logp_sum": t.source_logp_sum,
-        "source_token_count": t.source_token_count,
-        "finish_reason": t.finish_reason,
-    }
-
-
-def report_to_dict(report: object) -> Any:
-    """JSON-able form of a StepReport (for the digest and the metrics table)."""
-    if report is None:
-        return None
-    if not isinstance(report, StepReport):
-        return {"not_a_report": repr(report)[:1000]}
+def report_to_dict(report: StepReport) -> dict[str, Any]:
+    """JSON-able form of a StepReport that passed `check_report`, for the metrics table."""
     return {
         "participant_id": report.participant_id,
         "round_id": report.round_id,

@@ -63,22 +63,18 @@ def test_nonce_reuse_with_a_different_payload_is_refused(coord):
     assert coord.submit(scripted_submission(plan1, "a", nonce="1" * 32)).rejected == ()
 
 
-def test_a_resend_journaled_under_the_json_digest_of_earlier_versions_is_still_a_resend(coord):
-    """A journal written by a hacfed that digested the canonical JSON: the lab's resend (same
-    nonce, same content) gets its stored receipt back, not NONCE_REUSE; another payload with that
-    nonce is still refused."""
-    from hacfed.server.coordinator.validation import json_submission_digest
-
+def test_an_in_process_submission_the_wire_cannot_carry_is_refused_whole(coord):
+    """A trajectory of types no decoder builds (forced behind the dataclass's back) has no wire
+    encoding, so no digest: the submission is refused with SCHEMA, journaled, and nothing is recorded."""
     plan = coord.open_round(0)
-    sub = scripted_submission(plan, "a", nonce="0" * 32)
-    first = coord.submit(sub)
-    old = json_submission_digest(sub)[1]
-    with coord.journal._lock:
-        coord.journal._db.execute("UPDATE submissions SET content_hash=? WHERE participant_id='a'", (old,))
-    again = coord.submit(sub)
-    assert again.replayed and again.accepted_ids == first.accepted_ids
-    other = scripted_submission(plan, "a", nonce="0" * 32, trajectories=scripted_trajectories(plan, "a", tag="x"))
-    assert coord.submit(other).refusal == ErrorCode.NONCE_REUSE
+    trajectories = scripted_trajectories(plan, "a")
+    odd = dataclasses.replace(trajectories[0])
+    object.__setattr__(odd, "prompt", "a prompt that is a str")
+    result = coord.submit(scripted_submission(plan, "a", trajectories=(odd,) + tuple(trajectories[1:])))
+    assert result.receipt is None and result.refusal == ErrorCode.SCHEMA
+    assert "cannot be encoded for the wire" in result.rejected[0].detail
+    assert counts(coord)["submissions"] == 0 and coord.journal.count("rejections") == 1
+    assert coord.submit(scripted_submission(plan, "a")).accepted_ids  # the honest one goes through
 
 
 def test_submission_gates(coord, tmp_path):

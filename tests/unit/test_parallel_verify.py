@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from hacfed.server.coordinator import validation
+from hacfed.server.coordinator import reward_verification, validation
 from hacfed.server.coordinator.validation import ValidationLimits, validate_submission
 from hacfed.tasks.base import Verdict
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
@@ -105,8 +105,8 @@ def test_a_batch_with_a_missing_verdict_is_an_error(tmp_path) -> None:
 
 def test_the_coordinator_passes_its_verify_threads(tmp_path, monkeypatch) -> None:
     seen = []
-    original = validation._verified_rewards
-    monkeypatch.setattr(validation, "_verified_rewards", lambda task, items, threads: seen.append(threads) or
+    original = reward_verification.verified_rewards
+    monkeypatch.setattr(reward_verification, "verified_rewards", lambda task, items, threads: seen.append(threads) or
                         original(task, items, threads))
     coord = make_coordinator(tmp_path, verify_threads=3, expected_participants=1)
     coord.register("a")
