@@ -155,6 +155,21 @@ class ClientConfig:
         return out
 
 
+def check_server_name(server: str) -> None:
+    """The coordinator's host name resolves: a name DNS says does not exist (a typo, or the README's
+    placeholder coordinator.example) is refused in one line instead of retried as "unreachable"
+    forever. A temporary resolver failure (EAI_AGAIN) passes: the SuperNode keeps retrying then."""
+    import socket
+
+    host, port = split_host_port(server, "--server")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise ValueError(f"--server {server}: the coordinator's host name {host!r} does not resolve "
+                             f"({exc.strerror}); give the name or address hacfed-server runs on") from None
+
+
 def _bad(name: str, value: object, requirement: str) -> None:
     raise ValueError(f"ClientConfig.{name} must be {requirement}, got {value!r}")
 

@@ -127,10 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["replay"]:
         return replay_main(argv[1:])
     args = build_parser().parse_args(argv)
-    from hacfed.clients.config import load_client_config
+    from hacfed.clients.config import check_server_name, load_client_config
 
     try:
         cfg = load_client_config(args.config, {name: getattr(args, name) for name in NAMES}, args.task_sets)
+        check_server_name(cfg.server)
+        from hacfed.clients.finished import finished_run
+
+        if not cfg.stay and (run_id := finished_run(cfg.state_dir)) is not None:
+            print(f"hacfed-client: this lab already finished run {run_id} (the coordinator acknowledged its final "
+                  f"report; the state dir {cfg.state_dir} belongs to that run): nothing to do. To join a new run, "
+                  "use a fresh --state-dir", flush=True)
+            return 0
         from hacfed.clients.runner import run_client
 
         # Ctrl-C must stop the children even when a shell started this job with SIGINT ignored.
