@@ -18,16 +18,18 @@ import math
 import secrets
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
 from hacfed.clients.checkpoints import restore_participant, save_participant
+from hacfed.clients.context import model_context, readable_pool
 from hacfed.clients.rollout_and_eval import Evaluation, evaluate_held_out, export_for_vllm, rollout_plan
 from hacfed.clients.training import prepare_training, train_on_pool
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
+from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 
@@ -38,14 +40,18 @@ class ParticipantConfig:
 
     participant_id: str
     model: str
-    finetune: Literal["full", "lora"] = "full"
+    # "auto": LoRA above a size threshold, with activation checkpointing and bf16 where they pay
+    # (hacfed.models.memory.memory_plan); the participant resolves it to "full" or "lora".
+    finetune: Literal["full", "lora", "auto"] = "full"
     lora_rank: int = 8
     lora_alpha: int = 16
     learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
     minibatch_size: int | None = None  # None: prompts × G / 2 of the pool (the paper's 2 updates per source)
     max_grad_norm: float = 1.0
-    max_prompt_len: int = 128
-    max_response_len: int = 64
+    # Longest prompt / response (in this model's tokens) the update takes. None: the model's context
+    # for each, a sample being read when prompt + response fit in it (hacfed.clients.context).
+    max_prompt_len: int | None = None
+    max_response_len: int | None = None
     eval_problems: int = 200
     eval_split: Literal["test", "validation"] = "test"  # "validation" when choosing settings
     eval_sampled: bool = False  # also sampled pass@1 (one temperature-1 sample per problem)
@@ -60,14 +66,18 @@ class ParticipantConfig:
     def __post_init__(self) -> None:
         if not self.participant_id or not isinstance(self.participant_id, str):
             raise ValueError(f"participant_id must be a non-empty string, got {self.participant_id!r}")
-        if self.finetune not in ("full", "lora"):
-            raise ValueError(f"finetune must be 'full' or 'lora', got {self.finetune!r}")
+        if self.finetune not in ("full", "lora", "auto"):
+            raise ValueError(f"finetune must be 'full', 'lora' or 'auto', got {self.finetune!r}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
         if self.minibatch_size is not None and self.minibatch_size < 1:
             raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size!r}")
         if self.rollout_backend not in ("hf", "vllm"):
             raise ValueError(f"rollout_backend must be 'hf' or 'vllm', got {self.rollout_backend!r}")
+        for name in ("max_prompt_len", "max_response_len"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be None (the model's context) or an int >= 1, got {value!r}")
         if self.eval_problems < 1:
             raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems!r}")
         keep = self.keep_checkpoints
@@ -88,13 +98,29 @@ class RoundTimings:
     checkpoint_s: float = 0.0
 
 
+def truncated_fraction(trajectories: Sequence[Trajectory]) -> float:
+    """The fraction of responses cut at the budget (finish reason "length"); 0 for none."""
+    if not trajectories:
+        return 0.0
+    return sum(t.finish_reason == "length" for t in trajectories) / len(trajectories)
+
+
 class Participant:
     def __init__(self, cfg: ParticipantConfig, model: Any, tokenizer: Any, task: Task) -> None:
         self.cfg = cfg
         self.task = task
         self.tokenizer = tokenizer
         torch.manual_seed(cfg.seed)
+        self.memory = memory_plan(model.num_parameters(), cfg.device, bf16=bf16_supported(cfg.device),
+                                  finetune=cfg.finetune)
+        cfg = replace(cfg, finetune=self.memory.finetune)
+        apply_memory_plan(model, self.memory)
         model.to(cfg.device)
+        self.context = model_context(model)  # prompt + response of a sample it trains on fit in it
+        self._explicit_response_len = cfg.max_response_len is not None
+        cfg = replace(cfg, max_prompt_len=cfg.max_prompt_len or self.context,
+                      max_response_len=cfg.max_response_len or self.context)
+        self.cfg = cfg
         self.model, self._reference, self.optimizer = prepare_training(model, cfg)
         self.policy_version = 0
         self.last_round: int | None = None  # the last plan rolled out
@@ -151,10 +177,11 @@ class Participant:
             metrics.update(self.train_on_pool(update))
             self.timings.training_s = time.perf_counter() - t0
         plan = update.next_plan
-        if plan is not None and plan.sampling.max_new_tokens + 1 > self.cfg.max_response_len:
+        if self._explicit_response_len and plan is not None and plan.sampling.max_new_tokens + 1 > self.cfg.max_response_len:
             raise ValueError(
                 f"the plan asks for up to {plan.sampling.max_new_tokens} new tokens but max_response_len is "
-                f"{self.cfg.max_response_len}: raise max_response_len to at least {plan.sampling.max_new_tokens + 1}"
+                f"{self.cfg.max_response_len}: raise max_response_len to at least {plan.sampling.max_new_tokens + 1}, "
+                "or leave it unset (the model's context)"
             )
         eval_accuracy = None
         # Evaluate when the plan asks, and always after training on the final pool (no plan).
@@ -173,6 +200,7 @@ class Participant:
             self.timings.rollout_s = time.perf_counter() - t0
             rewards = [t.reward for t in trajectories]
             metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
+            metrics["rollout_truncated_frac"] = truncated_fraction(trajectories)
             self.last_round = plan.round_id
             self._eval_max_new_tokens = plan.sampling.max_new_tokens
         self.last_pool_round = update.pool_round
@@ -198,6 +226,14 @@ class Participant:
         return submission
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
+        readable = readable_pool(update.pool, self.participant_id, self.tokenizer, self.context, self._own)
+        update = replace(update, pool=readable.pool)
+        metrics = self._train(update)
+        metrics["skipped_context_own"] = float(readable.skipped_own)
+        metrics["skipped_context"] = float(readable.skipped_peers)
+        return metrics
+
+    def _train(self, update: RoundUpdate) -> dict[str, float]:
         if self._ranks is not None:
             metrics = self._ranks.train(self, update)
         else:

@@ -13,6 +13,12 @@ Two transformers behaviours would silently bias importance ratios, so both are s
     top_k=20 and a repetition penalty): they are hidden for the duration of the call, so only the
     arguments of `generate` decide the sampling distribution.
 
+A response never runs past the model's context (`max_position_embeddings`): a prompt that leaves
+less room than max_new_tokens gets the room left (finish reason "length" when it is used up), and
+one that alone fills the context is cut from the left (`fit_to_context`), so a small model still
+answers every prompt of a plan with long prompts (its groups stay complete; its cuts are counted,
+and its own samples of a prompt it cannot read whole are not trained on: hacfed.clients.context).
+
 Prompts are rendered with the tokenizer's chat template and left-padded; transformers derives
 position ids from the attention mask, so a padded prompt is seen at the same positions as an
 unpadded one (tests/unit/test_logprobs.py checks this against a teacher-forced recomputation).
@@ -24,6 +30,7 @@ unpadded one (tests/unit/test_logprobs.py checks this against a teacher-forced r
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -34,6 +41,8 @@ from transformers import GenerationConfig
 
 from hacfed.rollout.logprobs import gather_token_logprobs
 from hacfed.trajectory import FINISH_REASONS, ChatMessage, FinishReason, render_prompt_ids
+
+log = logging.getLogger("hacfed.rollout.hf")
 
 
 @dataclass(frozen=True)
@@ -155,14 +164,24 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int, device: torch.dev
     return input_ids.to(device), attention_mask.to(device)
 
 
-def _check_context_length(model: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+def context_limit(model: Any) -> int | None:
+    """The most positions `model` reads (prompt + response), or None when its config does not say."""
     limit = getattr(model.config, "max_position_embeddings", None)
-    longest = max(len(p) for p in prompt_ids)
-    if limit is not None and longest + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-            f"context of {limit} positions"
-        )
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def fit_to_context(prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+                   limit: int | None) -> list[tuple[int, int]]:
+    """(prompt tokens kept, response budget) per prompt. The budget is max_new_tokens, cut where the
+    prompt plus its response would run past the model's context; a prompt that alone fills the
+    context keeps only its last tokens (its end: the question's last words and the generation
+    prompt), leaving an eighth of the context (at most max_new_tokens) to answer in. A cut response
+    ends with finish reason "length", as one cut at max_new_tokens does, so it counts as truncated."""
+    if limit is None:
+        return [(len(ids), max_new_tokens) for ids in prompt_ids]
+    floor = max(1, min(max_new_tokens, limit // 8))
+    return [(len(ids), min(max_new_tokens, limit - len(ids))) if len(ids) < limit else (limit - floor, floor)
+            for ids in prompt_ids]
 
 
 def _to_completions(tokenizer: Any, new_tokens: Tensor, token_logprobs: Tensor, eos_id: int) -> list[Completion]:
@@ -222,19 +241,30 @@ def generate(
     for i, ids in enumerate(rendered):
         if not ids:
             raise ValueError(f"prompt {i} renders to no tokens")
-    _check_context_length(model, rendered, max_new_tokens)
-    config = generation_config(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                               greedy=greedy, eos_id=eos_id, pad_id=pad_id)
+    limit = context_limit(model)
+    fitted = fit_to_context(rendered, max_new_tokens, limit)
+    cut = [p for p, (_, b) in enumerate(fitted) if b < max_new_tokens]
+    if cut:
+        log.warning("%d of %d prompts leave less than max_new_tokens %d in the model's context of %s positions "
+                    "(longest prompt %d tokens): their responses are cut there", len(cut), len(prompts),
+                    max_new_tokens, limit, max(len(rendered[p]) for p in cut))
+    rendered = [ids[len(ids) - keep:] for ids, (keep, _) in zip(rendered, fitted)]
+    budgets = [b for _, b in fitted]
     device = next(model.parameters()).device
-    owners = [p for p in range(len(prompts)) for _ in range(num_samples)]  # flat sequence -> prompt
     groups: list[list[Completion]] = [[] for _ in prompts]
-    with torch.inference_mode(), _eval_mode(model), _checkpoint_generation_defaults_hidden(model), \
-            _seeded(seed, device):
-        for start in range(0, len(owners), batch_size):
-            chunk = owners[start:start + batch_size]
-            completions = _generate_batch(model, tokenizer, [rendered[p] for p in chunk], config, device)
-            for p, completion in zip(chunk, completions):
-                groups[p].append(completion)
+    # Prompts with the full budget first, in order (the batches of a context-free run), then each
+    # shorter budget.
+    for budget in sorted(set(budgets), reverse=True):
+        owners = [p for p in range(len(prompts)) if budgets[p] == budget for _ in range(num_samples)]
+        config = generation_config(max_new_tokens=budget, temperature=temperature, top_p=top_p,
+                                   greedy=greedy, eos_id=eos_id, pad_id=pad_id)
+        with torch.inference_mode(), _eval_mode(model), _checkpoint_generation_defaults_hidden(model), \
+                _seeded(None if seed is None else seed + max_new_tokens - budget, device):
+            for start in range(0, len(owners), batch_size):
+                chunk = owners[start:start + batch_size]
+                completions = _generate_batch(model, tokenizer, [rendered[p] for p in chunk], config, device)
+                for p, completion in zip(chunk, completions):
+                    groups[p].append(completion)
     return groups
 
 

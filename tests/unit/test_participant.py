@@ -13,6 +13,7 @@ from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
 from hacfed.models.zoo import build_untrained
 from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.trajectory import ChatMessage
 
 TASK = ArithmeticTask(digits=2, num_train=200, num_eval=20)
 
@@ -134,19 +135,47 @@ def test_config_validation():
         ParticipantConfig("a", "tiny-llama", learning_rate=-1.0)
 
 
-def test_mixed_minibatches_with_kl_and_oversized_cross_samples(two_rollouts):
+@pytest.mark.parametrize("limits, long_chars, skipped", [
+    ({"max_response_len": 64}, 200, {"skipped_views": 1, "skipped_context": 0}),  # over the set limit
+    ({}, 500, {"skipped_views": 0, "skipped_context": 1}),  # unset limits: prompt + response past the 512-position context
+])
+def test_mixed_minibatches_with_kl_and_oversized_cross_samples(two_rollouts, limits, long_chars, skipped):
     # minibatch 3 mixes own and other samples of different lengths; the KL must still line up.
     _, _, sa, sb = two_rollouts
     long_other = type(sb.trajectories[0])(**{**sb.trajectories[0].__dict__, "trajectory_id": "long",
-                                             "response_text": "9" * 200, "source_token_count": 6})
+                                             "response_text": "9" * long_chars, "source_token_count": 6})
     pool = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(sa.trajectories[:4] + sb.trajectories[:4])]
-    p = make("a", "tiny-llama", minibatch_size=3)
+    p = make("a", "tiny-llama", minibatch_size=3, **limits)
     p.step(RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0), ("a", "b")))  # so "a" has own ids
     own = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(p._own.values())][:4]
     sub = p.step(RoundUpdate("run", 0, tuple(own + pool[4:] + [long_other]), {"a": 0.5, "b": 0.5}, plan(1), ("a", "b")))
     m = sub.report.metrics
-    assert m["num_updates"] == 3 and m["num_samples"] == 8  # 4 own + 4 other; the 200-char one skipped
-    assert m["skipped_views"] == 1 and math.isfinite(m["kl"])
+    assert m["num_updates"] == 3 and m["num_samples"] == 8  # 4 own + 4 other; the long one skipped
+    assert {k: m[k] for k in skipped} == skipped and m["skipped_context_own"] == 0 and math.isfinite(m["kl"])
+
+
+def test_a_prompt_that_fills_the_context_gets_cut_answers_that_are_not_trained_on():
+    """A small model answers a plan whose prompt is longer than its context (from the prompt's end,
+    within an eighth of the context) and leaves those samples out of its own update."""
+    p = make("a", "tiny-llama")
+    long_prompt = (ChatMessage("user", "7" * 600),)
+    problems = TASK.train_problems()[:2]
+    prompts = (PlannedPrompt(problems[0].prompt_id, problems[0].messages), PlannedPrompt(problems[1].prompt_id, long_prompt))
+    first = RoundPlan(run_id="run", round_id=0, prompts=prompts, group_size=2,
+                      sampling=SamplingParams(max_new_tokens=6), hacpo=HacpoConfig())
+    sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, first, ("a",)))
+    cut = [t for t in sub.trajectories if t.prompt_id == problems[1].prompt_id]
+    assert len(cut) == 2 and all(t.source_token_count <= 64 for t in cut)
+    sub = p.step(RoundUpdate("run", 0, sub.trajectories, {"a": 1.0}, plan(1), ("a",)))
+    assert sub.report.metrics["skipped_context_own"] == 2 and sub.report.metrics["num_samples"] == 2
+
+
+def test_truncated_fraction_counts_length_finishes(two_rollouts):
+    from hacfed.clients.participant import truncated_fraction
+
+    _, _, sa, _ = two_rollouts
+    ts = [type(t)(**{**t.__dict__, "finish_reason": reason}) for t, reason in zip(sa.trajectories, ["length", "stop", "stop", "stop"])]
+    assert truncated_fraction(ts) == 0.25 and truncated_fraction([]) == 0.0
 
 
 def test_evaluation_scores_each_half_of_a_mix_and_reports_it():

@@ -10,7 +10,7 @@ import torch
 
 from hacfed.models.zoo import build_untrained
 from hacfed.rollout import Completion, evaluate_accuracy, generate
-from hacfed.rollout.hf import generation_config
+from hacfed.rollout.hf import fit_to_context, generation_config
 from hacfed.tasks.base import Problem, Verdict
 from hacfed.trajectory import ChatMessage, render_prompt_ids
 from tests.unit.test_logprobs import PROMPTS, eos_bias
@@ -179,13 +179,33 @@ def test_evaluate_accuracy_averages_greedy_rewards(llama):
         (dict(temperature=0.0), "temperature"),
         (dict(top_p=0.0), "top_p"),
         (dict(seed=1.5), "seed"),
-        (dict(max_new_tokens=10_000), "exceeds the model's context"),
     ],
 )
 def test_bad_arguments_are_rejected(llama, kwargs, message):
     model, tok = llama
     with pytest.raises(ValueError, match=message):
         generate(model, tok, PROMPTS, **kwargs)
+
+
+def test_responses_are_cut_at_the_models_context(llama):
+    """A prompt near the context gets the room left (finish "length"), one past it keeps its end and
+    an eighth of the context to answer in; the other prompts keep the full budget, every group is whole."""
+    model, tok = llama
+    limit = model.config.max_position_embeddings
+    short = [ChatMessage("user", "12+34=")]
+    base = len(render_prompt_ids(tok, [ChatMessage("user", "")]))
+    near = [ChatMessage("user", "7" * (limit - base - 3))]  # the character tokenizer: 3 positions left
+    over = [ChatMessage("user", "7" * (limit + 5))]
+    assert len(render_prompt_ids(tok, near)) == limit - 3
+    groups = generate(model, tok, [short, near, over], num_samples=2, max_new_tokens=100, seed=0)
+    assert [len(g) for g in groups] == [2, 2, 2]
+    for cap, group in ((3, groups[1]), (limit // 8, groups[2])):
+        for c in group:
+            assert len(c.token_ids) <= cap and (c.finish_reason == "stop" or len(c.token_ids) == cap)
+    alone = generate(model, tok, [short], num_samples=2, max_new_tokens=100, seed=0)
+    assert _ids(alone) == _ids(groups[:1])
+    assert fit_to_context([[1] * 10, [1] * 600, [1] * 510], 100, 512) == [(10, 100), (448, 64), (510, 2)]
+    assert fit_to_context([[1] * 10], 100, None) == [(10, 100)]
 
 
 def test_prompts_render_with_the_chat_template(llama):
