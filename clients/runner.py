@@ -67,8 +67,9 @@ def describe_answer(answered: Answered, participant_id: str) -> str:
         parts.append(f"eval accuracy {sub.report.eval_accuracy:.3f} ({metrics.get('time_eval_s', 0.0):.1f}s)")
     if sub is not None and sub.trajectories:
         rewards = [t.reward for t in sub.trajectories]
+        cut = metrics.get("rollout_truncated_frac", 0.0)  # cut at the plan's max_new_tokens (or the context)
         parts.append(f"rolled out {len(rewards)} in {metrics.get('time_rollout_s', 0.0):.1f}s, claimed reward "
-                     f"{sum(rewards) / len(rewards):.2f}")
+                     f"{sum(rewards) / len(rewards):.2f}" + (f", {cut:.0%} cut at the response budget" if cut else ""))
     return f"{what}: " + "; ".join(parts or ["nothing to do"]) + f" [{answered.seconds:.1f}s]"
 
 

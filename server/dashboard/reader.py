@@ -203,6 +203,7 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
             "accepted": journal["accepted"].get(pid, 0),
             "rejected": rejected.get(pid, 0),
             "reward": _num(last.get("reward_mean")),
+            "truncated": _num(last.get("train/rollout_truncated_frac")),  # responses cut at the budget
             "capability": _num(last.get("capability")),
         })
     return table

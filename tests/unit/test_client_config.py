@@ -150,6 +150,9 @@ def test_progress_lines_say_what_the_step_did() -> None:
     assert line.startswith("round 1: trained on 12 pooled samples of round 0 (6 from other labs) in 1.5s")
     assert "eval accuracy 0.250" in line and "rolled out 6 in 0.5s, claimed reward 0.33" in line
     assert "cached reply" in describe_answer(Answered(update, None, 0.0, True), "lab-a")
+    assert "cut at" not in line
+    cut = Submission("test-run", "lab-a", 1, pool[:6], StepReport("lab-a", 1, {"rollout_truncated_frac": 0.5}, None))
+    assert "claimed reward 0.33, 50% cut at the response budget" in describe_answer(Answered(update, cut, 2.0, False), "lab-a")
 
 
 def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict, tmp_path: Path) -> None:

@@ -303,3 +303,11 @@ def test_hacfed_server_starts_the_dashboard_of_its_config_and_stops_it(tmp_path,
         load_server_config(config, sets=['server.dashboard=""'])
     config.write_text(config.read_text().replace('dashboard = "127.0.0.1:0"\n', ""))
     assert start_dashboard_of(load_server_config(config)) is None  # off unless asked for
+
+
+def test_the_participants_table_shows_the_fraction_of_responses_cut_at_the_budget(federation):
+    sources = federation["sources"]
+    append_rows(sources.metrics, [{"round": 1, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
+                                   "train/rollout_truncated_frac": 0.25}])
+    parts = {p["id"]: p for p in Snapshotter(sources, clock=federation["clock"]).get()["participants"]}
+    assert parts["lab-a"]["truncated"] == 0.25 and parts["lab-b"]["truncated"] is None

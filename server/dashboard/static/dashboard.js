@@ -62,6 +62,7 @@
       cell(tr, String(p.accepted), "num");
       cell(tr, String(p.rejected), p.rejected ? "num bad" : "num");
       cell(tr, fmt(p.reward, 2), "num");
+      cell(tr, fmt(p.truncated, 2), p.truncated > 0.1 ? "num bad" : "num");
       cell(tr, fmt(p.capability, 2), "num");
     });
   }
