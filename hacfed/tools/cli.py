@@ -19,7 +19,7 @@ def _add_models_parser(sub: argparse._SubParsersAction) -> None:
         "models", help="the built-in zoo of tiny agents: build (warm up + cache) and list", formatter_class=defaults,
         description="The built-in zoo of tiny heterogeneous agents. Each preset is built and warmed up on first use "
                     "and cached under $HACFED_HOME (default: the user cache directory).")
-    actions = models.add_subparsers(dest="models_command", required=True, metavar="{build,list}")
+    actions = models.add_subparsers(dest="models_command", required=True, metavar="{build,list,export}")
     build = actions.add_parser("build", help="build, warm up and cache a preset (nothing to do when already cached)",
                                formatter_class=defaults,
                                description="Build a preset, warm it up to its target held-out accuracy and cache it.")
@@ -28,6 +28,16 @@ def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     build.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed")
     actions.add_parser("list", help="list the presets, smollm2, and what is cached under $HACFED_HOME",
                        formatter_class=defaults, description="List the presets, smollm2, and what is cached.")
+    export = actions.add_parser(
+        "export", help="write a model as a plain Hugging Face directory (safetensors, tokenizer, chat template)",
+        formatter_class=defaults,
+        description="Write any model hacfed loads (a preset, smollm2, a directory, a cached hub id) as a plain "
+                    "Hugging Face directory: de-quantized weights as safetensors, no quantization config, the "
+                    "tokenizer with its chat template. transformers, TRL, `hacfed-client --model DIR` and "
+                    "`hacfed sim --agents DIR` load it.")
+    export.add_argument("name", help="model spec (a preset, smollm2, a directory, a cached hub id)")
+    export.add_argument("directory", help="where to write it (must not exist, or be empty)")
+    export.add_argument("--dtype", default=None, help="convert the weights (e.g. bfloat16; default: keep float32)")
 
 
 def _run_models(args: argparse.Namespace) -> int:
@@ -35,6 +45,8 @@ def _run_models(args: argparse.Namespace) -> int:
 
     if args.models_command == "list":
         return _list_models(store)
+    if args.models_command == "export":
+        return _export_model(args)
     from hacfed.models.zoo import PRESETS
 
     if args.name not in PRESETS:
@@ -50,6 +62,20 @@ def _run_models(args: argparse.Namespace) -> int:
         f"after {meta.get('warmup_steps')} warm-up steps ({meta.get('warmup_seconds')} s), "
         f"{meta.get('parameters')} parameters"
     )
+    return 0
+
+
+def _export_model(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hacfed.models.export import export_model
+
+    try:
+        out = export_model(args.name, Path(args.directory), dtype=args.dtype)
+    except ValueError as exc:  # an unknown model, a used directory, a bad dtype: one line
+        print(f"hacfed models export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.name}: wrote {out.directory} ({out.parameters:,} parameters, {out.dtype}, safetensors)")
     return 0
 
 
