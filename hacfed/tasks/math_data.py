@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from hacfed.tasks.base import Problem, SplitLookup, Verdict
-from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig, extract_boxed
+from hacfed.tasks.math_answers import extract_boxed
+from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
 from hacfed.trajectory import ChatMessage
 
 DEFAULT_PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{}."

@@ -3,8 +3,8 @@
 Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 with a reason:
   1. in-process pre-checks on the raw response: text, at most `max_response_chars`, no NUL, valid
      Unicode (no lone surrogates);
-  2. in-process extraction of the final answer: the content of the last `\\boxed{...}` (brace
-     matching, iterative, escaped braces skipped) and/or the last plain number;
+  2. in-process extraction of the final answer (`hacfed.tasks.math_answers`): the last `\\boxed{}`
+     and/or the last plain number;
   3. answer checks: non-empty, at most `max_answer_chars`, bracket nesting ((, [, {) at most
      `max_nesting` (math-verify's LaTeX parser is exponential in nesting: 15 bare braces take ~2 s,
      95 parentheses time out);
@@ -15,9 +15,9 @@ Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 
      sign and a plain decimal in ASCII digits (`\\$72`, `\\$ 1,080.50`: money, the commonest non-plain GSM8K
      answer) is compared the same way, by its number: math-verify drops the sign and gives the same
      verdict (tests/unit/test_parallel_verify.py checks both on a grid of forms);
-  5. otherwise the sandboxed worker (`hacfed.tasks.sandbox`) parses both sides with math-verify's
-     LaTeX parser only (no `ExprExtractionConfig`, which goes through sympy's `parse_expr`/`eval`)
-     and calls `math_verify.verify`. Timeouts, crashes and limits become
+  5. otherwise the sandboxed worker (`hacfed.tasks.sandbox` running `hacfed.tasks.math_worker`)
+     parses both sides with math-verify's LaTeX parser only (no `ExprExtractionConfig`, which goes
+     through sympy's `parse_expr`/`eval`) and calls `math_verify.verify`. Timeouts, crashes and limits become
      "HACFED-E-VERIFIER-ABORT: ..." with reward 0.
 
 Worker verdicts are cached per verifier in a bounded LRU (`verdict_cache_entries`), keyed on exactly
@@ -48,27 +48,20 @@ at 64 labs, 1,305 items per round need the worker and 814 of them are distinct.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from decimal import Decimal
-from functools import lru_cache
-from typing import Any, Callable, Iterable, Literal
+from typing import Callable, Iterable
 
 from hacfed.tasks.base import Verdict
+from hacfed.tasks.math_answers import (
+    ANSWER_MODES, DOLLAR, AnswerMode, dollar_amount, extract_answer, nesting_depth, plain_answer, plain_gold,
+)
 from hacfed.tasks.sandbox import VERIFIER_ABORT, SandboxAbort, SandboxedWorker, SandboxLimits
 
-AnswerMode = Literal["boxed", "last_number", "boxed_or_last_number"]
-ANSWER_MODES = ("boxed", "last_number", "boxed_or_last_number")
-WORKER_FACTORY = "hacfed.tasks.math_verifier:worker_handler"
-
-_DOLLAR = "\\$"  # LaTeX's escaped dollar sign, as in \boxed{\$72}
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
-_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_BOXED = "\\boxed"
+WORKER_FACTORY = "hacfed.tasks.math_worker:worker_handler"  # what the sandboxed worker runs
 MAX_PARALLEL_WORKERS = 8
 
 
@@ -109,108 +102,6 @@ class MathVerifierConfig:
             raise ValueError(f"MathVerifierConfig.numeric_fast_path must be a bool, got {self.numeric_fast_path!r}")
         if not isinstance(self.sandbox, SandboxLimits):
             raise ValueError(f"MathVerifierConfig.sandbox must be a SandboxLimits, got {self.sandbox!r}")
-
-
-# ----------------------------------------------------------------------------- extraction (pure)
-
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}`, or None.
-
-    The last occurrence wins (final answers come last); if it is unclosed (a truncated generation)
-    there is no answer rather than an earlier, intermediate one. `\\boxed 5` (no braces) gives "5"."""
-    start = text.rfind(_BOXED)
-    while start != -1 and text[start + len(_BOXED): start + len(_BOXED) + 1].isalpha():
-        start = text.rfind(_BOXED, 0, start)  # `\boxedfoo` is another macro
-    if start == -1:
-        return None
-    i = start + len(_BOXED)
-    while i < len(text) and text[i] == " ":
-        i += 1
-    if i >= len(text):
-        return None
-    if text[i] != "{":
-        token = re.match(r"[^\s$]+", text[i:])
-        return token.group(0) if token else None
-    depth, j = 1, i + 1
-    while j < len(text):
-        c = text[j]
-        if c == "\\":
-            j += 2  # `\{`, `\}` and `\\` are literal, not grouping
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-        j += 1
-    return None
-
-
-def extract_last_number(text: str) -> str | None:
-    """The last number in `text` (optional minus, 1,000-style grouping, decimals), or None."""
-    last = None
-    for last in _NUMBER_IN_TEXT.finditer(text):
-        pass
-    return last.group(0) if last else None
-
-
-def extract_answer(text: str, mode: AnswerMode = "boxed") -> str | None:
-    """The final answer by `mode`; None when the text holds no answer of that kind."""
-    if mode in ("boxed", "boxed_or_last_number"):
-        boxed = extract_boxed(text)
-        if boxed is not None or mode == "boxed":
-            return boxed
-    return extract_last_number(text)
-
-
-def nesting_depth(text: str) -> int:
-    """Deepest nesting of (), [] and {} together (escaped or not; stray closers are ignored)."""
-    depth = deepest = 0
-    for c in text:
-        if c in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in ")]}" and depth > 0:
-            depth -= 1
-    return deepest
-
-
-def parse_plain_number(text: str) -> Decimal | None:
-    """A Decimal when `text` is a plain number ("-1,080.5"), else None (anything else goes to math-verify)."""
-    text = text.strip()
-    if not _PLAIN_NUMBER.fullmatch(text):
-        return None
-    return Decimal(text.replace(",", ""))
-
-
-@lru_cache(maxsize=4096)
-def _plain_gold(gold: str) -> Decimal | None:
-    """`parse_plain_number` of a gold answer, kept: a task has few golds and every sample of a
-    prompt (G per lab, every lab) is checked against the same one."""
-    return parse_plain_number(gold)
-
-
-def _plain_answer(answer: str) -> int | Decimal | None:
-    """`parse_plain_number(answer)`, or for an answer of ASCII digits only (most of them) its int,
-    which compares equal to exactly the Decimals the parsed value would (a plain integer) at a
-    tenth of the cost."""
-    if answer.isascii() and answer.isdigit():
-        return int(answer)
-    return parse_plain_number(answer)
-
-
-def _dollar_amount(answer: str) -> int | Decimal | None:
-    """The number of `\\$N` or `\\$ N` with N a plain decimal in ASCII digits, else None. (The
-    plain path also reads other scripts' digits, "٧٢" = 72; math-verify does not, and this path
-    gives only math-verify's verdicts.)"""
-    rest = answer[len(_DOLLAR):]
-    if rest.startswith(" "):
-        rest = rest[1:]
-    if not rest or rest[0].isspace() or not rest.isascii():
-        return None
-    return _plain_answer(rest)
 
 
 def precheck_response(response: object, config: MathVerifierConfig) -> str | None:
@@ -422,9 +313,9 @@ class MathVerifier:
         if depth > self.config.max_nesting:
             return _abort(f"refused: answer nests brackets {depth} deep (max {self.config.max_nesting})")
         if self.config.numeric_fast_path:
-            gold_number, answer_number = _plain_gold(gold), _plain_answer(answer)
-            if answer_number is None and answer.startswith(_DOLLAR):
-                answer_number = _dollar_amount(answer)
+            gold_number, answer_number = plain_gold(gold), plain_answer(answer)
+            if answer_number is None and answer.startswith(DOLLAR):
+                answer_number = dollar_amount(answer)
             if gold_number is not None and answer_number is not None:
                 return Verdict(1.0, "numeric match") if gold_number == answer_number else Verdict(0.0, "wrong answer")
         return gold.strip(), answer
@@ -505,42 +396,3 @@ class _Pending:
 
 def _abort(reason: str) -> Verdict:
     return Verdict(0.0, f"{VERIFIER_ABORT}: {reason}")
-
-
-# ----------------------------------------------------------------------------- worker side
-
-
-def worker_handler() -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """Runs inside the sandboxed worker only: import math-verify, warm it up, return the handler.
-
-    math-verify's own signal timeouts are off (None): the sandbox arms one SIGALRM per request
-    instead, with float precision, and the parent's wall timeout backs it up."""
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    extraction = [LatexExtractionConfig()]
-
-    def parse_boxed(text: str) -> list[Any]:
-        return parse("\\boxed{" + text + "}", extraction_config=extraction, parsing_timeout=None)
-
-    parse_gold = lru_cache(maxsize=4096)(parse_boxed)
-
-    def handle(request: dict[str, Any]) -> dict[str, Any]:
-        gold, answer = request.get("gold"), request.get("answer")
-        if not isinstance(gold, str) or not isinstance(answer, str):
-            return {"equal": False, "note": "malformed request"}
-        gold_parsed = parse_gold(gold)
-        if not gold_parsed:
-            return {"equal": False, "note": "gold answer unparseable"}
-        answer_parsed = parse_boxed(answer)
-        if not answer_parsed:
-            return {"equal": False, "note": "answer unparseable"}
-        return {"equal": bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))}
-
-    # Load the grammar and sympy's lazily imported modules now, so a first real item is not charged
-    # for them against its timeout (a spurious 0 the participant's own verifier would not give).
-    for gold, answer in (("\\frac{1}{2}", "0.5"), ("x^2+2x+1", "(x+1)^2"), ("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}")):
-        warm = handle({"gold": gold, "answer": answer})
-        if warm.get("equal") is not True:
-            raise RuntimeError(f"math-verify warm-up failed on {gold!r}: {warm}")
-    parse_gold.cache_clear()
-    return handle

@@ -20,7 +20,7 @@ the next request starts a fresh worker.
 
 Wire format, both directions: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
 
-    worker = SandboxedWorker("hacfed.tasks.math_verifier:worker_handler", SandboxLimits(timeout_s=5))
+    worker = SandboxedWorker("hacfed.tasks.math_worker:worker_handler", SandboxLimits(timeout_s=5))
     worker.call({"gold": "72", "answer": "\\frac{144}{2}"})  # -> {"equal": True}; SandboxAbort on failure
 """
 

@@ -219,7 +219,7 @@ from decimal import Decimal  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hacfed.tasks.math_verifier import _plain_answer, parse_plain_number  # noqa: E402
+from hacfed.tasks.math_answers import parse_plain_number, plain_answer  # noqa: E402
 
 GOLDS = ["72", "72.0", "0", "-5", "1,000", "0.5", "007", "1000000000000000000000000000001"]
 
@@ -243,7 +243,7 @@ def test_the_fast_path_gives_the_decimal_verdict(gold: str, answer: str) -> None
     else:
         assert not (isinstance(got, Verdict) and got.reason == "numeric match")
     assert verifier.worker_starts == 0
-    parsed = _plain_answer(answer)
+    parsed = plain_answer(answer)
     assert (parsed is None) == (parse_plain_number(answer) is None)
     if parsed is not None:
         assert parsed == parse_plain_number(answer) and Decimal(parsed) == parse_plain_number(answer)
@@ -277,7 +277,7 @@ DOLLAR_NUMBERS = ["72", "1,080", "1080", "72.5", "72.50", "-3", "0.25", ".5", "1
 @pytest.fixture(scope="module")
 def math_verify_handler():
     """math-verify's request handler, as the sandboxed worker runs it, here in process."""
-    from hacfed.tasks.math_verifier import worker_handler
+    from hacfed.tasks.math_worker import worker_handler
 
     return worker_handler()
 

@@ -8,15 +8,10 @@ from typing import Iterator
 
 import pytest
 
-from hacfed.tasks.math_verifier import (
-    MathVerifier,
-    MathVerifierConfig,
-    extract_answer,
-    extract_boxed,
-    extract_last_number,
-    nesting_depth,
-    parse_plain_number,
+from hacfed.tasks.math_answers import (
+    extract_answer, extract_boxed, extract_last_number, nesting_depth, parse_plain_number,
 )
+from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
 from hacfed.tasks import sandbox
 from hacfed.tasks.sandbox import (
     VERIFIER_ABORT,
@@ -27,7 +22,7 @@ from hacfed.tasks.sandbox import (
 )
 
 ABORT = f"{VERIFIER_ABORT}: "
-MATH_FACTORY = "hacfed.tasks.math_verifier:worker_handler"
+MATH_FACTORY = "hacfed.tasks.math_worker:worker_handler"
 
 
 @pytest.fixture(scope="module")
