@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "[task], [sampling], [hacpo]) and a [server] table for this process")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                         help="override one setting of the file, e.g. rounds=3, group_size=4, task.digits=3, "
-                             "sampling.max_new_tokens=8, hacpo.mode=naive, server.listen=127.0.0.1:0 (default: "
+                             "sampling.max_new_tokens=8, hacpo.alpha=2.0, server.listen=127.0.0.1:0 (default: "
                              "none; repeatable)")
     parser.add_argument("--state-dir", metavar="DIR",
                         help="journal, SuperLink database, keys, logs and metrics; run the same command again to "

@@ -66,3 +66,55 @@ def test_the_commented_gsm8k_task_names_the_data_shipped_in_the_clone() -> None:
     for path in spec["train_files"] + spec["eval_files"]:
         assert (DEPLOY / path).resolve().is_relative_to(DEPLOY.parent), path  # inside the clone
         assert (DEPLOY / path).is_file(), path
+
+
+def _defaults(cls: type) -> dict:
+    from dataclasses import MISSING, fields
+
+    return {f.name: f.default if f.default is not MISSING else f.default_factory()
+            for f in fields(cls) if f.default is not MISSING or f.default_factory is not MISSING}
+
+
+# Values the shipped files set on purpose to something else than the built-in default, and why.
+DELIBERATE = {
+    "coordinator.toml": {"sampling.max_new_tokens": "the file's task, 2-digit addition, answers in 6 tokens",
+                         "hacpo": "the recommended mode; the built-in default is the paper's exact HACPO"},
+}
+
+
+def test_coordinator_toml_agrees_with_the_defaults_and_runs_the_recommended_mode() -> None:
+    from hacfed.hacpo_config import MODES
+    from hacfed.messages import SamplingParams
+    from hacfed.server.config import ServerSettings
+    from hacfed.server.coordinator import CoordinatorConfig
+    from hacfed.tools.modes import MODES as NAMED_MODES, RECOMMENDED
+
+    text = (DEPLOY / "coordinator.toml").read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    tables = {"": (data, CoordinatorConfig), "sampling.": (data["sampling"], SamplingParams),
+              "server.": (data["server"], ServerSettings)}
+    differ = []
+    for prefix, (table, cls) in tables.items():
+        defaults = _defaults(cls)
+        differ += [f"{prefix}{k}" for k, v in table.items()
+                   if not isinstance(v, dict) and k in defaults and defaults[k] is not None and v != defaults[k]]
+    assert differ == [k for k in DELIBERATE["coordinator.toml"] if k != "hacpo"], differ
+    assert data["hacpo"] == dict(NAMED_MODES[RECOMMENDED].settings)  # what hacfed sim / demo run by default
+    listed = next(line for line in text.splitlines() if line.startswith("# mode:"))
+    assert listed.removeprefix("# mode:").split(".")[0].replace(" ", "").split("|") == [RECOMMENDED, *[
+        m for m in MODES if m != RECOMMENDED]], listed
+
+
+def test_participant_toml_agrees_with_the_cli_defaults() -> None:
+    """Every local choice in deploy/participant.toml is hacfed-client's default (e.g. --lr 5e-05)."""
+    from hacfed.clients.config import ClientConfig
+    from hacfed.clients.main import build_parser
+    from hacfed.clients.participant import ParticipantConfig
+
+    table = tomllib.loads((DEPLOY / "participant.toml").read_text(encoding="utf-8"))["participant"]
+    defaults = {**_defaults(ParticipantConfig), **{k: v for k, v in _defaults(ClientConfig).items() if v is not None}}
+    choices = {k: v for k, v in table.items() if k in defaults and defaults[k] is not None}
+    assert {"learning_rate", "eval_problems", "seed", "finetune", "device", "keep_checkpoints"} <= set(choices)
+    assert {k: v for k, v in choices.items() if v != defaults[k]} == {}
+    lr_help = next(a.help for a in build_parser()._actions if a.dest == "learning_rate")
+    assert f"(default: {defaults['learning_rate']})" in lr_help  # the help states the same default
