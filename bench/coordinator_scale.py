@@ -52,300 +52,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import re
 import resource
-import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-PHASES = ("decode", "intake", "validate", "reward", "journal", "answers", "poll", "close", "pool", "other")
 GROUPS = {"decode": ("decode",), "verify": ("validate", "reward"), "journal": ("journal",), "pool": ("pool",)}
-RUN_ID = "coordinator-scale"
-_CALC = re.compile(r"<<[^<>]*>>")
 
-
-@dataclass(frozen=True)
-class ScaleConfig:
-    """One point of the bench: `labs` labs, each submitting prompts x group_size trajectories in
-    each of `rounds` rounds (round 0 has no pool to build, so the medians use rounds 1..R-1)."""
-
-    labs: int
-    prompts: int = 125
-    group_size: int = 8
-    rounds: int = 4
-    seed: int = 0
-    correct_fraction: float = 0.35
-    nonplain_fraction: float = 0.02  # non-plain answers: \$N (fast path), N\text{ units}, N\% (math-verify)
-    replies_per_pull: int = 8  # how many labs' replies one pull of the ServerApp's round loop brings
-
-    def __post_init__(self) -> None:
-        for name in ("labs", "prompts", "group_size", "rounds", "replies_per_pull"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ScaleConfig.{name} must be an int >= 1, got {value!r}")
-        if self.rounds < 2:
-            raise ValueError(f"ScaleConfig.rounds must be >= 2 (round 0 builds no pool), got {self.rounds}")
-        for name in ("correct_fraction", "nonplain_fraction"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"ScaleConfig.{name} must be in [0, 1], got {value!r}")
-
-    @property
-    def per_lab(self) -> int:
-        return self.prompts * self.group_size
-
-
-def lab_ids(n: int) -> list[str]:
-    return [f"lab-{i:03d}" for i in range(n)]
-
-
-def coordinator_settings(cfg: ScaleConfig, work: Path) -> dict[str, Any]:
-    """The CoordinatorConfig mapping of the run: GSM8K from the shipped files, a quorum of all labs."""
-    import hacfed
-
-    data = Path(hacfed.__file__).resolve().parent / "data" / "gsm8k"
-    return {
-        "run_id": RUN_ID, "rounds": cfg.rounds, "prompts_per_round": cfg.prompts, "group_size": cfg.group_size,
-        "expected_participants": cfg.labs, "min_participants": cfg.labs, "round_deadline_s": 3600.0,
-        "state_dir": str(work / "server"), "eval_every": 0, "seed": cfg.seed,
-        "sampling": {"max_new_tokens": 512},
-        "task": {"kind": "jsonl", "name": "gsm8k", "train_files": [str(data / "train.jsonl")],
-                 "eval_files": [str(data / "test.jsonl")], "answer_format": "gsm8k",
-                 "cache_dir": str(work / "hf-cache")},
-    }
-
-
-# ---- the labs' side, before anything is timed --------------------------------------------------------
-
-
-def synthetic_response(rng: random.Random, solution: str, answer: str, correct: bool, nonplain: bool) -> str:
-    """A GSM8K-shaped model response: worked steps (the reference reasoning without its calculator
-    annotations, with a model-like preamble and closing) and a final `\\boxed{}` answer."""
-    reasoning = _CALC.sub("", solution.rsplit("The final answer is", 1)[0]).strip()
-    final = answer
-    if not correct:
-        try:
-            final = str(int(answer) + rng.choice((-10, -2, -1, 1, 2, 3, 10)))
-        except ValueError:
-            final = answer + "1"
-    if nonplain:
-        final = rng.choice((f"\\${final}", f"{final}\\text{{ units}}", f"{final}\\%"))
-    opener = rng.choice(("Let's think step by step.", "Let me work through this carefully.",
-                         "We solve the problem one step at a time."))
-    closing = rng.choice(("So the answer is", "Therefore, the final answer is", "Putting it together, we get"))
-    return f"{opener}\n{reasoning}\nLet me double-check the arithmetic once more.\n{closing} \\boxed{{{final}}}."
-
-
-def generate(cfg: ScaleConfig, work: Path) -> dict[str, Any]:
-    """Keys, driver settings and every lab's signed reply of every round, written under `work`.
-    Returns what was submitted (counts, bytes) for the report."""
-    from hacfed.envelope import DOMAIN_SUBMIT, save_public_key, seal
-    from hacfed.exchange import seal_lab_reply
-    from hacfed.keys import ensure_key_pair
-    from hacfed.messages import StepReport, Submission
-    from hacfed.server.coordinator import CoordinatorConfig, load_task_from_config, make_plan
-    from hacfed.server.driver_settings import DriverSettings
-    from hacfed.trajectory import Trajectory
-    from hacfed.wire import PayloadType, encode_submission
-
-    ccfg = CoordinatorConfig.from_mapping(coordinator_settings(cfg, work))
-    task = load_task_from_config(ccfg)
-    state = Path(ccfg.state_dir)
-    keys_dir = state / "keys"
-    keys_dir.mkdir(parents=True, exist_ok=True)
-    coordinator_key = ensure_key_pair(state, "coordinator")
-    settings = DriverSettings(ccfg.to_dict(), None, str(keys_dir), str(coordinator_key.private),
-                              str(state / "metrics.jsonl"))
-    settings.write(work / "driver-settings.json")
-    rng = random.Random(cfg.seed)
-    reply_bytes = 0
-    labs = lab_ids(cfg.labs)
-    keys = {}
-    for pid in labs:
-        pair = ensure_key_pair(work / "labs" / pid, "participant")
-        keys[pid] = pair.load()
-        save_public_key(keys[pid].public_key(), keys_dir / f"{pid}.pub")
-    for round_id in range(cfg.rounds):
-        plan = make_plan(ccfg, task, round_id)
-        folder = work / "replies" / str(round_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        for pid in labs:
-            trajectories = []
-            for prompt in plan.prompts:
-                problem = task.problem(prompt.prompt_id)
-                for i in range(plan.group_size):
-                    correct = rng.random() < cfg.correct_fraction
-                    text = synthetic_response(rng, problem.solution, problem.answer, correct,
-                                              rng.random() < cfg.nonplain_fraction)
-                    tokens = max(1, len(text) // 4)
-                    trajectories.append(Trajectory(
-                        trajectory_id=f"{pid}/{round_id}/{prompt.prompt_id}/{i}", prompt_id=prompt.prompt_id,
-                        source_id=pid, policy_version=round_id, prompt=prompt.messages, response_text=text,
-                        reward=task.verify(problem, text).reward,  # the lab's own claim, honest
-                        source_logp_sum=-tokens * rng.uniform(0.05, 0.9), source_token_count=tokens,
-                        finish_reason="stop",
-                    ))
-            metrics = {"loss": rng.uniform(0.1, 1.0), "time_rollout_s": 30.0, "time_training_s": 60.0}
-            report = StepReport(pid, max(round_id - 1, 0), metrics, None)
-            sub = Submission(RUN_ID, pid, round_id, tuple(trajectories), report, nonce=secrets.token_hex(16),
-                             created_at_ms=int(time.time() * 1000))
-            sealed = seal(encode_submission(sub), PayloadType.SUBMISSION, keys[pid], DOMAIN_SUBMIT)
-            reply = seal_lab_reply(sealed, (), keys[pid])
-            (folder / f"{pid}.bin").write_bytes(reply)
-            reply_bytes += len(reply)
-    task.close()
-    return {"labs": cfg.labs, "trajectories_per_lab": cfg.per_lab, "rounds": cfg.rounds,
-            "reply_bytes_per_lab_round": reply_bytes / (cfg.labs * cfg.rounds)}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from coordinator_scale_labs import ScaleConfig, generate, lab_ids  # noqa: E402  (the labs' side)
+from coordinator_scale_probes import (  # noqa: E402  (timers and meters)
+    PHASES, PhaseClock, RssSampler, instrumented, reference_work_s, workers_cpu, workers_rss,
+)
 
 
 # ---- the coordinator's side, timed -------------------------------------------------------------------
-
-
-class PhaseClock:
-    """Exclusive wall time per phase: time spent in a nested phase is not counted in its parent."""
-
-    def __init__(self) -> None:
-        self.totals: dict[str, float] = {p: 0.0 for p in PHASES}
-        self._stack: list[list[Any]] = []  # [phase, start, time spent in children]
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        self._stack.append([name, start, 0.0])
-        try:
-            yield
-        finally:
-            _, _, children = self._stack.pop()
-            elapsed = time.perf_counter() - start
-            self.totals[name] += elapsed - children
-            if self._stack:
-                self._stack[-1][2] += elapsed
-
-    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            with self.phase(name):
-                return fn(*args, **kwargs)
-        return timed
-
-    def wrap_halves(self, name: str, fn: Callable[..., Callable[[], Any]]) -> Callable[..., Callable[[], Any]]:
-        """`wrap` of a function that does its work in two halves (it returns the second: a function
-        of no arguments, `Coordinator.begin_submit` and the like): both halves are timed as `name`."""
-        def timed(*args: Any, **kwargs: Any) -> Callable[[], Any]:
-            with self.phase(name):
-                return self.wrap(name, fn(*args, **kwargs))
-        return timed
-
-    def take(self) -> dict[str, float]:
-        out, self.totals = self.totals, {p: 0.0 for p in PHASES}
-        return out
-
-
-@contextmanager
-def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[None]:
-    """Wrap the driver's collaborators with phase timers for the duration of the block, then put
-    every original back. Behaviour is unchanged."""
-    import hacfed.server.coordinator.intake as intake
-    import hacfed.server.coordinator.validation as validation
-    import hacfed.server.replies as replies
-
-    saved: list[tuple[Any, str, Any]] = []
-
-    def patch(owner: Any, name: str, replacement: Any) -> None:
-        saved.append((owner, name, owner.__dict__.get(name, _ABSENT)))
-        setattr(owner, name, replacement)
-
-    import hacfed.server.round_updates as round_updates
-
-    try:
-        for name in ("open_lab_reply", "open_envelope", "decode_submission"):
-            patch(replies, name, clock.wrap("decode", getattr(replies, name)))
-        patch(intake, "start_validation", clock.wrap_halves("validate", intake.start_validation))
-        patch(validation, "start_verified_rewards", clock.wrap_halves("reward", validation.start_verified_rewards))
-        for name in ("record_submission", "used_trajectory_ids", "last_policy_version"):
-            patch(driver.journal, name, clock.wrap("journal", getattr(driver.journal, name)))
-        patch(driver.answers, "receipt", clock.wrap("answers", driver.answers.receipt))
-        splice = round_updates.round_update_parts
-
-        def splice_update(header: Any, items: Any) -> list[bytes]:
-            parts = splice(header, items)
-            sizes.append(sum(len(p) for p in parts))
-            return parts
-
-        # Each lab's update is spliced and sealed in the driver's sealing threads: sizes are recorded
-        # there (list.append is atomic), time on the calling thread around all of it.
-        patch(round_updates, "round_update_parts", splice_update)
-        patch(round_updates, "encode_pool_items", clock.wrap("pool", round_updates.encode_pool_items))
-        patch(driver, "_round_payloads", clock.wrap("pool", driver._round_payloads))
-        patch(driver.coordinator, "begin_submit", clock.wrap_halves("intake", driver.coordinator.begin_submit))
-        patch(driver.coordinator, "make_update", clock.wrap("pool", driver.coordinator.make_update))
-        yield
-    finally:
-        for owner, name, original in reversed(saved):
-            if original is _ABSENT:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-
-
-_ABSENT = object()
-
-
-class RssSampler:
-    """Peak resident memory of this process, sampled every 20 ms in a thread (psutil)."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._proc = psutil.Process()
-        self.peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def now(self) -> int:
-        return self._proc.memory_info().rss
-
-    def __enter__(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.now())
-
-
-def reference_work_s() -> float:
-    """Seconds this process takes for a fixed piece of work like a round's (SHA-256 over 64 MiB,
-    protobuf-free Python object churn, JSON), timed after each round: this machine's speed drifts
-    3-10x over hours, so a round's time divided by this one says whether a run fell in a slow
-    stretch. Not part of any round's time."""
-    import hashlib
-
-    block = bytes(range(256)) * 4096  # 1 MiB
-    start = time.perf_counter()
-    digest = hashlib.sha256()
-    for _ in range(64):
-        digest.update(block)
-    rows = [(f"lab-{i % 64:03d}", i, float(i % 2), f"t{i}") for i in range(100_000)]
-    index = {(pid, n): reward for pid, n, reward, _ in rows}
-    json.dumps([list(r) for r in rows[:20_000]])
-    if len(index) != len(rows) or not digest.digest():
-        raise AssertionError("reference work")
-    return time.perf_counter() - start
 
 
 def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
@@ -422,58 +148,10 @@ def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
             "journal_bytes": sum(p.stat().st_size for p in Path(cfg.state_dir).glob("journal.sqlite*"))}
 
 
-def workers_cpu(verifier: Any) -> dict[int, float]:
-    """CPU seconds (user + system) of each live math-verify worker process, by pid: the round's
-    verification work that the coordinator process's own CPU time does not include. A worker
-    replaced during a round (timeout, retirement) takes its CPU time with it: a lower bound."""
-    import psutil
-
-    out = {}
-    for pid in verifier.worker_pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.Error:
-            continue
-        out[pid] = times.user + times.system
-    return out
-
-
-def workers_rss(verifier: Any) -> int:
-    """Resident bytes of the live math-verify workers together (not in the coordinator's RSS)."""
-    import psutil
-
-    total = 0
-    for pid in verifier.worker_pids:
-        try:
-            total += psutil.Process(pid).memory_info().rss
-        except psutil.Error:
-            continue
-    return total
-
-
 def _digest(items: list[str]) -> str:
     import hashlib
 
     return hashlib.sha256("\n".join(items).encode("utf-8")).hexdigest()
-
-
-def submitted_ids(work: Path, cfg: ScaleConfig) -> list[str]:
-    """Every trajectory id in the generated replies, as `participant trajectory` (for the check)."""
-    from hacfed.envelope import DOMAIN_SUBMIT, key_id, load_public_key, open_envelope
-    from hacfed.exchange import open_lab_reply
-    from hacfed.wire import PayloadType, decode_submission
-
-    keys = {}
-    for pid in lab_ids(cfg.labs):
-        public = load_public_key(work / "server" / "keys" / f"{pid}.pub")
-        keys[key_id(public)] = public
-    out = []
-    for round_id in range(cfg.rounds):
-        for pid in lab_ids(cfg.labs):
-            reply, _ = open_lab_reply((work / "replies" / str(round_id) / f"{pid}.bin").read_bytes(), keys)
-            body, _ = open_envelope(reply.submission, keys, DOMAIN_SUBMIT, PayloadType.SUBMISSION)
-            out.extend(f"{pid} {t.trajectory_id}" for t in decode_submission(body).trajectories)
-    return sorted(out)
 
 
 def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coordinator_scale import synthetic_response  # the scale bench's own generator
+from coordinator_scale_labs import synthetic_response  # the scale bench's own generator
 
 from hacfed.data import GSM8K_DIR
 from hacfed.tasks.base import Verdict

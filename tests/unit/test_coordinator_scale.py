@@ -40,7 +40,9 @@ def test_tiny_run_journals_exactly_the_submitted_trajectories_and_sane_numbers(b
     cfg = bench.ScaleConfig(labs=2, prompts=5, group_size=4, rounds=2, correct_fraction=0.4, nonplain_fraction=0.2)
     point = bench.run_point(cfg, tmp_path / "run", isolate=False)
 
-    submitted = bench.submitted_ids(tmp_path / "run", cfg)
+    from coordinator_scale_labs import submitted_ids  # the bench's own module, found next to it
+
+    submitted = submitted_ids(tmp_path / "run", cfg)
     assert len(submitted) == len(set(submitted)) == 2 * 20 * 2
     assert point["journal_ids_sha"] == hashlib.sha256("\n".join(submitted).encode("utf-8")).hexdigest()
     assert point["journal_counts"] == {"submissions": 4, "trajectories": 80, "rejections": 0, "strikes": 0}
