@@ -13,25 +13,53 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
 import torch
 
-from hacfed.clients.update import (
-    UpdateSettings, adapter_disabled_reference, default_minibatch, frozen_copy_reference, hacpo_update,
-)
+from hacfed.clients.shards import Shards
+from hacfed.clients.update import Reference, UpdateSettings, default_minibatch, hacpo_update
+from hacfed.clients.update_parallel import DataParallel
 from hacfed.messages import RoundUpdate
 from hacfed.trajectory import Trajectory
 
-if TYPE_CHECKING:
-    from hacfed.clients.distributed import Shards
-    from hacfed.clients.participant import ParticipantConfig
 
-Reference = Callable[[], contextlib.AbstractContextManager[Any]]
+class TrainingConfig(Protocol):
+    """The settings this module reads, read-only (`hacfed.clients.participant.ParticipantConfig`)."""
+
+    @property
+    def finetune(self) -> str: ...
+    @property
+    def lora_rank(self) -> int: ...
+    @property
+    def lora_alpha(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def minibatch_size(self) -> int | None: ...
+    @property
+    def max_grad_norm(self) -> float: ...
+    @property
+    def max_prompt_len(self) -> int | None: ...
+    @property
+    def max_response_len(self) -> int | None: ...
 
 
-def prepare_training(model: Any, cfg: ParticipantConfig) -> tuple[Any, Reference, torch.optim.Optimizer]:
+@contextlib.contextmanager
+def frozen_copy_reference(ref_model: Any) -> Iterator[Any]:
+    """The reference policy of a full fine-tune: a frozen copy of the initial model."""
+    yield ref_model
+
+
+@contextlib.contextmanager
+def adapter_disabled_reference(peft_model: Any) -> Iterator[Any]:
+    """The reference policy of a LoRA fine-tune: the policy itself with its adapter disabled."""
+    with peft_model.disable_adapter():
+        yield peft_model
+
+
+def prepare_training(model: Any, cfg: TrainingConfig) -> tuple[Any, Reference, torch.optim.Optimizer]:
     """(policy, reference, optimizer): the model to train (wrapped with a LoRA adapter for
     `finetune="lora"`), the reference policy for the KL term (with LoRA: the same model with the
     adapter disabled; otherwise a frozen copy), and AdamW over the trainable parameters."""
@@ -55,7 +83,7 @@ def prepare_training(model: Any, cfg: ParticipantConfig) -> tuple[Any, Reference
 
 def train_on_pool(
     policy: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, reference: Reference, update: RoundUpdate,
-    *, learner: str, own: Mapping[str, Trajectory], capabilities: Mapping[str, float], cfg: ParticipantConfig,
+    *, learner: str, own: Mapping[str, Trajectory], capabilities: Mapping[str, float], cfg: TrainingConfig,
     shards: Shards | None = None,
 ) -> dict[str, float]:
     """One HACPO update of `policy` on the update's pool, with `learner` as k; returns its metrics.
@@ -66,9 +94,9 @@ def train_on_pool(
     minibatch = cfg.minibatch_size or default_minibatch(pool)
     settings = UpdateSettings(minibatch, cfg.max_grad_norm, cfg.max_prompt_len, cfg.max_response_len)
     agents = update.participants or tuple(sorted({t.source_id for t in pool}))
+    split = DataParallel(shards) if shards is not None else None
     return hacpo_update(
-        policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo, settings,
-        shards=shards,
+        policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo, settings, split,
     )
 
 

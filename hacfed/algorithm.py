@@ -14,7 +14,7 @@ prompt id and hold every agent's samples for that prompt.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -29,6 +29,8 @@ __all__ = [
     "hacpo_advantages",
     "cross_clip_lower",
     "hacpo_policy_loss",
+    "PolicyLoss",
+    "SampleFlags",
     "grpo_token_loss",
     "kl_k3",
 ]
@@ -107,6 +109,24 @@ def cross_clip_lower(update_index: int, cfg: HacpoConfig) -> float:
     return min(1.0, 1.0 - cfg.cross_clip_delta + update_index * cfg.cross_clip_step)
 
 
+class SampleFlags(NamedTuple):
+    """Per-sample facts of one minibatch's objective, all (B,) and detached.
+
+    ratio: the sequence ratio s. clipped: s lies outside the window of its objective.
+    carries: obj_i depends on the policy, so sample i contributes a gradient (the one definition of
+    "carries gradient": the update's per-source diagnostics read it from here)."""
+
+    ratio: Tensor
+    clipped: Tensor
+    carries: Tensor
+
+
+class PolicyLoss(NamedTuple):
+    loss: Tensor
+    metrics: dict[str, float]
+    flags: SampleFlags
+
+
 def hacpo_policy_loss(
     learner_mean_logp: Tensor,
     source_mean_logp: Tensor,
@@ -115,7 +135,7 @@ def hacpo_policy_loss(
     capability_ratios: Tensor,
     update_index: int,
     cfg: HacpoConfig,
-) -> tuple[Tensor, dict[str, float]]:
+) -> PolicyLoss:
     """The HACPO objective for one minibatch (docs/hacpo.md §4-§5). All inputs are (B,).
 
     learner_mean_logp: token-mean log-prob of each response under the current learner (grad flows).
@@ -126,7 +146,98 @@ def hacpo_policy_loss(
                      ω = capability_ratios (ratio(source, learner)); L_m = cross_clip_lower(m).
     mode "naive": every sample uses the own-sample (GSPO) objective against its source log-prob.
     mode "gspo": cross samples are dropped. Loss = −mean over included sequences of obj.
+    Returns (loss, metrics, flags): `SampleFlags` says per sample what the objective did.
     """
+    lp, src, adv, omega = _check_loss_inputs(learner_mean_logp, source_mean_logp, advantages, is_self, capability_ratios)
+    lower = cross_clip_lower(update_index, cfg)
+
+    log_ratio = torch.clamp(lp - src.detach(), -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio)
+    s = torch.exp(log_ratio)  # (B,)
+    self_style = is_self if cfg.mode in HACPO_FAMILY else torch.ones_like(is_self)
+    include = is_self if cfg.mode in ("gspo", "grpo") else torch.ones_like(is_self)
+    if not bool(include.any()):
+        raise ValueError(f"no sample left in the minibatch (mode {cfg.mode!r} with no own samples)")
+    obj = torch.where(self_style, _self_objective(s, adv, is_self, cfg), _cross_objective(s, adv, omega, lower, cfg))
+    weight = include.to(obj.dtype)
+    loss = -(obj * weight).sum() / weight.sum()
+
+    with torch.no_grad():
+        unclamped = (lp - src).abs() <= cfg.max_abs_log_ratio  # the clamp passes no gradient beyond
+        flags = _sample_flags(s, adv, is_self, self_style, include & unclamped, lower, cfg)
+        own = include & is_self
+        cross = include & ~is_self
+        metrics = {
+            "loss": float(loss.detach()),
+            "self_ratio_mean": _masked_mean(s, own),
+            "cross_ratio_mean": _masked_mean(s, cross),
+            "self_clip_frac": _masked_mean(flags.clipped.to(s.dtype), own),
+            "cross_clip_frac": _masked_mean(flags.clipped.to(s.dtype), cross),
+            "cross_grad_frac": _masked_mean(flags.carries.to(s.dtype), cross),
+            # Only where the bound applied: a minibatch without cross samples has none.
+            "cross_lower_bound": float(lower) if bool(cross.any()) else math.nan,
+            "num_self": float(own.sum()),
+            "num_cross": float(cross.sum()),
+        }
+    return PolicyLoss(loss, metrics, flags)
+
+
+def _self_objective(s: Tensor, adv: Tensor, is_self: Tensor, cfg: HacpoConfig) -> Tensor:
+    """min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A): own samples (GSPO), and naive's and sapo's
+    objective for every sample."""
+    s_clipped = torch.clamp(s, 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
+    obj = torch.minimum(s * adv, s_clipped * adv)
+    if cfg.mode == "naive":
+        # A cross sample's source log-prob is a peer's claim: bound its weight like an own
+        # sample's (dual clip), so a forged low claim cannot scale a negative-advantage gradient
+        # (min(s·A, ...) alone is unbounded in s when A < 0). Own samples are unchanged.
+        bounded = torch.where(adv < 0, torch.maximum(obj, (1.0 + cfg.self_clip_high) * adv), obj)
+        obj = torch.where(is_self, obj, bounded)
+    return obj
+
+
+def _cross_objective(s: Tensor, adv: Tensor, omega: Tensor, lower: float, cfg: HacpoConfig) -> Tensor:
+    """Mechanisms 2-4 for another agent's sample: c · sg(c)^α · ω · A with c = clip(s, L_m, 1)."""
+    c = torch.clamp(s, lower, 1.0) if cfg.cross_clip else s
+    coef = omega if cfg.capability_coefficient else torch.ones_like(omega)
+    base = c
+    if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
+        # xhacpo: PPO's pessimistic bound with HACPO's window. A positive-advantage sample below
+        # the window keeps its gradient at importance weight s (the learner still moves towards a
+        # peer's success it finds unlikely); everything else is exactly the paper's clip.
+        base = torch.where((adv > 0) & (s < lower), s, c)
+    obj = base * c.detach().pow(cfg.alpha) * coef.detach() * adv
+    if cfg.cross_negatives == "skip":
+        # xhacpo: a peer's failure is not pushed down (see docs); only its successes teach.
+        obj = torch.where(adv > 0, obj, obj.detach())
+    return obj
+
+
+def _sample_flags(s: Tensor, adv: Tensor, is_self: Tensor, self_style: Tensor, live: Tensor, lower: float,
+                  cfg: HacpoConfig) -> SampleFlags:
+    """Which window each sample's s falls outside of, and whether its objective depends on θ
+    (`live`: the sample is in the loss and its log-ratio was not clamped)."""
+    low, high = 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high
+    outside_self = (s < low) | (s > high)
+    # min(s·A, clip(s)·A) is s·A inside the window, below it when A > 0, above it when A < 0.
+    self_carries = ~outside_self | ((adv > 0) & (s < low)) | ((adv < 0) & (s > high))
+    if cfg.mode == "naive":  # the dual clip holds a cross sample with A < 0 above the window
+        self_carries = self_carries & (is_self | ~((adv < 0) & (s > high)))
+    if cfg.cross_clip:
+        outside_cross = (s < lower) | (s > 1.0)
+    else:
+        outside_cross = torch.zeros_like(is_self)
+    cross_carries = ~outside_cross
+    if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
+        cross_carries = cross_carries | ((adv > 0) & (s < lower))
+    if cfg.cross_negatives == "skip":
+        cross_carries = cross_carries & (adv > 0)
+    clipped = torch.where(self_style, outside_self, outside_cross)
+    carries = torch.where(self_style, self_carries, cross_carries) & live & (adv != 0)
+    return SampleFlags(s.detach(), clipped, carries)
+
+
+def _check_loss_inputs(learner_mean_logp: Tensor, source_mean_logp: Tensor, advantages: Tensor, is_self: Tensor,
+                       capability_ratios: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     lp = _as_1d_float(learner_mean_logp, "learner_mean_logp")
     src = _as_1d_float(source_mean_logp, "source_mean_logp")
     adv = _as_1d_float(advantages, "advantages")
@@ -141,74 +252,7 @@ def hacpo_policy_loss(
         raise ValueError("empty minibatch: learner_mean_logp has 0 elements")
     if bool((omega <= 0).any()):
         raise ValueError(f"capability_ratios must be > 0, got min {omega.min().item()!r}")
-    lower = cross_clip_lower(update_index, cfg)
-
-    log_ratio = torch.clamp(lp - src.detach(), -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio)
-    s = torch.exp(log_ratio)  # (B,)
-    self_style = is_self if cfg.mode in HACPO_FAMILY else torch.ones_like(is_self)
-    include = is_self if cfg.mode in ("gspo", "grpo") else torch.ones_like(is_self)
-    if not bool(include.any()):
-        raise ValueError(f"no sample left in the minibatch (mode {cfg.mode!r} with no own samples)")
-
-    # Own-sample (GSPO) objective, also naive's and sapo's objective for every sample.
-    s_clipped = torch.clamp(s, 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high)
-    obj_self = torch.minimum(s * adv, s_clipped * adv)
-    if cfg.mode == "naive":
-        # A cross sample's source log-prob is a peer's claim: bound its weight like an own
-        # sample's (dual clip), so a forged low claim cannot scale a negative-advantage gradient
-        # (min(s·A, ...) alone is unbounded in s when A < 0). Own samples are unchanged.
-        bounded = torch.where(adv < 0, torch.maximum(obj_self, (1.0 + cfg.self_clip_high) * adv), obj_self)
-        obj_self = torch.where(is_self, obj_self, bounded)
-
-    # Cross-agent objective: c · sg(c)^α · ω · A with c clipped into [L_m, 1].
-    c = torch.clamp(s, lower, 1.0) if cfg.cross_clip else s
-    coef = omega if cfg.capability_coefficient else torch.ones_like(omega)
-    base = c
-    if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
-        # xhacpo: PPO's pessimistic bound with HACPO's window. A positive-advantage sample below
-        # the window keeps its gradient at importance weight s (the learner still moves towards a
-        # peer's success it finds unlikely); everything else is exactly the paper's clip.
-        base = torch.where((adv > 0) & (s < lower), s, c)
-    obj_cross = base * c.detach().pow(cfg.alpha) * coef.detach() * adv
-    if cfg.cross_negatives == "skip":
-        # xhacpo: a peer's failure is not pushed down (see docs); only its successes teach.
-        obj_cross = torch.where(adv > 0, obj_cross, obj_cross.detach())
-
-    obj = torch.where(self_style, obj_self, obj_cross)
-    weight = include.to(obj.dtype)
-    loss = -(obj * weight).sum() / weight.sum()
-
-    with torch.no_grad():
-        own = include & is_self
-        cross = include & ~is_self
-        outside_self = (s < 1.0 - cfg.self_clip_low) | (s > 1.0 + cfg.self_clip_high)
-        outside_cross = (s < lower) | (s > 1.0) if cfg.cross_clip else torch.zeros_like(is_self)
-        clipped = torch.where(self_style, outside_self, outside_cross)
-        # A cross sample "carries gradient" when its objective depends on θ here.
-        if cfg.mode in HACPO_FAMILY:
-            carries = ~outside_cross
-            if cfg.cross_clip_style == "pessimistic" and cfg.cross_clip:
-                carries = carries | ((adv > 0) & (s < lower))
-            if cfg.cross_negatives == "skip":
-                carries = carries & (adv > 0)
-        else:
-            carries = ~outside_self | ((adv > 0) & (s < 1.0 - cfg.self_clip_low))
-            if cfg.mode == "naive":
-                carries = carries & ~((adv < 0) & (s > 1.0 + cfg.self_clip_high))
-        carries = carries & (adv != 0)
-        metrics = {
-            "loss": float(loss.detach()),
-            "self_ratio_mean": _masked_mean(s, own),
-            "cross_ratio_mean": _masked_mean(s, cross),
-            "self_clip_frac": _masked_mean(clipped.to(s.dtype), own),
-            "cross_clip_frac": _masked_mean(clipped.to(s.dtype), cross),
-            "cross_grad_frac": _masked_mean(carries.to(s.dtype), cross),
-            # Only where the bound applied: a minibatch without cross samples has none.
-            "cross_lower_bound": float(lower) if bool(cross.any()) else math.nan,
-            "num_self": float(own.sum()),
-            "num_cross": float(cross.sum()),
-        }
-    return loss, metrics
+    return lp, src, adv, omega
 
 
 def grpo_token_loss(

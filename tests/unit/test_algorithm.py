@@ -183,7 +183,7 @@ def _batch():
 
 def test_policy_loss_value_and_gradient():
     lp, src, adv, is_self, omega = _batch()
-    loss, metrics = hacpo_policy_loss(lp, src, adv, is_self, omega, 0, CFG)
+    loss, metrics, _ = hacpo_policy_loss(lp, src, adv, is_self, omega, 0, CFG)
     # loss = -(2 + 1.0004 + 0.818731 - 0.32) / 4 = -0.874783
     expected = -(2 + 1.0004 + math.exp(-0.2) - 0.32) / 4
     assert loss.item() == pytest.approx(expected, abs=1e-6)
@@ -201,13 +201,13 @@ def test_own_sample_lower_clip_is_epsilon_low_not_epsilon_high():
     # s = exp(−.00035) = .99965: below 1 − ε_low = .9997 but above 1 − ε_high = .9996
     # A = −1: min(s·A, clip(s)·A) = min(−.99965, −.9997) = −.9997, a constant -> no gradient
     lp = t([-1.00035], grad=True)
-    loss, metrics = hacpo_policy_loss(lp, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
+    loss, metrics, _ = hacpo_policy_loss(lp, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
     loss.backward()
     assert loss.item() == pytest.approx(0.9997, abs=1e-12)
     assert lp.grad.item() == 0.0 and metrics["self_clip_frac"] == 1.0
     # A = +1: min(.99965, .9997) = s·A -> gradient −s (the loss is −obj)
     lp = t([-1.00035], grad=True)
-    loss, _ = hacpo_policy_loss(lp, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
+    loss, _, _ = hacpo_policy_loss(lp, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
     loss.backward()
     assert lp.grad.item() == pytest.approx(-math.exp(-0.00035), abs=1e-12)
 
@@ -216,7 +216,7 @@ def test_cross_gradient_scale_follows_alpha_detached():
     # alpha = 2: obj = c · sg(c)² · ω · A ; grad = c³ · ω · A (not 3c³ω A as without the stop-gradient)
     cfg = HacpoConfig(alpha=2.0)
     lp = t([-1.1], grad=True)
-    loss, _ = hacpo_policy_loss(lp, t([-1.0]), t([0.5]), torch.tensor([False]), t([2.0]), 0, cfg)
+    loss, _, _ = hacpo_policy_loss(lp, t([-1.0]), t([0.5]), torch.tensor([False]), t([2.0]), 0, cfg)
     loss.backward()
     c = math.exp(-0.1)  # 0.904837
     assert loss.item() == pytest.approx(-(c**3) * 2 * 0.5, abs=1e-9)
@@ -226,13 +226,13 @@ def test_cross_gradient_scale_follows_alpha_detached():
 def test_no_cross_gradient_outside_the_clip_range_and_stepwise_bound_moves():
     lp = t([-1.1, -0.9], grad=True)  # s = .904837 and 1.105171
     args = (t([-1.0, -1.0]), t([1.0, 1.0]), torch.tensor([False, False]), t([1.0, 1.0]))
-    loss, _ = hacpo_policy_loss(lp, *args, 0, CFG)
+    loss, _, _ = hacpo_policy_loss(lp, *args, 0, CFG)
     loss.backward()
     # s = 1.105 > 1 -> c = 1, no gradient; s = .9048 inside [.8, 1] -> gradient -c²/2
     assert lp.grad.tolist() == pytest.approx([-math.exp(-0.2) / 2, 0.0], abs=1e-9)
     # after 8 minibatch updates L_m = 1: s = .9048 is clipped to 1 too -> obj = 1 each, no gradient
     lp2 = t([-1.1, -0.9], grad=True)
-    loss2, m2 = hacpo_policy_loss(lp2, *args, 8, CFG)
+    loss2, m2, _ = hacpo_policy_loss(lp2, *args, 8, CFG)
     loss2.backward()
     assert loss2.item() == pytest.approx(-1.0, abs=1e-12)
     assert lp2.grad.tolist() == [0.0, 0.0]
@@ -243,20 +243,20 @@ def test_ablations_static_bound_and_no_clip_and_no_omega():
     lp = t([-1.5])  # s = exp(-.5) = .606531
     args = (t([-1.0]), t([1.0]), torch.tensor([False]), t([3.0]))
     # no clipping: obj = s · s · ω · A = .367879 · 3
-    loss, _ = hacpo_policy_loss(lp, *args, 0, HacpoConfig(cross_clip=False))
+    loss, _, _ = hacpo_policy_loss(lp, *args, 0, HacpoConfig(cross_clip=False))
     assert loss.item() == pytest.approx(-math.exp(-1.0) * 3, abs=1e-9)
     # static bound: even at m = 8 the lower bound stays .8 -> c = .8, obj = .64 · 3
-    loss, _ = hacpo_policy_loss(lp, *args, 8, HacpoConfig(stepwise_clip=False))
+    loss, _, _ = hacpo_policy_loss(lp, *args, 8, HacpoConfig(stepwise_clip=False))
     assert loss.item() == pytest.approx(-0.64 * 3, abs=1e-9)
     # no ω: coefficient 1 -> obj = .64
-    loss, _ = hacpo_policy_loss(lp, *args, 0, HacpoConfig(capability_coefficient=False))
+    loss, _, _ = hacpo_policy_loss(lp, *args, 0, HacpoConfig(capability_coefficient=False))
     assert loss.item() == pytest.approx(-0.64, abs=1e-9)
 
 
 def test_naive_mode_clips_every_sample_like_own():
     # cross sample s = .904837 < 1 - 3e-4, A = .5: min(.452419, .9997 · .5 = .49985) = .452419; no ω, no α
     lp = t([-1.1], grad=True)
-    loss, _ = hacpo_policy_loss(lp, t([-1.0]), t([0.5]), torch.tensor([False]), t([5.0]), 0, HacpoConfig(mode="naive"))
+    loss, _, _ = hacpo_policy_loss(lp, t([-1.0]), t([0.5]), torch.tensor([False]), t([5.0]), 0, HacpoConfig(mode="naive"))
     assert loss.item() == pytest.approx(-math.exp(-0.1) * 0.5, abs=1e-9)
     loss.backward()
     assert lp.grad.item() == pytest.approx(-math.exp(-0.1) * 0.5, abs=1e-9)
@@ -264,14 +264,14 @@ def test_naive_mode_clips_every_sample_like_own():
 
 def test_gspo_mode_ignores_cross_samples():
     lp, src, adv, is_self, omega = _batch()
-    loss, m = hacpo_policy_loss(lp, src, adv, is_self, omega, 0, HacpoConfig(mode="gspo"))
+    loss, m, _ = hacpo_policy_loss(lp, src, adv, is_self, omega, 0, HacpoConfig(mode="gspo"))
     assert loss.item() == pytest.approx(-(2 + 1.0004) / 2, abs=1e-9)
     assert m["num_cross"] == 0.0
 
 
 def test_log_ratio_is_clamped():
     # learner − source = 50 -> clamped to 10 -> s = e^10; own sample with A < 0 keeps the unclipped s·A
-    loss, _ = hacpo_policy_loss(t([0.0]), t([-50.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
+    loss, _, _ = hacpo_policy_loss(t([0.0]), t([-50.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, CFG)
     assert loss.item() == pytest.approx(math.exp(10.0), rel=1e-9)
 
 
@@ -283,8 +283,8 @@ def test_reduction_one_agent_ratio_one_equals_gspo():
     adv = torch.randn(16, generator=gen, dtype=F64)
     is_self = torch.ones(16, dtype=torch.bool)
     ones = torch.ones(16, dtype=F64)
-    hacpo, _ = hacpo_policy_loss(lp, src, adv, is_self, ones, 3, CFG)
-    gspo, _ = hacpo_policy_loss(lp, src, adv, is_self, ones, 3, HacpoConfig(mode="gspo"))
+    hacpo, _, _ = hacpo_policy_loss(lp, src, adv, is_self, ones, 3, CFG)
+    gspo, _, _ = hacpo_policy_loss(lp, src, adv, is_self, ones, 3, HacpoConfig(mode="gspo"))
     s = torch.exp(lp - src)
     reference = -torch.minimum(s * adv, torch.clamp(s, 1 - 3e-4, 1 + 4e-4) * adv).mean()
     assert hacpo.item() == pytest.approx(gspo.item(), abs=1e-12)

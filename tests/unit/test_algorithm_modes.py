@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from hacfed.algorithm import HacpoConfig, grpo_token_loss, hacpo_advantages, hacpo_policy_loss
-from hacfed.clients.update import _learner_norms, _needs_own_old, _source_norms, summarize_cross
+from hacfed.clients.sequence_ratio import learner_norms, needs_own_old, old_side
+from hacfed.clients.update_metrics import summarize_cross
 from hacfed.trajectory import TrainingView
 
 F64 = torch.float64
@@ -23,7 +24,7 @@ def t(values, grad=False):
 def cross_loss(lp, src, adv, cfg, omega=1.0, m=0):
     """One cross sample; returns (loss, d loss / d learner log-prob, metrics)."""
     x = t([lp], grad=True)
-    loss, metrics = hacpo_policy_loss(x, t([src]), t([adv]), torch.tensor([False]), t([omega]), m, cfg)
+    loss, metrics, _ = hacpo_policy_loss(x, t([src]), t([adv]), torch.tensor([False]), t([omega]), m, cfg)
     loss.backward()
     return loss.item(), x.grad.item(), metrics
 
@@ -67,7 +68,7 @@ def test_xhacpo_own_samples_are_plain_gspo():
     adv = t([1.0, -1.0])
     for cfg in (HacpoConfig(), XHACPO):
         x.grad = None
-        loss, _ = hacpo_policy_loss(x, t([-1.0, -1.0]), adv, torch.tensor([True, True]), t([1.0, 1.0]), 0, cfg)
+        loss, _, _ = hacpo_policy_loss(x, t([-1.0, -1.0]), adv, torch.tensor([True, True]), t([1.0, 1.0]), 0, cfg)
         loss.backward()
         # s = 1 for both: obj = A; loss = -(1 - 1)/2 = 0; d/dlp_i = -A_i / 2
         assert loss.item() == pytest.approx(0.0, abs=1e-12)
@@ -95,17 +96,17 @@ def test_per_byte_ratio_cancels_tokenization_granularity():
     # to 1: no gradient). Per byte: -3/6 against -3/6 -> s = 1.
     learner_logp = torch.full((1, 6), -0.5)  # (B, T)
     view = _view("bpe-lab", "char-lab", range(6), 6, -3.0, 6)
-    per_token = _learner_norms(learner_logp, [view], torch.tensor([False]))
-    per_byte = _learner_norms(learner_logp, [view], torch.tensor([True]))
+    per_token = learner_norms(learner_logp, [view], torch.tensor([False]))
+    per_byte = learner_norms(learner_logp, [view], torch.tensor([True]))
     assert per_token.item() == pytest.approx(-0.5) and per_byte.item() == pytest.approx(-0.5)
-    token_src = _source_norms([view], [None], torch.tensor([False]))
-    byte_src = _source_norms([view], [None], torch.tensor([True]))
+    token_src = old_side([view], {}, torch.tensor([False]), []).norm
+    byte_src = old_side([view], {}, torch.tensor([True]), []).norm
     assert token_src.item() == pytest.approx(-3.0 / 6)  # source_mean_logp as built above: -3/6
     assert byte_src.item() == pytest.approx(-0.5)
     view_bpe = _view("bpe-lab", "char-lab", range(6), 6, -3.0, 6)
     object.__setattr__(view_bpe, "source_mean_logp", -1.5)  # the BPE source's own mean: 2 tokens
-    assert math.exp(per_token.item() - _source_norms([view_bpe], [None], torch.tensor([False])).item()) == pytest.approx(math.e)
-    assert math.exp(per_byte.item() - _source_norms([view_bpe], [None], torch.tensor([True])).item()) == pytest.approx(1.0)
+    assert math.exp(per_token.item() - old_side([view_bpe], {}, torch.tensor([False]), []).norm.item()) == pytest.approx(math.e)
+    assert math.exp(per_byte.item() - old_side([view_bpe], {}, torch.tensor([True]), []).norm.item()) == pytest.approx(1.0)
 
 
 # --- naive: a forged source log-prob cannot scale a gradient ----------------------------------
@@ -126,7 +127,7 @@ def test_naive_bounds_a_forged_low_source_logprob():
 def test_naive_own_samples_keep_the_plain_gspo_objective():
     # An own sample is not a claim by anyone else: min(s·A, clip(s)·A) unchanged (s = e^.5, A = -1).
     x = t([-0.5], grad=True)
-    loss, _ = hacpo_policy_loss(x, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="naive"))
+    loss, _, _ = hacpo_policy_loss(x, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="naive"))
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(0.5))
     assert x.grad.item() == pytest.approx(math.exp(0.5))
@@ -138,12 +139,20 @@ def test_naive_own_samples_keep_the_plain_gspo_objective():
 def test_sapo_scores_peer_text_with_the_learners_own_old_policy():
     sapo = HacpoConfig(mode="sapo")
     cross = _view("peer", "me", range(3), 3, -9.0, 3)
-    assert _needs_own_old(cross, "me", sapo) and not _needs_own_old(cross, "me", HacpoConfig())
+    assert needs_own_old(cross, "me", sapo) and not needs_own_old(cross, "me", HacpoConfig())
     old = torch.tensor([-0.2, -0.4, -0.6])
-    assert _source_norms([cross], [old], torch.tensor([False])).item() == pytest.approx(-0.4)
+    assert old_side([cross], {0: old}, torch.tensor([False]), []).norm.item() == pytest.approx(-0.4)
     # Advantages: the plain pooled baseline, like naive: r = [1, 0, 0, 1], mean .5, std .57735
     adv = hacpo_advantages(t([1.0, 0.0, 0.0, 1.0]), ["p"] * 4, ["me", "me", "peer", "peer"], "me", {}, sapo)
     assert adv.tolist() == pytest.approx([0.866025, -0.866025, -0.866025, 0.866025], abs=1e-5)
+
+
+def test_sapo_cross_sample_above_the_window_with_negative_advantage_carries_gradient():
+    # s = e^.001 = 1.0010005 > 1 + 4e-4, A = −1: min(s·A, clip(s)·A) = min(−1.0010005, −1.0004) = s·A,
+    # so d loss / d lp = −(s·A) = 1.0010005 and the sample carries gradient (the flag says so too)
+    _, grad, metrics = cross_loss(-0.999, -1.0, -1.0, HacpoConfig(mode="sapo"))
+    assert grad == pytest.approx(math.exp(0.001), abs=1e-9)
+    assert metrics["cross_grad_frac"] == 1.0 and metrics["cross_clip_frac"] == 1.0
 
 
 def test_grpo_token_level_clip_higher():
@@ -178,7 +187,7 @@ def test_grpo_and_gspo_ignore_other_agents():
 
 def test_cross_lower_bound_is_only_reported_where_cross_samples_are():
     x = t([-1.0], grad=True)
-    _, metrics = hacpo_policy_loss(x, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="gspo"))
+    _, metrics, _ = hacpo_policy_loss(x, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="gspo"))
     assert math.isnan(metrics["cross_lower_bound"])
     _, _, metrics = cross_loss(-1.0, -1.0, 1.0, HacpoConfig(), m=2)
     assert metrics["cross_lower_bound"] == pytest.approx(0.85)  # 0.8 + 2 · 0.025

@@ -71,6 +71,35 @@ def test_cross_samples_weight_bounded_by_omega(log_ratios, advs, m):
     lp = torch.tensor(log_ratios, dtype=torch.float64)
     adv = torch.tensor(advs[:n], dtype=torch.float64)
     omega = torch.full((n,), 2.0, dtype=torch.float64)
-    loss, _ = hacpo_policy_loss(lp, torch.zeros(n, dtype=torch.float64), adv, torch.zeros(n, dtype=torch.bool), omega, m, HacpoConfig())
+    loss, _, _ = hacpo_policy_loss(lp, torch.zeros(n, dtype=torch.float64), adv, torch.zeros(n, dtype=torch.bool), omega, m, HacpoConfig())
     assert torch.isfinite(loss)
     assert abs(loss.item()) <= (omega * adv.abs()).mean().item() + 1e-9
+
+
+CONFIGS = [
+    HacpoConfig(), HacpoConfig(mode="naive"), HacpoConfig(mode="sapo"), HacpoConfig(mode="gspo"),
+    HacpoConfig(cross_clip=False), HacpoConfig(stepwise_clip=False), HacpoConfig(alpha=0.0),
+    HacpoConfig(mode="xhacpo", cross_clip_style="pessimistic", cross_negatives="skip"),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.floats(-12, 12), st.sampled_from([-1.5, -0.5, 0.0, 0.5, 1.5]), st.booleans()),
+                  min_size=1, max_size=8),
+    cfg=st.sampled_from(CONFIGS),
+    m=st.integers(0, 10),
+)
+def test_carries_flag_is_exactly_where_autograd_gives_a_gradient(rows, cfg, m):
+    # The per-sample flag the update's diagnostics read must say what backward does.
+    # Log-ratios near the window edges: a multiple of 1e-4 plus 3e-5, never on a bound exactly.
+    lp = torch.tensor([round(x, 4) + 3e-5 if abs(x) < 0.3 else x for x, _, _ in rows], dtype=torch.float64,
+                      requires_grad=True)
+    adv = torch.tensor([a for _, a, _ in rows], dtype=torch.float64)
+    is_self = torch.tensor([own for _, _, own in rows])
+    if cfg.mode == "gspo" and not bool(is_self.any()):
+        is_self[0] = True
+    omega = torch.full((len(rows),), 0.5, dtype=torch.float64)
+    loss, _, flags = hacpo_policy_loss(lp, torch.zeros(len(rows), dtype=torch.float64), adv, is_self, omega, m, cfg)
+    loss.backward()
+    assert flags.carries.tolist() == (lp.grad != 0).tolist()

@@ -14,15 +14,9 @@ import signal
 
 import pytest
 import torch
-from hacfed.clients.distributed import (
-    RankFailure,
-    global_scale,
-    rollout_seed,
-    shard_bounds,
-    start_ranks,
-    sub_plan,
-)
+from hacfed.clients.distributed import RankFailure, start_ranks
 from hacfed.clients.participant import Participant, ParticipantConfig
+from hacfed.clients.shards import global_scale, rollout_seed, shard_bounds, sub_plan
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
