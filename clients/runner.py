@@ -21,7 +21,6 @@ attempt of the SuperNode (`hacfed.clients.backoff`: 1 s x1.6, jitter, at most 30
 from __future__ import annotations
 
 import fcntl
-import os
 import re
 import sys
 import threading
@@ -41,7 +40,6 @@ from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.metrics_sinks import MetricsLogger, open_logger, step_row
 from hacfed.procs import ProcessError, ProcessSupervisor
 
-FALSIFY_ENV = "HACFED_TEST_FALSIFY_REWARDS"  # test-only: claim the opposite of every reward
 METRICS_FILE = "metrics.jsonl"  # the lab's own rows (hacfed.metrics_sinks.step_row), read by `hacfed report`
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
 _STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
@@ -268,9 +266,6 @@ def run_client(cfg: ClientConfig) -> int:
     say(f"{'created' if enrolment.created else 'using'} this lab's keys in {state}: {enrolment.describe()}")
     say(f"enrolment for the coordinator's operator (hacfed-server register), also in {state / ENROLMENT_FILE}:")
     print(enrolment.line, flush=True)
-    cheat = os.environ.get(FALSIFY_ENV) == "1"
-    if cheat:
-        say(f"TEST MODE ({FALSIFY_ENV}=1): every claimed reward is FALSIFIED; the coordinator should reject them")
     say(f"loading model {cfg.model} on {cfg.device} ({cfg.finetune} fine-tuning, {cfg.rollout_backend} rollouts); "
         f"task {task.name}")
     from hacfed.clients.participant import Participant, ParticipantConfig  # torch
@@ -284,7 +279,7 @@ def run_client(cfg: ClientConfig) -> int:
     if cfg.tensorboard is not None:
         say(f"TensorBoard event files in {cfg.tensorboard} (tensorboard --logdir {cfg.tensorboard})")
     client = Client(cfg, metrics)
-    service = ParticipantService(participant, task, private_key, coordinator_key, state / "service", cheat=cheat,
+    service = ParticipantService(participant, task, private_key, coordinator_key, state / "service",
                                  on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
     server, port = serve_participant(service.handle)
     say(f"participant service on 127.0.0.1:{port}")

@@ -40,7 +40,6 @@ Requests are served one at a time: the participant holds one model.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
@@ -111,12 +110,6 @@ def make_key_offer(private_key: Ed25519PrivateKey) -> bytes:
     return seal(raw_public_bytes(private_key.public_key()), KEY_OFFER_TYPE, private_key, DOMAIN_SUBMIT)
 
 
-def falsify_rewards(submission: Submission) -> Submission:
-    """Claim the opposite of every reward (test-only cheating, HACFED_TEST_FALSIFY_REWARDS=1)."""
-    flipped = tuple(dataclasses.replace(t, reward=1.0 - t.reward) for t in submission.trajectories)
-    return dataclasses.replace(submission, trajectories=flipped)
-
-
 class ParticipantService:
     def __init__(
         self,
@@ -126,7 +119,6 @@ class ParticipantService:
         coordinator_key: Ed25519PublicKey,
         state_dir: Path,
         *,
-        cheat: bool = False,
         on_answer: Callable[[Answered], None] | None = None,
         on_finished: Callable[[], None] | None = None,
         on_notice: Callable[[str], None] | None = None,
@@ -137,7 +129,6 @@ class ParticipantService:
         self._trusted = {key_id(coordinator_key): coordinator_key}
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._cheat = cheat
         self._on_answer = on_answer
         self._on_finished = on_finished
         self._on_notice = on_notice
@@ -196,8 +187,6 @@ class ParticipantService:
         sealed: dict[str, tuple[Submission, bytes]] = {}
 
         def keep_in_outbox(submission: Submission) -> None:  # runs before the participant's checkpoint
-            if self._cheat:
-                submission = falsify_rewards(submission)
             envelope = seal(encode_submission(submission), PayloadType.SUBMISSION, self._key, DOMAIN_SUBMIT)
             self.outbox.add(key, submission.round_id, submission.nonce, envelope)
             sealed["reply"] = (submission, envelope)

@@ -1,7 +1,7 @@
 """The real federation: hacfed-server and three hacfed-client processes over Flower on loopback.
 
 lab-a (tiny-llama, byte-level tokenizer) and lab-b (tiny-gpt2, another tokenizer) are honest;
-lab-c (tiny-llama) claims the opposite of every reward (HACFED_TEST_FALSIFY_REWARDS=1). After round 0
+lab-c (tiny-llama) claims the opposite of every reward (tests/lying_lab.py). After round 0
 closes, lab-b is killed with SIGKILL and started again: it must rejoin. After round 1 closes,
 hacfed-server is killed with SIGKILL and started again with the same command: it must resume at the
 right round and finish. lab-b and lab-c exit 0 when the coordinator closes the run; lab-a, started
@@ -34,6 +34,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+LYING_LAB = REPO / "tests" / "lying_lab.py"  # hacfed-client claiming the opposite of every reward
 
 SERVER_TOML = """
 run_id = "it-federation"
@@ -126,10 +127,11 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         return procs[-1]
 
     def client(pid: str, model: str, cheat: bool = False, stay: bool = False) -> Proc:
-        argv = [str(BIN / "hacfed-client"), "--model", model, "--server", address, "--participant-id", pid,
+        command = [sys.executable, str(LYING_LAB)] if cheat else [str(BIN / "hacfed-client")]
+        argv = [*command, "--model", model, "--server", address, "--participant-id", pid,
                 "--state-dir", str(tmp_path / pid), "--coordinator-key", str(server_dir / "coordinator.pub"),
                 "--insecure", "--eval-problems", "10", *(["--stay"] if stay else [])]
-        proc = Proc(pid, argv, tmp_path / f"{pid}.log", {**env, **({"HACFED_TEST_FALSIFY_REWARDS": "1"} if cheat else {})})
+        proc = Proc(pid, argv, tmp_path / f"{pid}.log", env)
         procs.append(proc)
         key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key
         deadline = time.monotonic() + 120

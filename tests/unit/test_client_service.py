@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from hacfed.clients.relay import ParticipantRejection, RelayError, call_participant, serve_participant
-from hacfed.clients.service import ParticipantService, falsify_rewards
+from hacfed.clients.service import ParticipantService
 from hacfed.envelope import DOMAIN_SUBMIT, DOMAIN_UPDATE, key_id, open_envelope, seal
 from hacfed.exchange import open_lab_reply, seal_delivery
 from hacfed.keys import KEY_REQUEST_TYPE, ensure_key_pair
@@ -15,6 +15,7 @@ from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.server.membership import read_key_offer
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.wire import PayloadType, decode_submission, encode_round_update
+from tests.lying_lab import LyingParticipant, falsify_rewards
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config
 from tests.unit.test_server_driver import ScriptedParticipant
 
@@ -30,8 +31,8 @@ def setup(tmp_path):
     participant_key = ensure_key_pair(tmp_path / "lab-a", "participant").load()
     participant = ScriptedParticipant("lab-a")
 
-    def service(task=TASK, trusted=coordinator_key.public_key(), **kw) -> ParticipantService:
-        return ParticipantService(participant, task, participant_key, trusted, tmp_path / "lab-a", **kw)
+    def service(task=TASK, trusted=coordinator_key.public_key(), lab=participant, **kw) -> ParticipantService:
+        return ParticipantService(lab, task, participant_key, trusted, tmp_path / "lab-a", **kw)
 
     def sealed(update: RoundUpdate, key=coordinator_key, domain=DOMAIN_UPDATE) -> bytes:
         """A delivery whose request is `update`, as the coordinator's driver sends it."""
@@ -153,9 +154,10 @@ def test_errors_reach_the_relay_as_codes_over_grpc(setup) -> None:
         server.stop(0).wait()
 
 
-def test_falsify_rewards_flips_every_claim(setup) -> None:
-    coordinator, service, sealed, _, key = setup
-    reply = service(cheat=True).handle(sealed(coordinator.make_update(0)))
+def test_the_lying_lab_double_signs_the_opposite_of_every_claim(setup) -> None:
+    """tests/lying_lab.py, the lab the integration tests use to earn strikes, wraps the real service."""
+    coordinator, service, sealed, participant, key = setup
+    reply = service(lab=LyingParticipant(participant)).handle(sealed(coordinator.make_update(0)))
     cheated = submission_of(reply, key)
     assert [t.reward for t in falsify_rewards(cheated).trajectories] == [1.0, 0.0, 0.0] * 2  # the honest claims
     result = coordinator.submit(cheated, sender="lab-a")

@@ -25,6 +25,7 @@ from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
 from hacfed.server.driver import FederationDriver
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, DriverSettings
+from tests.lying_lab import LyingParticipant
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config, scripted_submission
 
 STEP_TIMES = {"time_rollout_s": 0.25, "time_training_s": 0.5, "time_eval_s": 0.125, "time_checkpoint_s": 0.0}
@@ -84,8 +85,9 @@ class Federation:
         keys = ensure_key_pair(self.tmp / (signer or pid), "participant")
         if register:
             save_public_key(keys.load().public_key(), self.keys_dir / f"{pid}.pub")
-        service = ParticipantService(participant or ScriptedParticipant(pid), TASK, keys.load(),
-                                     self.coordinator_key.load().public_key(), self.tmp / pid / "service", cheat=cheat,
+        lab = participant or ScriptedParticipant(pid)
+        service = ParticipantService(LyingParticipant(lab) if cheat else lab, TASK, keys.load(),
+                                     self.coordinator_key.load().public_key(), self.tmp / pid / "service",
                                      on_notice=self.notices.setdefault(pid, []).append)
         self.nodes[node] = (pid, service)
         return service
