@@ -31,6 +31,8 @@ from hacfed.tools.modes import MODE_NAMES, RECOMMENDED, get_mode, modes_help
 DEFAULT_AGENTS = "tiny-llama,tiny-gpt2,tiny-qwen2"
 DEMO_MODE = RECOMMENDED
 _READY = re.compile(r"ready: Fleet API on (\S+?:\d+)")
+DEFAULT_METRICS, DEFAULT_PLOT = "runs/demo-metrics.jsonl", "runs/demo-accuracy.png"
+OUTPUTS_FILE = "demo-outputs.json"  # in the state dir: a resumed demo keeps writing the same results
 
 
 def add_parser(sub: Any) -> None:
@@ -49,8 +51,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dashboard", metavar="HOST:PORT", default=None,
                    help="hacfed-server --dashboard: the live read-only page at http://HOST:PORT/ (loopback only)")
     p.add_argument("--state-dir", default=None, help="where servers, labs and logs live (default: a temp dir, removed)")
-    p.add_argument("--metrics-out", default="runs/demo-metrics.jsonl", help="JSONL metrics (default %(default)s)")
-    p.add_argument("--plot", default="runs/demo-accuracy.png", help="PNG plot of accuracy per round (default %(default)s)")
+    p.add_argument("--metrics-out", default=None, help=f"JSONL metrics; never overwritten (default {DEFAULT_METRICS}, "
+                   "or runs/demo-2-metrics.jsonl, ... when an earlier demo's results are there)")
+    p.add_argument("--plot", default=None, help=f"PNG plot of accuracy per round; never overwritten (default "
+                   f"{DEFAULT_PLOT}, numbered like --metrics-out)")
     p.add_argument("--tensorboard", metavar="DIR", default=None,
                    help="each lab writes TensorBoard event files to DIR/<lab id> (hacfed-client --tensorboard)")
     p.add_argument("--insecure", action="store_true",
@@ -85,6 +89,10 @@ def run_from_args(args: Any) -> int:
             check_port_free(address.host, address.port, "--dashboard")
         except ValueError as exc:
             problems.append(str(exc))
+    try:
+        outputs = demo_outputs(args.metrics_out, args.plot, args.state_dir)
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
         for p in problems:
             print(f"hacfed demo: error: {p}", file=sys.stderr)
@@ -95,7 +103,28 @@ def run_from_args(args: Any) -> int:
     if unknown:
         print(f"hacfed demo: error: unknown preset(s) {unknown}; available: {', '.join(PRESETS)}", file=sys.stderr)
         return 2
-    return run_demo(agents, args)
+    return run_demo(agents, args, outputs)
+
+
+def demo_outputs(metrics: str | None, plot: str | None, state_dir: str | None) -> tuple[Path, Path, bool]:
+    """Where this demo's metrics and plot go, and whether it resumes: a kept --state-dir that a demo
+    ran in before names its files (the run goes on writing them); otherwise an earlier run's results
+    are never overwritten: a path given that exists is refused, and the default names are numbered
+    (runs/demo-2-metrics.jsonl, ...) until both are free."""
+    record = Path(state_dir) / OUTPUTS_FILE if state_dir else None
+    if record is not None and record.is_file():
+        kept = json.loads(record.read_text(encoding="utf-8"))
+        return Path(kept["metrics"]), Path(kept["plot"]), True
+    for flag, given in (("--metrics-out", metrics), ("--plot", plot)):
+        if given and Path(given).exists():
+            raise ValueError(f"{flag} {given} exists (an earlier run's results); give a new path or move it away")
+    for n in range(1, 10_000):
+        suffix = "" if n == 1 else f"-{n}"
+        out = Path(metrics or DEFAULT_METRICS.replace("demo-", f"demo{suffix}-"))
+        png = Path(plot or DEFAULT_PLOT.replace("demo-", f"demo{suffix}-"))
+        if not out.exists() and not png.exists():
+            return out.resolve(), png.resolve(), False
+    raise ValueError("runs/ holds 9999 earlier demo results; pass --metrics-out and --plot")
 
 
 def participant_ids(agents: Sequence[str]) -> list[str]:
@@ -105,7 +134,7 @@ def participant_ids(agents: Sequence[str]) -> list[str]:
     return ids
 
 
-def run_demo(agents: Sequence[str], args: Any) -> int:
+def run_demo(agents: Sequence[str], args: Any, outputs: tuple[Path, Path, bool]) -> int:
     from hacfed.keys import ensure_key_pair
     from hacfed.models import store
     from hacfed.procs import ProcessSupervisor
@@ -113,10 +142,12 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
     keep = args.state_dir is not None
     root = Path(args.state_dir) if keep else Path(tempfile.mkdtemp(prefix="hacfed-demo-"))
     root.mkdir(parents=True, exist_ok=True)
-    metrics_out = Path(args.metrics_out).resolve()
+    metrics_out, plot_path, resumed = outputs
     metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    if metrics_out.exists():
-        metrics_out.unlink()  # a fresh run: the server appends to an existing file
+    (root / OUTPUTS_FILE).write_text(json.dumps({"metrics": str(metrics_out), "plot": str(plot_path)}) + "\n",
+                                     encoding="utf-8")
+    if resumed:
+        print(f"[demo] resuming the demo in {root}: its results go on in {metrics_out}")
     ids = participant_ids(agents)
 
     print(f"[demo] preparing {len(agents)} agents (built and warmed up once, then cached in {store.models_root()})")
@@ -142,17 +173,18 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
                  "--metrics-out", str(metrics_out), *(["--dashboard", args.dashboard] if args.dashboard else [])],
                 env=env, log_path=root / "server.log", name="hacfed-server",
             )
-            address = _wait_ready(root / "server.log", server, timeout_s=300)
-            print(f"[demo] coordinator listening on {address}")
-            for pid, name in zip(ids, agents):
-                sup.start(
-                    [str(bindir / "hacfed-client"), "--model", name, "--server", address, "--participant-id", pid,
-                     "--state-dir", str(root / pid), "--coordinator-key", str(coordinator_keys.public), *client_tls,
-                     "--lr", str(args.lr),
-                     *(["--tensorboard", str(Path(args.tensorboard).resolve() / pid)] if args.tensorboard else [])],
-                    env=env, log_path=root / f"{pid}.log", name=pid,
-                )
-            code = _follow(root / "server.log", server)
+            address = _wait_ready(server, timeout_s=300)
+            if address is not None:  # None: the run in this state dir was already complete
+                print(f"[demo] coordinator listening on {address}")
+                for pid, name in zip(ids, agents):
+                    sup.start(
+                        [str(bindir / "hacfed-client"), "--model", name, "--server", address, "--participant-id",
+                         pid, "--state-dir", str(root / pid), "--coordinator-key", str(coordinator_keys.public),
+                         *client_tls, "--lr", str(args.lr),
+                         *(["--tensorboard", str(Path(args.tensorboard).resolve() / pid)] if args.tensorboard else [])],
+                        env=env, log_path=root / f"{pid}.log", name=pid,
+                    )
+            code = _follow(server)
         if code != 0:
             print(f"[demo] hacfed-server exited with {code}; logs in {root}", file=sys.stderr)
             keep = True
@@ -160,8 +192,11 @@ def run_demo(agents: Sequence[str], args: Any) -> int:
         rows = [json.loads(line) for line in metrics_out.read_text().splitlines() if line.strip()]
         print(f"[demo] {args.rounds} rounds in {time.perf_counter() - t0:.0f} s")
         print(accuracy_table(rows))
-        plot = plot_accuracy(rows, Path(args.plot))
-        print(f"[demo] metrics: {metrics_out}\n[demo] plot: {plot}")
+        plot_accuracy(rows, plot_path)
+        if not keep:  # what the coordinator's last line named in it (its journal) goes with it
+            shutil.rmtree(root, ignore_errors=True)
+            print("[demo] removed the temporary state dir (journal, keys, logs); --state-dir DIR keeps them")
+        print(f"[demo] results: metrics {metrics_out}, plot {plot_path}" + (f", state {root}" if keep else ""))
         return 0
     except KeyboardInterrupt:
         print("\n[demo] interrupted; every process was stopped", file=sys.stderr)
@@ -226,22 +261,35 @@ max_new_tokens = 6
     return path
 
 
-def _wait_ready(log: Path, server: Any, timeout_s: float) -> str:
+def _wait_ready(server: Any, timeout_s: float) -> str | None:
+    """The address in this start's ready line (a resumed demo's log also holds the earlier ones);
+    None when hacfed-server found the run already complete and exited 0."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = log.read_text(errors="replace") if log.exists() else ""
+        text = _since_start(server)
         match = _READY.search(text)
         if match:
             return match.group(1)
         if not server.alive():
+            if server.wait(timeout=30) == 0 and "already complete" in _since_start(server):
+                return None
             raise RuntimeError(f"hacfed-server exited before it was ready:\n{text[-3000:]}")
         time.sleep(0.2)
-    raise RuntimeError(f"hacfed-server not ready after {timeout_s:.0f} s; see {log}")
+    raise RuntimeError(f"hacfed-server not ready after {timeout_s:.0f} s; see {server.log_path}")
 
 
-def _follow(log: Path, server: Any) -> int:
-    """Echo the coordinator's console while it runs; return its exit code."""
-    position = 0
+def _since_start(server: Any) -> str:
+    if not server.log_path.exists():
+        return ""
+    with open(server.log_path, "rb") as fh:
+        fh.seek(server.log_offset)
+        return fh.read().decode("utf-8", errors="replace")
+
+
+def _follow(server: Any) -> int:
+    """Echo the coordinator's console from this start on (not a resumed run's earlier lines) while
+    it runs; return its exit code."""
+    log, position = server.log_path, server.log_offset
     while True:
         alive = server.alive()
         if log.exists():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,11 +38,10 @@ def _leftovers(state: Path) -> list[str]:
 
 def test_demo_runs_writes_outputs_and_leaves_nothing(tmp_path):
     state, metrics, plot = tmp_path / "state", tmp_path / "m.jsonl", tmp_path / "acc.png"
-    result = subprocess.run(
-        [HACFED, "demo", *SMALL, "--rounds", "2", "--state-dir", str(state), "--metrics-out", str(metrics),
-         "--plot", str(plot)],
-        capture_output=True, text=True, timeout=900, start_new_session=True, env=dict(os.environ),
-    )
+    argv = [HACFED, "demo", *SMALL, "--rounds", "2", "--state-dir", str(state), "--metrics-out", str(metrics),
+            "--plot", str(plot)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, start_new_session=True,
+                            env=dict(os.environ))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "accuracy before" in result.stdout and "round 1" in result.stdout
     # TLS and SuperNode authentication by default (README "Running a real federation"), set up in the state dir
@@ -54,8 +54,42 @@ def test_demo_runs_writes_outputs_and_leaves_nothing(tmp_path):
     assert all(isinstance(r["reward_mean"], float) for r in rows if not r.get("final"))
     assert {r["agent"] for r in rows if r.get("final") and "eval_accuracy" in r} == {"lab-a-llama", "lab-b-gpt2"}
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.stdout.strip().splitlines()[-1] == f"[demo] results: metrics {metrics}, plot {plot}, state {state}"
     time.sleep(1)
     assert _leftovers(state) == []
+
+    # The same command again resumes the (complete) run in the state dir: it keeps writing the same
+    # files instead of refusing them, and reprints none of the earlier run's lines.
+    kept = metrics.read_text()
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=900, start_new_session=True,
+                           env=dict(os.environ))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"[demo] resuming the demo in {state}" in again.stdout and "already complete" in again.stdout
+    assert "round 0" not in again.stdout and "Fleet API" not in again.stdout, again.stdout
+    assert metrics.read_text() == kept
+    time.sleep(1)
+    assert _leftovers(state) == []
+
+
+def test_demo_keeps_earlier_results_and_names_only_files_that_exist(tmp_path):
+    """Default outputs in a folder that holds an earlier demo's: a fresh name; the temporary state dir
+    is removed and the last line names only the results, which exist."""
+    earlier = tmp_path / "runs" / "demo-metrics.jsonl"
+    earlier.parent.mkdir()
+    earlier.write_text('{"earlier": true}\n')
+    result = subprocess.run([HACFED, "demo", *SMALL, "--rounds", "1"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=900, start_new_session=True, env=dict(os.environ))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert earlier.read_text() == '{"earlier": true}\n'
+    metrics, plot = tmp_path / "runs" / "demo-2-metrics.jsonl", tmp_path / "runs" / "demo-2-accuracy.png"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"[demo] results: metrics {metrics}, plot {plot}", lines[-3:]
+    assert lines[-2].startswith("[demo] removed the temporary state dir")
+    assert metrics.stat().st_size > 0 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    temporary = Path(re.search(r"\[demo\] state in (\S+);", result.stdout).group(1))
+    assert not temporary.exists()
+    time.sleep(1)
+    assert _leftovers(temporary) == []
 
 
 def test_demo_ctrl_c_stops_every_process(tmp_path):
