@@ -39,7 +39,9 @@ and memory limits and no network; hacfed.tasks.plugin_worker is its side), at th
 which re-verifies every claimed reward with it, and at each lab, which scores its own samples with
 it. Neither process imports the plugin (this module reads only the entry point's metadata), so the
 coordinator stays torch-free whatever the plugin imports. No code travels: every site installs the
-task's package itself (`pip install ...`).
+task's package itself (`pip install ...`). A plugin with heavy imports may need more of the
+worker's address space ([task.sandbox] memory_bytes, 1.5 GiB by default) or start-up time
+(startup_timeout_s). The worker answers one sample at a time.
 
 Refused at load, each with one line naming the plugin: a plugin that is not installed (the
 installed ones are named) or installed twice, that fails to import or has no reward function, a

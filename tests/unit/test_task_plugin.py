@@ -117,6 +117,19 @@ def test_example_coordinator_config_loads() -> None:
         task.close()
 
 
+def test_the_example_lab_config_has_the_coordinators_task(tmp_path: Path) -> None:
+    from hacfed.clients.config import load_client_config
+    from hacfed.keys import ensure_key_pair
+    from hacfed.server.coordinator import load_coordinator_config
+
+    key = ensure_key_pair(tmp_path, "coordinator").public
+    lab = load_client_config(EXAMPLE / "participant.toml", {
+        "model": "tiny-llama", "server": "127.0.0.1:9092", "participant_id": "lab-a", "state_dir": str(tmp_path / "lab"),
+        "coordinator_key": str(key), "insecure": True})
+    assert lab.task == dict(load_coordinator_config(EXAMPLE / "coordinator.toml").task)
+    assert lab.config_dir == EXAMPLE  # so both resolve data/... to the same files
+
+
 # ----------------------------------------------------------------------------- data in any format
 
 
