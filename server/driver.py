@@ -29,8 +29,8 @@ else to do gets them in an answers-only delivery.
 
 A Flower node takes part only once its hello proved which registered lab it is (`hello` /
 `identify`, `hacfed.server.hellos`); a node whose hello claims an id that is not registered is left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
-(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before every
-round and every reply, so a lab revoked meanwhile is sent nothing more and its reply is refused.
+(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before each round
+and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop waiting for it.
 
 Never imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
@@ -64,6 +64,7 @@ from hacfed.server.reporting import (
     StepTimes, append_rows, participant_line, round_line, round_rows, rounds_written, split_round,
 )
 from hacfed.server.round_updates import SealedUpdates
+from hacfed.server.round_waiting import WaitingLine
 from hacfed.server.run_end import RunEnd, write_status
 
 log = logging.getLogger("hacfed.server.driver")
@@ -116,6 +117,7 @@ class FederationDriver:
         self._steps: dict[str, StepTimes] = {}
         self._coordinator_s = 0.0
         self._waiting_since: float | None = None
+        self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
         self._resume()
 
     def _record_steps(self, participant_id: str, times: StepTimes) -> None:
@@ -154,8 +156,9 @@ class FederationDriver:
             self._close(reason)
         if self.coordinator.current_round is None and not self.coordinator.finished:
             self._maybe_open(admitted)
-        if self.coordinator.current_round is not None:
+        if (round_id := self.coordinator.current_round) is not None:
             payloads.update(self._round_payloads(admitted))
+            self._waiting_line.tick(self.coordinator, round_id, self._monotonic())
         elif self.coordinator.finished:
             payloads.update(self._final_payloads(admitted))
         payloads.update(self._answer_deliveries(admitted, set(payloads)))
@@ -166,6 +169,8 @@ class FederationDriver:
         """The admitted labs among the loop's nodes (the registry re-read if it changed), joins and
         leaves named on the console; `_nodes` becomes the nodes that may be sent something."""
         admitted = self.membership.admit(participants)
+        self.coordinator.withdrawn = frozenset(  # revoked: rounds stop waiting for them
+            p.participant_id for p in self.coordinator.participants() if not self.membership.known(p.participant_id))
         for pid in sorted(admitted - self._connected):
             self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
             self.coordinator.register(pid)  # idempotent; a quarantined participant stays so

@@ -11,8 +11,9 @@
 coordinator is running. A running
 hacfed-server picks a change up within about a second: it registers or unregisters the lab's
 SuperNode key with its SuperLink (`hacfed.server.node_auth`), and its round driver re-reads the
-registry before every round and every submission, so a revoked lab's next submission is refused
-and it is sent no more rounds (no more pools).
+registry before every round and every submission, so a revoked lab's next submission is refused,
+it is sent no more rounds (no more pools), and rounds no longer wait for it (they close at quorum
+with the labs that are left).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ journal on construction. Submissions go to its `SubmissionIntake` (`intake`), wh
 hands the journal, its lock, clock and plans. A transport (in-process `transport.run_rounds` or
 Flower) drives it; every method is safe to call from several threads.
 
-Closing rules: a round may close early once every active (registered, not quarantined) participant
-has answered and at least `expected_participants` have. Once the deadline passes it closes if at
+Closing rules: a round may close early once every active (registered, not quarantined, not
+`withdrawn`: revoked) participant has answered and at least `expected_participants` have, less one
+per withdrawn participant (never below `min_participants`). Once the deadline passes it closes if at
 least `min_participants` contributed accepted groups; otherwise the deadline is extended by
 `round_deadline_s` up to `max_deadline_extensions` times (journaled), after which it closes with what
 it has, flagged below quorum and logged as a warning. Submissions are accepted until the round is
@@ -75,6 +76,9 @@ class Coordinator:
             quota_trajectories=cfg.quota_trajectories, clock=clock, round_retry_s=self._round_retry_s,
         )
         self._fail = FailClosed()
+        # Journaled participants whose registration was revoked (set by the driver, which re-reads the
+        # registry): a round no longer waits for them, and the early close needs that many fewer labs.
+        self.withdrawn: frozenset[str] = frozenset()
         self.intake = SubmissionIntake(
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
             current_round=lambda: self.current_round, on_committed=self.kept.remember,
@@ -189,8 +193,8 @@ class Coordinator:
         # the round's trajectories) only matters once the deadline passed. The ServerApp polls
         # this every 0.2 s while a round is open (bench/coordinator_scale.py).
         submitted = self.journal.submitter_ids(record.round_id)
-        active = {p.participant_id for p in self.journal.participants() if not p.quarantined}
-        if len(submitted) >= self.cfg.expected_participants and active <= submitted:
+        needed = max(self.cfg.min_participants, self.cfg.expected_participants - len(self.withdrawn))
+        if len(submitted) >= needed and self.awaited() <= submitted:
             return "quorum"
         if now >= record.deadline:
             submitters = self.journal.submitters(record.round_id)
@@ -297,6 +301,10 @@ class Coordinator:
 
     def participants(self) -> list[ParticipantRecord]:
         return self.journal.participants()
+
+    def awaited(self) -> set[str]:
+        """The participants an open round waits for: journaled, not quarantined, not withdrawn."""
+        return {p.participant_id for p in self.journal.participants() if not p.quarantined} - self.withdrawn
 
     def has_submitted(self, participant_id: str, round_id: int) -> bool:
         return self.journal.submission_seq(participant_id, round_id) is not None

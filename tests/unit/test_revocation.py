@@ -47,7 +47,7 @@ def test_a_revoked_lab_gets_no_more_rounds_and_no_more_pools(tmp_path: Path) -> 
     lab_b = fed.nodes[2][1].participant
     received = len(lab_b.updates)
     revoke(fed.keys_dir, "lab-b")
-    for _ in range(20):  # the journal still expects lab-b: each round closes at its deadline without it
+    for _ in range(20):  # each round closes at quorum with lab-a alone (tests/unit/test_revoked_quorum.py)
         if fed.driver.finished():
             break
         fed.exchange()
