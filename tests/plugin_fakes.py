@@ -28,6 +28,7 @@ FAKES = {
     "fake-bad-problems": "tests.plugin_fakes:BadProblems",
     "fake-no-problems": "tests.plugin_fakes:exact",
     "fake-provides": "tests.plugin_fakes:Provides",
+    "fake-empty-split": "tests.plugin_fakes:EmptyEval",
 }
 
 
@@ -100,6 +101,14 @@ class BadProblems:
     @staticmethod
     def problems(split: str) -> list:
         return [{"question": 3}]
+
+
+class EmptyEval:
+    reward = staticmethod(exact)
+
+    @staticmethod
+    def problems(split: str) -> list:
+        return GOOD_DATA if split == "train" else []
 
 
 class Provides:

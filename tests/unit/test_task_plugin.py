@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -247,6 +248,7 @@ def test_config_mistakes_are_one_line(spec, words: str) -> None:
                               "KeyError ('no such field')"),
         ("fake-bad-problems", False, "task plugin 'fake-bad-problems' problems('train') failed: problems('train') "
                                      "item 0 is not a dict with a 'question' string"),
+        ("fake-empty-split", False, "task plugin 'fake-empty-split': problems('eval') gave no problems"),
         ("fake-no-problems", False, "task plugin 'fake-no-problems' provides no problems(split): give the [task] "
                                     "'train_files' and 'eval_files'"),
     ],
@@ -254,6 +256,23 @@ def test_config_mistakes_are_one_line(spec, words: str) -> None:
 def test_a_broken_plugin_is_refused_in_one_line_naming_it(fakes: Path, name: str, files: bool, words: str) -> None:
     message = refusal(lambda: fake(name, fakes, files=files))
     assert words in message, message
+
+
+@pytest.mark.parametrize(("plugin", "words"), [
+    ("not-installed-anywhere", "task plugin 'not-installed-anywhere' is not installed"),
+    ("fake-range", "task plugin 'fake-range' reward failed on the first train problem: reward returned a value outside"),
+])
+def test_hacfed_server_refuses_a_bad_plugin_in_one_line_before_writing(fakes: Path, plugin: str, words: str) -> None:
+    (fakes / "coordinator.toml").write_text(
+        'run_id = "x"\nrounds = 1\nprompts_per_round = 1\ngroup_size = 1\nexpected_participants = 1\n'
+        'min_participants = 1\nround_deadline_s = 10\nstate_dir = "state"\n[task]\nkind = "plugin"\n'
+        f'plugin = "{plugin}"\ntrain_files = "train.jsonl"\neval_files = "eval.jsonl"\ncache_dir = "{CACHE["cache_dir"]}"\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fakes / "site"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([str(Path(sys.executable).parent / "hacfed-server"), "--config", "coordinator.toml",
+                           "--insecure"], cwd=fakes, env=env, capture_output=True, text=True, timeout=300)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("hacfed-server: error: "), lines
+    assert words in lines[0] and not (fakes / "state").exists()
 
 
 def test_a_plugin_installed_twice_is_refused(fakes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
