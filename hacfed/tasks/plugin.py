@@ -25,7 +25,8 @@ The protocol a task package follows. Its pyproject.toml declares the entry point
       problem = {"prompt_id", "question", "answer", "prompt"} (all strings; "prompt" is the user
       message the model saw). A structured answer travels as text (JSON, say) the plugin parses.
   problems(split: str) -> list[dict]              optional, split "train" or "eval"; used when the
-      [task] names no files. Each item {"question": str, "answer": str, "solution": str (optional)}.
+      [task] names no files. Each item {"question": str, "answer": str, "solution": str (optional)};
+      the same list on every call and at every site.
   prompt_template: str                            optional; the user message, "{question}" replaced
       by the question. The [task]'s prompt_template wins; default "{question}".
 
@@ -39,7 +40,9 @@ and memory limits and no network; hacfed.tasks.plugin_worker is its side), at th
 which re-verifies every claimed reward with it, and at each lab, which scores its own samples with
 it. Neither process imports the plugin (this module reads only the entry point's metadata), so the
 coordinator stays torch-free whatever the plugin imports. No code travels: every site installs the
-task's package itself (`pip install ...`). A plugin with heavy imports may need more of the
+task's package itself (`pip install ...`), every site the same version: a reward that differs
+between the coordinator and a lab turns the lab's honest claims into mismatches (strikes), a prompt
+that differs into HACFED-E-TASK-MISMATCH. A plugin with heavy imports may need more of the
 worker's address space ([task.sandbox] memory_bytes, 1.5 GiB by default) or start-up time
 (startup_timeout_s). The worker answers one sample at a time.
 
@@ -52,7 +55,7 @@ reason, at both ends alike, and a warning the first time.
 
     task = load_task({"kind": "plugin", "plugin": "reverse-word", "train_files": "train.jsonl",
                       "eval_files": "eval.jsonl"})
-    task.verify(task.train_problems()[0], "... olleh").reward   # 1.0
+    task.verify(task.train_problems()[0], "... elppa").reward   # 1.0: the first word is "apple"
 """
 
 from __future__ import annotations
