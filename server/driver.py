@@ -15,22 +15,23 @@ enough registered participants are connected: the first round waits up to one de
 round or the next one. After the last round a plan-less update collects the final reports
 (`hacfed.server.run_end`).
 
-The driver owns the rounds (opening, closing, what each lab is sent) and hands the rest to
-collaborators it builds: `Deliveries` (what is in flight, retry times, sealing), `Hellos` (which
-lab a node is), `LabReplies` (judging and answering replies) and `RunEnd` (final reports and
-acknowledgements).
+The driver owns the rounds (opening, closing, what each lab is sent); its collaborators own the
+rest: `Deliveries` (in flight, retry times, sealing), `Hellos` (which lab a node is), `LabReplies`
+(judging replies), `RunEnd` (final reports and acknowledgements), `SealedUpdates`.
 
 Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier
 submissions (`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal
 with its code) plus this exchange's request. A lab replies with a `LabReply`: its submission and the
-unacknowledged ones of its outbox, each judged here (caps first, `Coordinator.admit`, then the
-signature, then `Coordinator.submit`) and answered. A lab whose answers wait while it has nothing
+unacknowledged ones of its outbox, each judged by `LabReplies` (caps first, `Coordinator.admit`,
+then the signature, then `Coordinator.submit`) and answered. A lab whose answers wait while it has nothing
 else to do gets them in an answers-only delivery.
 
 A Flower node takes part only once its hello proved which registered lab it is (`hello` /
-`identify`, `hacfed.server.hellos`); a node whose hello claims an id that is not registered is left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
-(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before each round
-and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop waiting for it.
+`identify`, `hacfed.server.hellos`); a node whose hello claims an id that is not registered is
+left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
+(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before
+each round and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop
+waiting for it.
 
 Never imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
@@ -61,7 +62,7 @@ from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
 from hacfed.server.replies import LabReplies
 from hacfed.server.reporting import (
-    StepTimes, append_rows, participant_line, round_line, round_rows, rounds_written, split_round,
+    StepTimes, append_rows, participant_lines, round_line, round_rows, rounds_written, split_round,
 )
 from hacfed.server.round_updates import SealedUpdates
 from hacfed.server.round_waiting import WaitingLine
@@ -346,11 +347,8 @@ class FederationDriver:
         summary = self.coordinator.round_summary(round_id)
         times = split_round(wall, self._coordinator_s, self._steps)
         append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, self._steps))
-        for m in summary.participants:
-            line = participant_line(summary, m.participant_id, self._steps.get(m.participant_id))
-            connected = m.participant_id in self._nodes.values()
-            if line and (m.submitted or (connected and not m.quarantined)):
-                self.console(line)
+        for line in participant_lines(summary, self._steps, set(self._nodes.values())):
+            self.console(line)
         self.console(round_line(summary, times) + f"; contributors {list(closed.contributors)}")
         self.deliveries.forget_round(round_id)
         self._write_status()

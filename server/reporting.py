@@ -27,7 +27,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from hacfed.server.coordinator.metrics import RoundSummary
 from hacfed.server.coordinator.validation import Rejection
@@ -169,6 +169,17 @@ def participant_line(summary: RoundSummary, participant_id: str, step: StepTimes
                      f"eval {step.eval_s:.1f}s exchange {_fmt(step.exchange_s, 1)}s")
         return text
     return None
+
+
+def participant_lines(summary: RoundSummary, steps: Mapping[str, StepTimes], connected: Collection[str]) -> list[str]:
+    """The console line of each participant of a closed round that submitted, or that is connected
+    and not quarantined (a lab that left is not named every round)."""
+    lines = []
+    for m in summary.participants:
+        line = participant_line(summary, m.participant_id, steps.get(m.participant_id))
+        if line and (m.submitted or (m.participant_id in connected and not m.quarantined)):
+            lines.append(line)
+    return lines
 
 
 def round_line(summary: RoundSummary, times: RoundTimes | None) -> str:
