@@ -134,32 +134,6 @@ def test_the_example_lab_config_has_the_coordinators_task(tmp_path: Path) -> Non
 # ----------------------------------------------------------------------------- data in any format
 
 
-def _write_words(tmp_path: Path, fmt: str) -> str:
-    import datasets
-
-    rows = {"word": ["apple", "river"], "backwards": ["elppa", "revir"]}
-    if fmt == "csv":
-        (tmp_path / "d.csv").write_text("word,backwards\napple,elppa\nriver,revir\n")
-        return "d.csv"
-    if fmt == "json":
-        (tmp_path / "d.json").write_text('[{"word": "apple", "backwards": "elppa"}, {"word": "river", "backwards": "revir"}]')
-        return "d.json"
-    if fmt == "parquet":
-        datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "d.parquet"))
-        return "d.parquet"
-    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "saved"))
-    return "saved"
-
-
-@pytest.mark.parametrize("fmt", ["csv", "json", "parquet", "disk"])
-def test_read_fields_reads_every_format_datasets_reads(tmp_path: Path, fmt: str) -> None:
-    from hacfed.tasks.records import read_fields
-
-    path = _write_words(tmp_path, fmt)
-    assert read_fields(str(tmp_path / path), ("word", "backwards"), CACHE["cache_dir"]) == (
-        ["apple", "river"], ["elppa", "revir"])
-
-
 def test_a_csv_task_with_its_own_field_names(tmp_path: Path) -> None:
     (tmp_path / "train.csv").write_text("word,backwards,n\napple,elppa,1\nriver,revir,2\n")
     (tmp_path / "eval.csv").write_text("word,backwards,n\nstone,enots,3\n")
@@ -195,17 +169,6 @@ def test_data_mistakes_are_one_line_naming_the_file(tmp_path: Path, setup, spec,
     (tmp_path / "e.jsonl").write_text('{"question": "xy", "answer": "yx"}\n')
     message = refusal(lambda: load_task({**SPEC, "eval_files": "e.jsonl", **spec}, base_dir=tmp_path))
     assert words in message, message
-
-
-def test_a_saved_dataset_dict_asks_for_one_split(tmp_path: Path) -> None:
-    import datasets
-
-    from hacfed.tasks.records import read_fields
-
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"question": ["a"], "answer": ["b"]})}).save_to_disk(
-        str(tmp_path / "dd"))
-    message = refusal(lambda: read_fields(str(tmp_path / "dd"), ("question",), CACHE["cache_dir"]))
-    assert "a saved DatasetDict with splits ['train']; name one split's folder" in message
 
 
 @pytest.mark.parametrize(
