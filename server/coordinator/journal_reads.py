@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 from hacfed.trajectory import ChatMessage, Trajectory
 
-# The pool's sort key (participant_id, prompt_pos, idx: its ORDER BY), then the other columns
-# `journal_schema.trajectory_from_row` reads (participant_id is the source).
+# The pool's sort key (participant_id, prompt_pos, idx: its ORDER BY), then the other columns a
+# trajectory is built from (participant_id is the source).
 _POOL_COLUMNS = (
     "t.participant_id, t.prompt_pos, t.idx, t.trajectory_id, t.prompt_id, t.policy_version, p.prompt_json, "
     "t.response_text, t.reward, t.source_logp_sum, t.source_token_count, t.finish_reason"
@@ -95,8 +95,8 @@ class JournalReads:
         """The accepted trajectories of a round, in a deterministic order (participant, prompt
         position, sample index), with verified rewards; samples withdrawn by a purge are left out.
 
-        The same trajectories in the same order as `journal_schema.trajectory_from_row` of each row
-        of "... ORDER BY participant_id, prompt_pos, idx" (tests/unit/test_coordinator_speed.py),
+        The same trajectories in the same order as the rows of the `trajectory_rows` view read one by
+        one "... ORDER BY participant_id, prompt_pos, idx" (tests/unit/test_coordinator_speed.py),
         with less work per sample, since a pool holds a round's samples of every lab: rows come as
         plain tuples, each prompt is parsed once, and they are sorted here (a Python sort on the
         key, unique within a round, orders text as SQLite's BINARY collation does: UTF-8 byte order

@@ -288,30 +288,6 @@ def prompt_json(prompt: tuple[ChatMessage, ...]) -> str:
     return json.dumps([m.as_dict() for m in prompt], ensure_ascii=False)
 
 
-def trajectory_from_row(row: sqlite3.Row, parsed: dict[str, tuple[ChatMessage, ...]] | None = None) -> Trajectory:
-    """The trajectory of a row of the `trajectory_rows` view (a trajectory with its prompt's JSON).
-    `parsed`: prompts already read by this query, shared (every lab of a round answers the same
-    prompts, so a pool of N labs holds each prompt once, not N x G times)."""
-    text = row["prompt_json"]
-    prompt = None if parsed is None else parsed.get(text)
-    if prompt is None:
-        prompt = tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(text))
-        if parsed is not None:
-            parsed[text] = prompt
-    return Trajectory(
-        trajectory_id=row["trajectory_id"],
-        prompt_id=row["prompt_id"],
-        source_id=row["participant_id"],
-        policy_version=row["policy_version"],
-        prompt=prompt,
-        response_text=row["response_text"],
-        reward=row["reward"],
-        source_logp_sum=row["source_logp_sum"],
-        source_token_count=row["source_token_count"],
-        finish_reason=row["finish_reason"],
-    )
-
-
 def as_journaled(pool: Sequence[Trajectory]) -> bool:
     """Whether every trajectory of `pool` is field for field what `Journal.pool` would build from its
     row: exact built-in types (SQLite gives back a float for REAL, an int for INTEGER, a str for

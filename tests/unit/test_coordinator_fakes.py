@@ -7,13 +7,15 @@ the others a wrong one, so each group has mixed rewards and the verifier's verdi
 from __future__ import annotations
 
 import dataclasses
+import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.server.coordinator import Coordinator, CoordinatorConfig, Journal
 from hacfed.tasks.arithmetic import ArithmeticTask
-from hacfed.trajectory import Trajectory
+from hacfed.trajectory import ChatMessage, Trajectory
 
 TASK = ArithmeticTask(digits=2, num_train=200, num_eval=20)  # what make_config()["task"] describes
 
@@ -79,6 +81,18 @@ def scripted_submission(
     trajectories = kw.pop("trajectories", None) or scripted_trajectories(plan, pid, falsify=falsify)
     report = StepReport(pid, max(plan.round_id - 1, 0), {"loss": 0.25}, eval_accuracy)
     return Submission(plan.run_id, pid, plan.round_id, tuple(trajectories), report, **kw)
+
+
+def trajectory_of_row(row: sqlite3.Row) -> Trajectory:
+    """The trajectory a row of the journal's `trajectory_rows` view holds, read column by column: what
+    `Journal.pool` must give back for it."""
+    return Trajectory(
+        trajectory_id=row["trajectory_id"], prompt_id=row["prompt_id"], source_id=row["participant_id"],
+        policy_version=row["policy_version"],
+        prompt=tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(row["prompt_json"])),
+        response_text=row["response_text"], reward=row["reward"], source_logp_sum=row["source_logp_sum"],
+        source_token_count=row["source_token_count"], finish_reason=row["finish_reason"],
+    )
 
 
 def replace_at(trajectories: list[Trajectory], index: int, **changes: Any) -> list[Trajectory]:

@@ -120,14 +120,14 @@ def test_submitters_counts_as_the_join_over_every_trajectory_did(tmp_path: Path)
 
 
 def test_pool_rows_share_each_prompt_and_equal_fresh_parses(tmp_path: Path) -> None:
-    from hacfed.server.coordinator.journal_schema import trajectory_from_row
+    from tests.unit.test_coordinator_fakes import trajectory_of_row
 
     coord = _two_rounds(tmp_path)
     pool = coord.journal.pool(0)
     coord.journal._db.row_factory = sqlite3.Row
     rows = coord.journal._db.execute(
         "SELECT * FROM trajectory_rows WHERE round_id=0 AND purged=0 ORDER BY participant_id, prompt_pos, idx").fetchall()
-    assert pool == tuple(trajectory_from_row(r) for r in rows) and len(pool) == 9
+    assert pool == tuple(trajectory_of_row(r) for r in rows) and len(pool) == 9
     assert len({id(t.prompt) for t in pool}) == len({t.prompt_id for t in pool}) == 2  # one tuple per prompt
     assert [t.source_id for t in coord.journal.pool(1)] == ["a"] * 6  # the purge still applies
 

@@ -243,15 +243,15 @@ def _journal_with_rounds(tmp_path: Path):
     return coord
 
 
-def test_the_pool_is_what_trajectory_from_row_reads(tmp_path: Path) -> None:
-    from hacfed.server.coordinator.journal_schema import trajectory_from_row
+def test_the_pool_is_what_the_rows_hold(tmp_path: Path) -> None:
+    from tests.unit.test_coordinator_fakes import trajectory_of_row
 
     coord = _journal_with_rounds(tmp_path)
     db = coord.journal._db
     for round_id in (0, 1, 5):
         rows = db.execute("SELECT * FROM trajectory_rows WHERE round_id=? AND purged=0 "
                           "ORDER BY participant_id, prompt_pos, idx", (round_id,)).fetchall()
-        expected = tuple(trajectory_from_row(r) for r in rows)
+        expected = tuple(trajectory_of_row(r) for r in rows)
         pool = coord.journal.pool(round_id)
         assert pool == expected and [t.__dict__ for t in pool] == [t.__dict__ for t in expected]
         assert [type(t.reward) for t in pool] == [type(t.reward) for t in expected]
@@ -298,7 +298,7 @@ def test_the_pool_and_its_rewards_come_in_the_order_sqlite_sorted_them(tmp_path_
     """Sorted in Python instead of by SQLite: the same order for any ids (UTF-8 byte order is code
     point order) and any positions, purged rows left out."""
     from hacfed.server.coordinator.journal import Journal
-    from hacfed.server.coordinator.journal_schema import trajectory_from_row
+    from tests.unit.test_coordinator_fakes import trajectory_of_row
 
     journal = Journal(tmp_path_factory.mktemp("order") / "journal.sqlite")
     db = journal._db
@@ -309,7 +309,7 @@ def test_the_pool_and_its_rewards_come_in_the_order_sqlite_sorted_them(tmp_path_
         db.execute("INSERT INTO trajectories VALUES (?, ?, ?, 3, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
             f"t{i}", i, pid, f"p{pos}", pos, idx, pos % 3 + 1,
             f"text {i}", float(i % 2), 0.0, -float(i), i + 1, "stop", i, int(i in purged)))
-    expected = tuple(trajectory_from_row(r) for r in db.execute(SQLITE_POOL, (3,)).fetchall())
+    expected = tuple(trajectory_of_row(r) for r in db.execute(SQLITE_POOL, (3,)).fetchall())
     assert journal.pool(3) == expected and [t.__dict__ for t in journal.pool(3)] == [t.__dict__ for t in expected]
     assert journal.accepted_rewards(3) == [(r[0], float(r[1])) for r in db.execute(SQLITE_REWARDS, (3,))]
     assert journal.pool(4) == () and journal.accepted_rewards(4) == []
