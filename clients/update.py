@@ -29,15 +29,13 @@ from torch import Tensor
 
 from hacfed.algorithm import HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3
 from hacfed.clients.sequence_ratio import (
-    OldSide, learner_norms, mean_logp_over_ratio_tokens, needs_own_old, old_side, pad_rows, per_byte, ratio_mask,
-    score_old_logps,
+    OldSide, learner_norms, needs_own_old, old_side, pad_rows, per_byte, ratio_mask, score_old_logps,
 )
 from hacfed.clients.update_metrics import CrossRow, UpdateLog, cross_rows
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView, Trajectory, build_training_view
 
-__all__ = ["UpdateSettings", "order_pool", "build_views", "default_minibatch", "hacpo_update",
-           "mean_logp_over_ratio_tokens", "OneProcess", "RowSplit"]
+__all__ = ["UpdateSettings", "order_pool", "build_views", "default_minibatch", "hacpo_update", "OneProcess", "RowSplit"]
 
 log = logging.getLogger("hacfed.clients.update")
 Reference = Callable[[], contextlib.AbstractContextManager[Any]]

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hacfed.clients.participant import Participant, ParticipantConfig
-from hacfed.clients.update import mean_logp_over_ratio_tokens, order_pool
+from hacfed.clients.sequence_ratio import mean_logp_over_ratio_tokens
+from hacfed.clients.update import order_pool
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
 from hacfed.models.zoo import build_untrained
