@@ -29,7 +29,7 @@ from hacfed.hacpo_config import HacpoConfig
 METRICS_FILE = "metrics.jsonl"
 JOURNAL_FILE = "journal.sqlite"
 CROSS_PREFIX = "train/cross/"
-QUANTILES = ("ratio_p10", "ratio_p50", "ratio_p90")  # what clients/update.py summarize_cross logs per source
+QUANTILES = ("ratio_p10", "ratio_p50", "ratio_p90")  # what clients/update_metrics.py summarize_cross logs per source
 
 
 class NoMetrics(ValueError):

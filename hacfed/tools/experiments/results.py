@@ -19,7 +19,7 @@ from hacfed.tools.experiments.matrix import Setting
 from hacfed.tools.experiments.runner import is_complete, runs_of
 
 Metric = Literal["accuracy", "pass1"]
-# Per-source cross-sample statistics the update logs (`train/cross/SOURCE/STAT`, clients/update.py):
+# Per-source cross-sample statistics the update logs (`train/cross/SOURCE/STAT`, clients/update_metrics.py):
 # the importance ratio's quantiles, the fraction of samples that carried gradient, the fraction with
 # a positive advantage, and the fraction positive among those that carried gradient.
 CROSS_STATS = ("ratio_p10", "ratio_p50", "ratio_p90", "grad_frac", "pos_frac", "grad_pos_frac")
