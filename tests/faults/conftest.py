@@ -21,7 +21,7 @@ import re
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -324,7 +324,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 @pytest.fixture
-def federation(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Federation]:
+def federation(tmp_path: Path, request: pytest.FixtureRequest,
+               zoo_presets: Callable[..., None]) -> Iterator[Federation]:
+    zoo_presets(MODEL)  # built before any lab starts: no lab's start-up includes a warm-up
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
     env.pop("HACFED_CRASH_AT", None)

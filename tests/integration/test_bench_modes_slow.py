@@ -45,7 +45,8 @@ def _final_accuracy(path: Path, agent: str) -> float:
     return next(r["eval_accuracy"] for r in rows if r["agent"] == agent and r.get("final"))
 
 
-def test_smoke_matrix_runs_resumes_after_ctrl_c_and_reports(tmp_path):
+def test_smoke_matrix_runs_resumes_after_ctrl_c_and_reports(tmp_path, zoo_presets):
+    zoo_presets("tiny-llama", "tiny-gpt2")  # bench/smoke.toml's agents, built side by side
     out, results, img = tmp_path / "runs", tmp_path / "results.md", tmp_path / "img"
     env = {**os.environ, "HACFED_HOME": os.environ.get("HACFED_HOME", str(ROOT / ".hacfed-home")),
            "OMP_NUM_THREADS": "1"}

@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_client_prints_a_down_coordinator_and_its_reconnect_attempts(tmp_path: Path) -> None:
+def test_client_prints_a_down_coordinator_and_its_reconnect_attempts(tmp_path: Path,
+                                                                     zoo_presets: Callable[..., None]) -> None:
+    zoo_presets("tiny-llama")
     import os
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

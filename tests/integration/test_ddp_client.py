@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -47,7 +48,8 @@ max_new_tokens = 6
 
 
 @pytest.mark.slow
-def test_a_lab_with_two_ranks_finishes_a_federation(tmp_path: Path) -> None:
+def test_a_lab_with_two_ranks_finishes_a_federation(tmp_path: Path, zoo_presets: Callable[..., None]) -> None:
+    zoo_presets("tiny-llama", "tiny-gpt2")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
     (tmp_path / "coordinator.toml").write_text(SERVER_TOML)

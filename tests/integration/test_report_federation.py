@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ BIN = Path(sys.executable).parent
 LABS = ("lab-a-llama", "lab-b-gpt2")
 
 
-def test_report_and_tensorboard_of_a_real_federation(tmp_path: Path) -> None:
+def test_report_and_tensorboard_of_a_real_federation(tmp_path: Path, zoo_presets: Callable[..., None]) -> None:
     pytest.importorskip("tensorboard")
+    zoo_presets("tiny-llama", "tiny-gpt2")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     state, tb = tmp_path / "state", tmp_path / "tb"

@@ -1,6 +1,6 @@
 """A short in-process federation really learns: two heterogeneous agents, HACPO, fixed seed.
 
-Warm-up of the presets happens on first use and is cached under HACFED_HOME.
+The presets are built (side by side) and cached under HACFED_HOME before the run starts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def _mean(values):
     return sum(values) / len(values)
 
 
-def test_hacpo_federation_reward_rises(tmp_path):
+def test_hacpo_federation_reward_rises(tmp_path, zoo_presets):
+    zoo_presets("tiny-llama", "tiny-gpt2")
     torch.set_num_threads(1)  # deterministic and faster on small machines
     cfg = SimConfig(
         agents=("tiny-llama", "tiny-gpt2"), mode="hacpo", rounds=40, seed=0, prompts_per_round=16, group_size=8,
