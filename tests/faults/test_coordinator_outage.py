@@ -1,11 +1,13 @@
-"""The whole coordinator is down for 60 s in the middle of a round (issue 9; security.md R5).
+"""The whole coordinator is down in the middle of a round (issue 9; security.md R5): 20 s in the
+default run, the 60 s security.md asks for in the long tier (`./scripts/test.sh --long`).
 
 Two labs and a real hacfed-server on loopback. As soon as the console shows the first submission of
 round 1 committed, every process of the coordinator (hacfed-server, its SuperLink, SuperExec,
-ServerApp and `flwr run`) is killed with SIGKILL, by pid. For 60 s nothing listens on the Fleet port:
+ServerApp and `flwr run`) is killed with SIGKILL, by pid. For the outage nothing listens on the Fleet
+port:
 
 - the labs keep running and print every failed reconnect attempt, with hacfed's backoff (1 s, x1.6,
-  jitter 20 %, at most 30 s);
+  jitter 20 %, at most 30 s): at least 4 attempts in 20 s, 5 in 60 s;
 - what the coordinator had not acknowledged stays pending in the labs' outboxes (at least the
   submission whose receipt was still queued, and any step that finished while the coordinator was
   down).
@@ -31,11 +33,18 @@ pytestmark = pytest.mark.slow
 
 LABS = ("lab-a", "lab-b")
 ROUNDS = 3
-OUTAGE_S = 60.0
 ATTEMPT = re.compile(r"the coordinator is unreachable \((\w+)\); attempt (\d+) failed, next attempt in ([\d.]+)s")
 
 
-def test_a_60s_coordinator_outage_loses_and_duplicates_nothing(federation: Federation) -> None:
+# (seconds down, failed attempts each lab must have printed by then). Attempt n comes 1 s x 1.6^(n-1)
+# after attempt n-1, at most 20 % later: attempt 4 by 6.2 s, attempt 5 by 11.1 s after the first
+# failure, which may itself come late (the lab was busy stepping); the bounds leave that slack.
+@pytest.mark.parametrize(("outage_s", "min_attempts"), [
+    pytest.param(20.0, 4, id="20s"),
+    pytest.param(60.0, 5, id="60s", marks=pytest.mark.long),
+])
+def test_a_coordinator_outage_loses_and_duplicates_nothing(federation: Federation, outage_s: float,
+                                                           min_attempts: int) -> None:
     fed = federation
     fed.configure(rounds=ROUNDS, expected=2, minimum=2, deadline_s=600, run_id="faults-outage")
     server = fed.start(LABS)
@@ -45,7 +54,7 @@ def test_a_60s_coordinator_outage_loses_and_duplicates_nothing(federation: Feder
     down = time.monotonic()
     assert fed.integrity() == "ok"
     opened = fed.rows("SELECT round_id, deadline FROM rounds WHERE state = 'OPEN'")  # round 1, or 2 if it just opened
-    while (left := OUTAGE_S - (time.monotonic() - down)) > 0:
+    while (left := outage_s - (time.monotonic() - down)) > 0:
         for pid, lab in fed.labs.items():
             assert lab.popen.poll() is None, f"{pid} exited while the coordinator was down:\n{lab.text()[-3000:]}"
         time.sleep(min(left, 1.0))
@@ -56,7 +65,7 @@ def test_a_60s_coordinator_outage_loses_and_duplicates_nothing(federation: Feder
     for pid in LABS:
         attempts = [(code, int(n), float(wait)) for code, n, wait in ATTEMPT.findall(fed.labs[pid].text()[marks[pid]:])]
         assert {code for code, _, _ in attempts} == {"UNAVAILABLE"}, (pid, attempts)
-        assert max(n for _, n, _ in attempts) >= 5, (pid, attempts)  # 1 + 1.6 + 2.6 + 4.1 + 6.6 s < 60 s
+        assert max(n for _, n, _ in attempts) >= min_attempts, (pid, attempts)
         for _, n, wait in attempts:  # attempt n waits 1 s x 1.6^(n-1), at most 30 s, jittered by 20 %
             nominal = min(BASE_DELAY_S * FACTOR ** (n - 1), MAX_DELAY_S)
             assert (1 - JITTER) * nominal - 0.05 <= wait <= min((1 + JITTER) * nominal, MAX_DELAY_S) + 0.05, \
