@@ -11,6 +11,13 @@ a wide margin below what this machine measured (in the test's comments), since a
 another machine starts from a slightly different model. The two presets are
 built first (about 6 minutes, two at a time) when HACFED_HOME does not have them; the two runs go
 side by side, each its own process group, stopped by pid when the test ends.
+
+It is in the long tier (`./scripts/test.sh --long`): from a fresh clone it takes about 10 minutes,
+half the default run's budget, and a learning result needs every one of them (presets warmed up
+from scratch, 20 rounds, 300 evaluation problems). The default run checks its parts: xhacpo's
+objective (tests/unit/test_algorithm_modes.py), the chain-notations task
+(tests/unit/test_tasks_chain.py) and cross-agent learning in a real federation
+(test_sim_learning.py).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import pytest
 
 from hacfed.procs import ProcessSupervisor
 
-pytestmark = pytest.mark.slow
+# About 10 minutes on 2 idle cores; pytest's default timeout (pyproject) would cut it on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(3600)]
 
 AGENTS = ("chain-llama-sym", "chain-qwen2-word")
 SIM = ["--agents", ",".join(AGENTS), "--task", "chain-notations", "--rounds", "20", "--seed", "0",
@@ -46,8 +54,8 @@ def _finals(path: Path) -> dict[str, dict[str, float]]:
     return {r["agent"]: r for r in rows if r.get("final")}
 
 
-def test_xhacpo_beats_gspo_and_teaches_the_llama_to_read_words(tmp_path):
-    _run_two_at_a_time(tmp_path, {f"build-{a}": ["models", "build", a] for a in AGENTS}, timeout_s=3600)
+def test_xhacpo_beats_gspo_and_teaches_the_llama_to_read_words(tmp_path, zoo_presets):
+    zoo_presets(*AGENTS)
     runs = {mode: tmp_path / f"{mode}.jsonl" for mode in ("xhacpo", "gspo")}
     _run_two_at_a_time(tmp_path, {mode: ["sim", *SIM, "--mode", mode, "--metrics-out", str(out)]
                                   for mode, out in runs.items()}, timeout_s=3600)
