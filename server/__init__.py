@@ -1,6 +1,6 @@
 """hacfed's coordinator side (installed as ``hacfed.server``): everything the coordinator's processes run.
 
-Never imports torch (docs/design.md; tests/unit/test_import_boundary.py and test_server_driver.py check
+Never imports torch (docs/design.md; tests/unit/test_import_boundary.py and test_serverapp_process.py check
 it) and never imports ``hacfed.clients``. Processes and the modules each one runs:
 
 - hacfed-server (``main``, ``config``, ``runner``): checks the config, opens the journal, creates
