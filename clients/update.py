@@ -269,9 +269,9 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
 def _own_kl(reference: Reference, logp: Tensor, mask: Tensor, is_self: Tensor, views: Sequence[TrainingView],
             pad_id: int) -> Tensor:
     """k3 KL of the learner's own samples in these rows against the reference policy (§5)."""
-    own = is_self.nonzero().squeeze(1).tolist()
+    own_rows = is_self.nonzero().squeeze(1)  # (k,)
+    own = [views[i] for i in own_rows.tolist()]
     with torch.no_grad(), reference() as ref_model:
-        ref_logp, _ = sequence_logprobs(ref_model, [views[i].prompt_ids for i in own], [views[i].response_ids for i in own], pad_id)
+        ref_logp, _ = sequence_logprobs(ref_model, [v.prompt_ids for v in own], [v.response_ids for v in own], pad_id)
     width = ref_logp.shape[1]  # the longest own response; wider columns are masked for own rows
-    own_rows = is_self.nonzero().squeeze(1)
     return kl_k3(logp[own_rows][:, :width], ref_logp.to(logp.device), mask[own_rows][:, :width])
