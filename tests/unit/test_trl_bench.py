@@ -128,7 +128,7 @@ def test_local_step_scores_old_logprobs_ahead_only_for_later_minibatches(monkeyp
     log-probs come from its own training forward; only minibatches 1.. are scored ahead."""
     import torch
 
-    from hacfed.clients import update
+    from hacfed.clients import sequence_ratio, update
     from hacfed.clients.participant import Participant
     from hacfed.hacpo_config import HacpoConfig
     from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
@@ -151,7 +151,8 @@ def test_local_step_scores_old_logprobs_ahead_only_for_later_minibatches(monkeyp
         calls.append((len(prompts), torch.is_grad_enabled()))
         return real(model, prompts, responses, pad_id)
 
-    monkeypatch.setattr(update, "sequence_logprobs", counting)
+    monkeypatch.setattr(update, "sequence_logprobs", counting)  # the training forwards
+    monkeypatch.setattr(sequence_ratio, "sequence_logprobs", counting)  # the old log-probs scored ahead
     before = [x.detach().clone() for x in p.model.parameters()]
     metrics = p.train_on_pool(RoundUpdate("run", 0, pool, {}, None, ("a",), hacpo))
     assert calls == [(4, False), (4, True), (4, True)]  # old log-probs of rows 4..7 only, then 2 minibatches
