@@ -90,7 +90,16 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         # there (list.append is atomic), time on the calling thread around all of it.
         patch(round_updates, "round_update_parts", splice_update)
         patch(round_updates, "encode_pool_items", clock.wrap("pool", round_updates.encode_pool_items))
-        patch(driver, "_round_payloads", clock.wrap("pool", driver._round_payloads))
+        send = driver.deliveries.send
+
+        def send_round(targets: Any, round_id: int | None, request: Any) -> dict[int, bytes]:
+            if round_id is None or round_id < 0:  # answers only, acks, final updates: not a round's pool
+                return send(targets, round_id, request)
+            with clock.phase("pool"):  # each lab's update sealed into its delivery
+                return send(targets, round_id, request)
+
+        patch(driver.deliveries, "send", send_round)
+        patch(driver.updates, "for_round", clock.wrap("pool", driver.updates.for_round))
         patch(driver.coordinator, "begin_submit", clock.wrap_halves("intake", driver.coordinator.begin_submit))
         patch(driver.coordinator, "make_update", clock.wrap("pool", driver.coordinator.make_update))
         yield
