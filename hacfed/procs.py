@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from hacfed.proc_table import descendants, group_exists, pgid_or_none, signal_group
+
 DEFAULT_GRACE_S = 5.0
 
 
@@ -100,12 +102,12 @@ class ManagedProcess:
         Descendants that moved to another process group are found through /proc before the
         group is signalled and killed too, so nothing this process started survives it.
         """
-        escaped = [p for p in _descendants(self.pid) if _pgid_or_none(p.pid) != self.pid]
-        _signal_group(self.pid, signal.SIGTERM)
+        escaped = [p for p in descendants(self.pid) if pgid_or_none(p.pid) != self.pid]
+        signal_group(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (self.alive() or _group_exists(self.pid)):
+        while time.monotonic() < deadline and (self.alive() or group_exists(self.pid)):
             time.sleep(0.05)
-        _signal_group(self.pid, signal.SIGKILL)
+        signal_group(self.pid, signal.SIGKILL)
         for proc in escaped:
             proc.kill_if_same()
         try:
@@ -114,7 +116,7 @@ class ManagedProcess:
             raise ProcessError(f"{self.name} (pid {self.pid}) survived SIGKILL") from exc
         # SIGKILL is asynchronous: wait until the whole tree has really stopped running.
         deadline = time.monotonic() + max(grace_s, 1.0)
-        while _group_exists(self.pid) or any(p.running() for p in escaped):
+        while group_exists(self.pid) or any(p.running() for p in escaped):
             if time.monotonic() >= deadline:
                 raise ProcessError(f"processes of {self.name} (pgid {self.pid}) survived SIGKILL")
             time.sleep(0.02)
@@ -308,98 +310,3 @@ def _check_alive(process: ManagedProcess | None, doing: str) -> None:
             f"{process.name} (pid {process.pid}) exited with code {process.returncode()} "
             f"while {doing}; log tail:\n{process.log_tail()}"
         )
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass  # the group is already empty
-
-
-def _group_exists(pgid: int) -> bool:
-    """True while a non-zombie process is in group `pgid`.
-
-    Zombies are ignored: where PID 1 does not reap orphans (some containers), a killed
-    grandchild stays a zombie forever, yet it runs nothing and holds no port.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
-        return True
-    for entry in proc_dir.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields and fields[0] != "Z" and int(fields[2]) == pgid:  # state, pgrp
-                return True
-    return False
-
-
-def _pgid_or_none(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-@dataclass(frozen=True)
-class _ProcId:
-    """A pid plus its start time, so a kill never hits a recycled pid."""
-
-    pid: int
-    start_ticks: int
-
-    def running(self) -> bool:
-        """Still this process (same start time) and not a zombie."""
-        fields = _stat_fields(self.pid)
-        return bool(fields) and int(fields[19]) == self.start_ticks and fields[0] != "Z"
-
-    def kill_if_same(self) -> None:
-        if _start_ticks(self.pid) == self.start_ticks:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (None if gone or not Linux)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name is in parentheses and may itself contain spaces or parentheses.
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def _start_ticks(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None  # field 22 of stat: starttime
-
-
-def _descendants(root: int) -> list[_ProcId]:
-    """All live descendants of `root`, from /proc (empty where /proc is unavailable)."""
-    children: dict[int, list[int]] = {}
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
-        return []
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))  # field 4: ppid
-    found: list[_ProcId] = []
-    stack = list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        ticks = _start_ticks(pid)
-        if ticks is not None:
-            found.append(_ProcId(pid, ticks))
-        stack.extend(children.get(pid, []))
-    return found
