@@ -1,13 +1,18 @@
-"""The README's "Running a real federation", run as written, on loopback (issue 9; security.md S1, T5).
+"""The README's "Running a real federation" walk-through, run exactly as written (issue 9; security.md S1, T5).
 
-The commands are read from the README's walk-through block and run in order, with only these
-substitutions: the coordinator listens on 127.0.0.1:0 (the OS picks the port) instead of
-0.0.0.0:9092, labs dial 127.0.0.1:<that port> instead of coordinator.example:9092, the repository's
-deploy/coordinator.toml gets `--set` overrides for tiny rounds, and "sending" a file (an enrolment
-to the operator, coordinator.pub and ca.pem to the labs) is a copy. Besides the README's two labs, a
-third lab that never got registered (lab-c) tries to join. lab-b is revoked once round 0 closed.
+The commands are read from the README section's bash blocks and run in order in a fresh directory
+laid out like the clone (deploy/coordinator.toml copied in), with only these substitutions:
+- each command's first word (hacfed-server, hacfed-client) is this venv's script: the environment the
+  README asks to activate;
+- port 9092 becomes a port that is free now (the README's choice; another test may hold 9092).
+The long-running commands (hacfed-server --config, hacfed-client --model) start in the background,
+as in their own terminals; the revocation (step 6) runs once round 0 closed, while the federation
+runs; lab-b, which the README says to stop with Ctrl-C once revoked, gets SIGINT. Besides the README's
+commands, a lab that was never registered (lab-c) tries to join, and lab-a's command is run again
+after the run ended (it must say in one line that it already finished).
 
 One run of the whole walk-through (a module fixture), several tests that each check one thing.
+Every process started is stopped by its pid (or its process group's id), also when a step fails.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,22 +36,37 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-SMALL_ROUNDS = ["--set", "rounds=3", "--set", "prompts_per_round=2", "--set", "group_size=2", "--set", "eval_every=0",
-                "--set", "round_deadline_s=20", "--set", "min_participants=1", "--set", "max_deadline_extensions=0"]
+README_PORT = "9092"
+LONG_RUNNING = (("hacfed-server", "--config"), ("hacfed-client", "--model"))
 
 
 def readme_walkthrough() -> list[str]:
-    """The commands of the first ```bash block under "## Running a real federation"."""
+    """The commands of the bash blocks under "## Running a real federation", continuation lines joined."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Running a real federation"):]
-    block = section[section.index("```bash") + len("```bash"): section.index("```", section.index("```bash") + 7)]
-    joined = re.sub(r"\\\n\s*", " ", block)
+    start = text.index("## Running a real federation")
+    section = text[start: text.find("\n## ", start + 3)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    assert blocks, "no bash block in the README's walk-through"
+    joined = re.sub(r"\\\n\s*", " ", "\n".join(blocks))
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def as_run(command: str, port: int) -> list[str]:
+    """The command's words, with the two substitutions of the module docstring."""
+    argv = [word.replace(f":{README_PORT}", f":{port}") for word in shlex.split(command)]
+    assert argv[0] in ("hacfed-server", "hacfed-client"), command
+    return [str(BIN / argv[0]), *argv[1:]]
 
 
 class Proc:
     def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.name, self.log = name, cwd / f"{name}.log"
+        self.name, self.argv, self.log = name, argv, cwd / f"{name}.log"
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env,
                                           start_new_session=True)
@@ -53,7 +74,7 @@ class Proc:
     def text(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
-    def wait_for(self, pattern: str, timeout: float = 300.0) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout: float = 600.0) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if match := re.search(pattern, self.text()):
@@ -64,9 +85,10 @@ class Proc:
             time.sleep(0.3)
         raise AssertionError(f"{self.name}: no /{pattern}/ within {timeout}s:\n{self.text()[-4000:]}")
 
-    def terminate(self, timeout: float = 60.0) -> int:
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 120.0) -> int:
+        """`sig` to the process (SIGINT: Ctrl-C), then its whole group killed if it outlives `timeout`."""
         if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
+            os.kill(self.popen.pid, sig)
             try:
                 return self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -77,85 +99,82 @@ class Proc:
 @dataclass
 class Walkthrough:
     root: Path
+    commands: list[str]
     outputs: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
     procs: dict[str, Proc] = field(default_factory=dict)
     server_code: int | None = None
+    lab_a_code: int | None = None
+    rerun: subprocess.CompletedProcess[str] | None = None
     stop_codes: dict[str, int] = field(default_factory=dict)
     open_round_at_revoke: int = -1
     lab_b_log_at_revoke: int = 0
     leftovers: set[int] = field(default_factory=set)
 
     def journal(self, query: str) -> list[tuple]:
-        path = self.root / "state" / "coordinator" / "journal.sqlite"
+        path = self.root / "state" / "tls" / "coordinator" / "journal.sqlite"
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
             return db.execute(query).fetchall()
-
-
-def _argv(command: str, port: int | None) -> list[str]:
-    argv = shlex.split(command)
-    argv[0] = str(BIN / argv[0])
-    if port is not None:
-        argv = [a.replace("coordinator.example:9092", f"127.0.0.1:{port}") for a in argv]
-    if "--listen" in argv:
-        argv[argv.index("--listen") + 1] = "127.0.0.1:0"
-        argv[argv.index("--config") + 1] = str(REPO / "deploy" / "coordinator.toml")
-        argv += SMALL_ROUNDS
-    return argv
 
 
 def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
+def _run(argv: list[str], root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _play(run: Walkthrough, env: dict[str, str], port: int) -> None:
+    """Every README command in order (see the module docstring for what happens around them)."""
+    root = run.root
+    for i, command in enumerate(run.commands):
+        words = shlex.split(command)
+        if tuple(words[:2]) in LONG_RUNNING:
+            name = "server" if words[0] == "hacfed-server" else words[words.index("--participant-id") + 1]
+            run.procs[name] = Proc(name, as_run(command, port), root, env)
+            if name == "server":
+                run.procs[name].wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ")
+            if name == "lab-b":  # not in the README: a lab that was never registered tries to join
+                keys = _run(as_run("hacfed-client keys --state-dir state/tls/lab-c --participant-id lab-c", port),
+                            root, env)
+                assert keys.returncode == 0, keys
+                run.procs["lab-c"] = Proc("lab-c", as_run(command.replace("lab-b", "lab-c"), port), root, env)
+            continue
+        if words[1] == "revoke":  # "while the federation runs"
+            run.procs["server"].wait_for(r"round 0 closed", timeout=900)
+            run.lab_b_log_at_revoke = len(run.procs["lab-b"].text())
+        run.outputs[str(i)] = done = _run(as_run(command, port), root, env)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        if words[1] == "revoke":
+            run.open_round_at_revoke = run.journal("SELECT MAX(round_id) FROM rounds")[0][0]
+
+
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthrough]:
     root = tmp_path_factory.mktemp("walkthrough")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    (root / "deploy").mkdir()
+    shutil.copy(REPO / "deploy" / "coordinator.toml", root / "deploy" / "coordinator.toml")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
-    run = Walkthrough(root)
-    before = _descendants()
     commands = readme_walkthrough()
-    assert [c.split()[:2] for c in commands] == [
+    assert [shlex.split(c)[:2] for c in commands] == [
         ["hacfed-server", "certs"], ["hacfed-client", "keys"], ["hacfed-client", "keys"],
         ["hacfed-server", "register"], ["hacfed-server", "register"], ["hacfed-server", "--config"],
         ["hacfed-client", "--model"], ["hacfed-client", "--model"], ["hacfed-server", "revoke"]], commands
-    port: int | None = None
+    run = Walkthrough(root, commands)
+    before = _descendants()
     try:
-        for i, command in enumerate(commands):
-            words = command.split()
-            if words[1] == "register":  # the lab sent its enrolment; the operator saved it
-                lab = words[-1].removesuffix("-enrolment.txt")
-                shutil.copy(root / "state" / lab / "enrolment.txt", root / words[-1])
-            if words[1] == "--config":
-                server = run.procs["server"] = Proc("server", _argv(command, None), root, env)
-                port = int(server.wait_for(r"ready: Fleet API on 127\.0\.0\.1:(\d+)").group(1))
-                server.wait_for(r"coordinator public key: (\S+)")
-                shutil.copy(root / "state" / "coordinator" / "coordinator.pub", root / "coordinator.pub")
-                shutil.copy(root / "certs" / "ca.pem", root / "ca.pem")
-            elif words[1] == "--model":
-                lab = words[words.index("--participant-id") + 1]
-                run.procs[lab] = Proc(lab, _argv(command, port), root, env)
-                if lab == "lab-b":  # not in the README: a lab that was never registered tries to join
-                    subprocess.run(_argv("hacfed-client keys --state-dir state/lab-c --participant-id lab-c", None),
-                                   cwd=root, env=env, check=True, capture_output=True)
-                    run.procs["lab-c"] = Proc("lab-c", _argv(command.replace("lab-b", "lab-c"), port), root, env)
-            elif words[1] == "revoke":
-                run.procs["server"].wait_for(r"round 0 closed", timeout=600)
-                run.outputs[f"{i}"] = subprocess.run(_argv(command, port), cwd=root, env=env, capture_output=True,
-                                                     text=True, timeout=120)
-                run.open_round_at_revoke = run.journal("SELECT MAX(round_id) FROM rounds")[0][0]
-                run.lab_b_log_at_revoke = len(run.procs["lab-b"].text())
-            else:
-                run.outputs[f"{i}"] = subprocess.run(_argv(command, port), cwd=root, env=env, capture_output=True,
-                                                     text=True, timeout=120)
-                assert run.outputs[f"{i}"].returncode == 0, run.outputs[f"{i}"]
-        run.server_code = run.procs["server"].popen.wait(timeout=600)
-        for name in ("lab-a", "lab-b", "lab-c"):  # step "Stop any process with Ctrl-C (or SIGTERM)"
-            run.stop_codes[name] = run.procs[name].terminate()
+        _play(run, env, free_port())
+        run.server_code = run.procs["server"].popen.wait(timeout=1800)
+        run.lab_a_code = run.procs["lab-a"].popen.wait(timeout=300)  # exits by itself once the run is closed
+        lab_a_command = next(c for c in commands if "--participant-id lab-a" in c and "--model" in c)
+        run.rerun = _run(as_run(lab_a_command, free_port()), root, env)
+        for name in ("lab-b", "lab-c"):  # the README: stop the refused lab with Ctrl-C
+            run.stop_codes[name] = run.procs[name].stop(signal.SIGINT)
         yield run
     finally:
         for proc in run.procs.values():
-            proc.terminate()
+            proc.stop()
         run.leftovers = _descendants() - before
 
 
@@ -164,26 +183,31 @@ def test_the_readme_walkthrough_runs_a_tls_federation_to_the_end(walkthrough: Wa
     server = walkthrough.procs["server"].text()
     assert walkthrough.server_code == 0, server[-4000:]
     assert "(TLS, SuperNode authentication)" in server
+    assert "state/tls/coordinator/coordinator.pub" in server  # where step 5 says the key is
     assert re.search(r"registered the SuperNode key of lab-a with the SuperLink \(node \d+\)", server)
     assert "joined: lab-a" in server and "joined: lab-b" in server
     assert "federation finished: 3 rounds" in server
     assert walkthrough.journal("SELECT COUNT(*) FROM rounds WHERE state != 'OPEN'")[0][0] == 3
     by_round = walkthrough.journal("SELECT round_id, participant_id, COUNT(*) FROM trajectories "
                                    "GROUP BY round_id, participant_id")
-    assert (0, "lab-a", 4) in by_round and (0, "lab-b", 4) in by_round  # both labs took part before the revoke
+    assert (0, "lab-a", 64) in by_round and (0, "lab-b", 64) in by_round  # both took part before the revoke
     assert {r for r, pid, _ in by_round if pid == "lab-a"} == {0, 1, 2}
+    assert walkthrough.lab_a_code == 0, walkthrough.procs["lab-a"].text()[-3000:]
 
 
 @pytest.mark.slow
-def test_a_lab_revoked_mid_run_submits_nothing_more_and_gets_no_more_pools(walkthrough: Walkthrough) -> None:
+def test_a_lab_revoked_mid_run_submits_nothing_more_and_is_not_waited_for(walkthrough: Walkthrough) -> None:
     revoke_output = next(o for o in walkthrough.outputs.values() if "revoke" in o.args)
-    assert revoke_output.returncode == 0 and "revoked lab-b" in revoke_output.stdout
+    assert "revoked lab-b" in revoke_output.stdout
     server = walkthrough.procs["server"].text()
     assert re.search(r"unregistered the SuperNode of lab-b \(node \d+\): revoked", server), server[-3000:]
     assert "revoked: lab-b is no longer registered" in server
     opened = walkthrough.open_round_at_revoke
     later = walkthrough.journal(f"SELECT COUNT(*) FROM trajectories WHERE participant_id = 'lab-b' AND round_id > {opened}")
     assert later == [(0,)]
+    # rounds after the revocation close at quorum with lab-a alone, not at their 600 s deadline
+    reasons = walkthrough.journal(f"SELECT round_id, close_reason FROM rounds WHERE round_id > {opened}")
+    assert reasons and all(reason == "quorum" for _, reason in reasons), reasons
     after_revoke = walkthrough.procs["lab-b"].text()[walkthrough.lab_b_log_at_revoke:]
     later_rounds = [int(r) for r in re.findall(r"hacfed-client: round (\d+): ", after_revoke)]
     assert all(r <= opened for r in later_rounds), after_revoke  # nothing sent after the revocation
@@ -202,7 +226,21 @@ def test_a_lab_that_was_never_registered_never_joins(walkthrough: Walkthrough) -
 
 
 @pytest.mark.slow
+def test_a_lab_started_again_after_its_run_says_so_in_one_line(walkthrough: Walkthrough) -> None:
+    rerun = walkthrough.rerun
+    assert rerun is not None and rerun.returncode == 0 and rerun.stderr == "", rerun
+    assert rerun.stdout.count("\n") == 1 and "this lab already finished run hacfed-demo" in rerun.stdout, rerun.stdout
+
+
+@pytest.mark.slow
 def test_every_process_of_the_walkthrough_stops_cleanly(walkthrough: Walkthrough) -> None:
-    assert walkthrough.stop_codes == {"lab-a": 0, "lab-b": 0, "lab-c": 0}, {
+    assert walkthrough.stop_codes == {"lab-b": 0, "lab-c": 0}, {
         name: walkthrough.procs[name].text()[-1500:] for name in walkthrough.stop_codes}
     assert walkthrough.leftovers == set()
+
+
+def test_the_walkthrough_leaves_nothing_git_would_add() -> None:
+    """certs/ (with ca.key) and state/ are ignored, so following the README in the clone adds no file."""
+    ignored = subprocess.run(["git", "check-ignore", "certs/ca.key", "state/tls/lab-a/participant.key"], cwd=REPO,
+                             capture_output=True, text=True)
+    assert ignored.stdout.split() == ["certs/ca.key", "state/tls/lab-a/participant.key"], ignored
