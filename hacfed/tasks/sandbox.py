@@ -14,7 +14,13 @@ Bounds on the child (set by the child on itself before it reads any request, har
   per-item soft limit re-armed before each request under a lifetime hard limit), RLIMIT_NPROC
   (set after warm-up, so imports may start threads but requests cannot fork; the kernel does not
   enforce it for uid 0), a fresh temp cwd (mode 0500), a minimal environment, `python -I -B`, and
-  no network: under `unshare -n` when run as root (`unshare -r -n` otherwise) if the probe succeeds.
+  no network: under `unshare -n` when run as root (`unshare -r -n` otherwise).
+
+No network isolation is a refusal, not a fallback: with the default `network = "required"`,
+building `SandboxLimits` where `unshare` cannot make an empty network namespace raises
+`SandboxIsolationError` (a ValueError: the CLIs print its one line before anything starts). Only
+the named opt-out `network = "off-unsafe"` runs workers on the host's network; it is warned about
+on stderr once per process, so every run of hacfed-server or hacfed-client repeats it.
 The parent enforces a wall timeout per request: past it the whole process group is SIGKILLed and
 the next request starts a fresh worker.
 
@@ -49,7 +55,10 @@ from hacfed.tasks.sandbox_worker import FRAME_HEADER, MAX_REQUEST_BYTES, write_a
 VERIFIER_ABORT = "HACFED-E-VERIFIER-ABORT"
 _log = logging.getLogger(__name__)
 
-NetworkIsolation = Literal["auto", "required", "off"]
+NetworkIsolation = Literal["required", "off-unsafe"]
+NETWORK_CHOICES = ("required", "off-unsafe")
+UNSAFE_WARNING = ("hacfed sandbox: WARNING: network = \"off-unsafe\": verifier workers run WITHOUT network "
+                  "isolation; hostile model text that reaches code execution can connect out")
 
 
 class SandboxAbort(Exception):
@@ -66,21 +75,26 @@ class SandboxStartError(RuntimeError):
     """The worker could not be started at all: a broken installation or configuration, not bad input."""
 
 
+class SandboxIsolationError(SandboxStartError, ValueError):
+    """Network isolation is required and cannot be had here. A ValueError too, so every CLI turns it
+    into its one error line before it creates a file."""
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """timeout_s: wall time per request in the parent (the child interrupts itself at 80 % of it).
     cpu_s_per_item: CPU seconds per request (default: ceil(timeout_s) + 1).
     cpu_s_lifetime: hard CPU limit of one worker; it retires (and is replaced) before reaching it.
     memory_bytes: RLIMIT_AS of the worker. max_processes: RLIMIT_NPROC after warm-up (None: unset).
-    network: "auto" isolates when `unshare` works (else warns once), "required" fails instead,
-    "off" never isolates."""
+    network: "required" (default) refuses to build where `unshare` cannot isolate the worker's
+    network (SandboxIsolationError); "off-unsafe" never isolates and warns once per process."""
 
     timeout_s: float = 5.0
     cpu_s_per_item: int | None = None
     cpu_s_lifetime: int = 3600
     memory_bytes: int = 1536 << 20
     max_processes: int | None = 0
-    network: NetworkIsolation = "auto"
+    network: NetworkIsolation = "required"
     startup_timeout_s: float = 60.0
     max_reply_bytes: int = 1 << 20
 
@@ -98,12 +112,19 @@ class SandboxLimits:
             raise ValueError(f"SandboxLimits.memory_bytes must be an int >= 256 MiB, got {self.memory_bytes!r}")
         if self.max_processes is not None and (not isinstance(self.max_processes, int) or self.max_processes < 0):
             raise ValueError(f"SandboxLimits.max_processes must be an int >= 0 or None, got {self.max_processes!r}")
-        if self.network not in ("auto", "required", "off"):
-            raise ValueError(f"SandboxLimits.network must be auto/required/off, got {self.network!r}")
+        if self.network not in NETWORK_CHOICES:
+            raise ValueError(f"SandboxLimits.network must be \"required\" or \"off-unsafe\" (no network isolation), "
+                             f"got {self.network!r}")
         if not (isinstance(self.startup_timeout_s, (int, float)) and self.startup_timeout_s > 0):
             raise ValueError(f"SandboxLimits.startup_timeout_s must be > 0, got {self.startup_timeout_s!r}")
         if not isinstance(self.max_reply_bytes, int) or self.max_reply_bytes < 1024:
             raise ValueError(f"SandboxLimits.max_reply_bytes must be an int >= 1024, got {self.max_reply_bytes!r}")
+        # Last, so a bad value is named before the host is probed; where values enter, so a CLI
+        # refuses at its start, not at the first sample it has to verify.
+        if self.network == "required":
+            require_network_isolation()
+        else:
+            _warn_unsafe_once()
 
     @property
     def item_cpu_s(self) -> int:
@@ -127,6 +148,23 @@ def network_isolation_prefix() -> tuple[str, ...] | None:
     return prefix if probe.returncode == 0 else None
 
 
+def require_network_isolation() -> tuple[str, ...]:
+    """The isolation prefix, or SandboxIsolationError: one line saying why and how to opt out."""
+    prefix = network_isolation_prefix()
+    if prefix is not None:
+        return prefix
+    if shutil.which("unshare") is None:
+        why = "`unshare` is not on PATH"
+    elif os.geteuid() == 0:
+        why = "`unshare -n` failed"
+    else:
+        why = f"`unshare -r -n` failed (user namespaces are blocked for uid {os.geteuid()})"
+    raise SandboxIsolationError(
+        f"the verifier sandbox cannot isolate the network here: {why}; run where it works (as root, or "
+        f"with user namespaces allowed), or set network = \"off-unsafe\" in the task's sandbox table "
+        f"([task.sandbox] or [task.verifier.sandbox]) to run verifiers WITHOUT network isolation")
+
+
 class SandboxedWorker:
     """Parent side: serializes requests to one worker process, restarting it after any failure.
 
@@ -134,14 +172,14 @@ class SandboxedWorker:
     calls it once to get the request handler (a `dict -> dict` callable): with no arguments, or with
     `argument` when one is given (which task plugin to load: `hacfed.tasks.plugin`)."""
 
-    def __init__(self, factory: str, limits: SandboxLimits = SandboxLimits(), argument: str | None = None) -> None:
+    def __init__(self, factory: str, limits: SandboxLimits | None = None, argument: str | None = None) -> None:
         if not isinstance(factory, str) or factory.count(":") != 1:
             raise ValueError(f"SandboxedWorker factory must be 'module:function', got {factory!r}")
         if argument is not None and not isinstance(argument, str):
             raise ValueError(f"SandboxedWorker argument must be a string or None, got {argument!r}")
         self.factory = factory
         self.argument = argument
-        self.limits = limits
+        self.limits = limits if limits is not None else SandboxLimits()
         self._lock = threading.Lock()
         self._proc: _WorkerProcess | None = None
         self._closed = False
@@ -214,14 +252,8 @@ class _WorkerProcess:
 
     @classmethod
     def start(cls, factory: str, limits: SandboxLimits, argument: str | None = None) -> "_WorkerProcess":
-        prefix: tuple[str, ...] = ()
-        if limits.network != "off":
-            isolation = network_isolation_prefix()
-            if isolation is None and limits.network == "required":
-                raise SandboxStartError("network isolation required but `unshare -n` is unavailable here")
-            if isolation is None:
-                _warn_no_netns()
-            prefix = isolation or ()
+        # Checked again at each start: what held when the limits were built must still hold.
+        prefix = require_network_isolation() if limits.network == "required" else ()
         workdir = tempfile.mkdtemp(prefix="hacfed-sandbox-")
         os.chmod(workdir, 0o500)
         package_root = str(Path(__file__).resolve().parents[2])
@@ -331,11 +363,12 @@ def _kill_group(popen: subprocess.Popen[bytes]) -> None:
             pass
 
 
-_warned_no_netns = False
+_warned_unsafe = False
 
 
-def _warn_no_netns() -> None:
-    global _warned_no_netns
-    if not _warned_no_netns:
-        _warned_no_netns = True
-        _log.warning("hacfed sandbox: `unshare -n` is unavailable; verifier workers run WITHOUT network isolation")
+def _warn_unsafe_once() -> None:
+    """Logged, so it reaches stderr even where logging is not configured (Python's last-resort handler)."""
+    global _warned_unsafe
+    if not _warned_unsafe:
+        _warned_unsafe = True
+        _log.warning(UNSAFE_WARNING)

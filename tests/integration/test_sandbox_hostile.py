@@ -179,13 +179,15 @@ def test_math_verifier_hostile_corpus_within_timeout_plus_one_second(tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
-def test_missing_netns_warns_and_close_reaps_the_worker(
+def test_missing_netns_is_refused_unless_opted_out_and_close_reaps_the_worker(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(sandbox, "network_isolation_prefix", lambda: None)
-    monkeypatch.setattr(sandbox, "_warned_no_netns", False)
-    worker = SandboxedWorker(HANDLER, SandboxLimits(timeout_s=2.0, network="auto"))
+    monkeypatch.setattr(sandbox, "_warned_unsafe", False)
+    with pytest.raises(sandbox.SandboxIsolationError, match="off-unsafe"):
+        SandboxLimits(timeout_s=2.0)
     with caplog.at_level(logging.WARNING, logger="hacfed.tasks.sandbox"):
+        worker = SandboxedWorker(HANDLER, SandboxLimits(timeout_s=2.0, network="off-unsafe"))
         assert worker.call({"action": "echo", "value": 6}) == {"echo": 6}
     assert "WITHOUT network isolation" in caplog.text
     pid = worker.pid

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Iterator
@@ -16,10 +21,12 @@ from hacfed.tasks import sandbox
 from hacfed.tasks.sandbox import (
     VERIFIER_ABORT,
     SandboxedWorker,
+    SandboxIsolationError,
     SandboxLimits,
     SandboxStartError,
     network_isolation_prefix,
 )
+from tests.unit.test_server_config import BASE
 
 ABORT = f"{VERIFIER_ABORT}: "
 MATH_FACTORY = "hacfed.tasks.math_worker:worker_handler"
@@ -124,6 +131,7 @@ def test_config_validation(kwargs: dict[str, object], message: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({"timeout_s": 0}, "timeout_s"), ({"memory_bytes": 1 << 20}, "memory_bytes"), ({"network": "maybe"}, "network"),
+     ({"network": "auto"}, "off-unsafe"), ({"network": "off"}, "off-unsafe"),
      ({"cpu_s_per_item": 0}, "cpu_s_per_item"), ({"timeout_s": 10, "cpu_s_lifetime": 20}, "cpu_s_lifetime")],
 )
 def test_sandbox_limits_validation(kwargs: dict[str, object], message: str) -> None:
@@ -171,11 +179,79 @@ def test_worker_runs_without_network_where_unshare_works(verifier: MathVerifier)
     assert verifier.network_isolated
 
 
-def test_missing_netns_is_a_start_error_when_required(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_network_isolation_is_refused_by_default_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: the default limits, and every task config that holds them, refuse to exist where
+    `unshare` cannot isolate the worker; the one line names the opt-out."""
     monkeypatch.setattr(sandbox, "network_isolation_prefix", lambda: None)
-    with SandboxedWorker(MATH_FACTORY, SandboxLimits(timeout_s=2.0, network="required")) as worker:
-        with pytest.raises(SandboxStartError, match="network isolation required"):
+    for build in (SandboxLimits, MathVerifierConfig, lambda: SandboxLimits(timeout_s=2.0, network="required")):
+        with pytest.raises(SandboxIsolationError) as refused:
+            build()
+        message = str(refused.value)
+        assert isinstance(refused.value, ValueError) and isinstance(refused.value, SandboxStartError)
+        assert "cannot isolate the network" in message and 'network = "off-unsafe"' in message
+        assert "\n" not in message
+
+
+def test_a_worker_whose_isolation_went_away_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    if network_isolation_prefix() is None:
+        pytest.skip("`unshare -n` does not work on this machine")
+    limits = SandboxLimits(timeout_s=2.0)
+    monkeypatch.setattr(sandbox, "network_isolation_prefix", lambda: None)
+    with SandboxedWorker(MATH_FACTORY, limits) as worker:
+        with pytest.raises(SandboxIsolationError, match="off-unsafe"):
             worker.call({"gold": "1", "answer": "1"})
+        assert worker.pid is None and worker.starts == 0
+
+
+def test_the_unsafe_opt_out_runs_on_the_host_network_and_warns(monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(sandbox, "_warned_unsafe", False)
+    with caplog.at_level(logging.WARNING, logger="hacfed.tasks.sandbox"):
+        limits = SandboxLimits(timeout_s=5.0, network="off-unsafe")
+        SandboxLimits(timeout_s=5.0, network="off-unsafe")
+    assert caplog.text.count("WITHOUT network isolation") == 1  # once per process
+    with SandboxedWorker(MATH_FACTORY, limits) as worker:
+        assert worker.call({"gold": "1", "answer": "1"}) == {"equal": True}
+        assert not worker.network_isolated
+
+
+def test_the_unsafe_warning_reaches_stderr_without_any_logging_setup() -> None:
+    code = "from hacfed.tasks.sandbox import SandboxLimits; SandboxLimits(network='off-unsafe')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "WARNING" in done.stderr and "WITHOUT network isolation" in done.stderr
+
+
+def test_hacfed_server_refuses_to_start_where_unshare_fails(tmp_path: Path) -> None:
+    """A real failing `unshare` first on PATH (as where user namespaces are blocked): hacfed-server
+    with a sandboxed task prints one line naming the opt-out and creates nothing."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (fake_bin / "unshare").chmod(0o755)
+    config = tmp_path / "coordinator.toml"
+    config.write_text(BASE.format(state=tmp_path / "state").replace('kind = "arithmetic"\ndigits = 2', 'kind = "gsm8k"'))
+    env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}", "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "hacfed.server.main", "--config", str(config), "--listen",
+                               "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = server.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # it started a federation: SIGTERM makes it stop its children
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.communicate()
+        pytest.fail("hacfed-server started without network isolation")
+    assert server.returncode == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("hacfed-server: error: the verifier sandbox cannot isolate the network here")
+    assert 'network = "off-unsafe"' in lines[0]
+    assert not (tmp_path / "state").exists()
 
 
 def test_a_broken_factory_is_a_clear_start_error() -> None:

@@ -296,7 +296,7 @@ def test_the_plugin_has_no_network(fakes: Path) -> None:
     port = listener.getsockname()[1]
     accepted: list[object] = []
     threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
-    isolated, open_net = fake("fake-network", fakes), fake("fake-network", fakes, sandbox={"network": "off"})
+    isolated, open_net = fake("fake-network", fakes), fake("fake-network", fakes, sandbox={"network": "off-unsafe"})
     try:
         problem = isolated.train_problems()[0]
         assert isolated.verify(problem, f"port {port}").reward == 0.0 and not accepted
