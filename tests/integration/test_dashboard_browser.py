@@ -3,7 +3,8 @@
 While the rounds run, Chromium loads the page, lets it poll (`--virtual-time-budget`), and dumps
 the DOM: a participants row per lab, a round number >= 1 and four uPlot charts with points. Then a
 screenshot, which must be a real picture (many colours); `HACFED_UPDATE_DOCS_IMG=1` copies it to
-docs/img/dashboard.png. Ctrl-C then stops the demo and every process it started, the dashboard's
+docs/img/dashboard.png. In a 1280 px wide window (driven over Chromium's DevTools pipe), no chart
+may reach past the right edge. Ctrl-C then stops the demo and every process it started, the dashboard's
 thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh installs
 Debian's `chromium` as root).
 """
@@ -57,6 +58,89 @@ def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
            "--no-first-run", "--disable-breakpad", "--disable-extensions", "--disable-sync",
            "--window-size=1400,1800", "--virtual-time-budget=8000", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, start_new_session=True)
+
+
+class DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON
+    messages ending in NUL, commands on its fd 3, answers on its fd 4), to measure the laid-out page."""
+
+    def __init__(self, tmp: Path, width: int, height: int) -> None:
+        home = tmp / "chromium-devtools"
+        home.mkdir(exist_ok=True)
+        to_chromium, self._commands = os.pipe()
+        self._answers, from_chromium = os.pipe()
+
+        def pipes_as_fd_3_and_4() -> None:
+            os.dup2(to_chromium, 3)
+            os.dup2(from_chromium, 4)
+
+        env = dict(os.environ, HOME=str(home), XDG_CONFIG_HOME=str(home / "config"), XDG_CACHE_HOME=str(home / "cache"))
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={home / 'profile'}",
+             "--no-first-run", "--disable-breakpad", "--disable-extensions", "--disable-sync",
+             "--remote-debugging-pipe", f"--window-size={width},{height}", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=pipes_as_fd_3_and_4, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, start_new_session=True)
+        os.close(to_chromium)
+        os.close(from_chromium)
+        self._buffer, self._id, self.size = b"", 0, (width, height)
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+        self._id += 1
+        message = {"id": self._id, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = os.read(self._answers, 1 << 16)
+                assert chunk, "Chromium closed its DevTools pipe"
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            answer = json.loads(raw)
+            if answer.get("id") == self._id:
+                assert "error" not in answer, answer
+                return answer["result"]
+
+    def open(self, url: str) -> str:
+        target = self.call("Target.createTarget", {"url": url})["targetId"]
+        session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        width, height = self.size
+        self.call("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                         "mobile": False}, session)
+        return session
+
+    def evaluate(self, session: str, expression: str) -> object:
+        return self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)["result"].get(
+            "value")
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close")
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            os.close(self._commands)
+            os.close(self._answers)
+
+
+CHART_EDGES = """JSON.stringify({viewport: document.documentElement.clientWidth, drawn: document.querySelectorAll(
+    '.uplot').length, right: [...document.querySelectorAll('.chart, .uplot')].map(e => e.getBoundingClientRect().right)})"""
+
+
+def _chart_edges_at(tmp: Path, url: str, width: int) -> dict:
+    """The right edges of the dashboard's charts once all four are drawn, in a `width` px window."""
+    browser = DevTools(tmp, width, 1800)
+    try:
+        session = browser.open(url)
+        deadline = time.monotonic() + 120
+        while True:
+            edges = json.loads(browser.evaluate(session, CHART_EDGES) or "{}")
+            if edges.get("drawn", 0) >= 4 or time.monotonic() > deadline:
+                return edges
+            time.sleep(0.5)
+    finally:
+        browser.close()
 
 
 def _get_state(url: str) -> dict:
@@ -120,6 +204,11 @@ def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
         assert colours is not None and len(colours) > 200  # text, tables and coloured curves, not a blank page
         if os.environ.get("HACFED_UPDATE_DOCS_IMG") == "1":
             shutil.copyfile(shot, ROOT / "docs" / "img" / "dashboard.png")
+
+        # A 1280 px wide window: no chart is cut off at the right (they go to one column)
+        edges = _chart_edges_at(tmp_path, url, 1280)
+        assert edges.get("drawn", 0) >= 4 and edges["viewport"] <= 1280, edges
+        assert max(edges["right"]) <= edges["viewport"], edges
 
         demo.send_signal(signal.SIGINT)
         demo.wait(timeout=300)
