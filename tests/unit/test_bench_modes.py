@@ -1,28 +1,20 @@
-"""`hacfed bench modes` without training: matrix validation, resumability, statistics, report.
+"""`hacfed bench modes` without training: matrix validation and the statistics.
 
-The runner is exercised with a fake `hacfed sim` (a small script standing in for the interpreter)
-that writes metrics rows in the real format, so these tests take seconds.
+The runs on disk and the runner are tested in test_bench_runs.py, the report in test_bench_report.py;
+both use the matrix and metrics-row helpers defined here.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from hacfed.tools.cli import main
 from hacfed.tools.experiments.matrix import MatrixError, load_matrix, parse_matrix
-from hacfed.tools.experiments.report import BEGIN, END, ReportPaths, format_difference, replace_section, write_report
-from hacfed.tools.experiments.runner import (
-    StaleRunError, has_final_rows, plan_runs, run_matrix, runs_of, sim_args, split_done,
-)
+from hacfed.tools.experiments.report import format_difference
+from hacfed.tools.experiments.runner import plan_runs, sim_args
 from hacfed.tools.experiments.stats import mean_ci, paired_difference, t_975
 from hacfed.tools.sim import SIM_MODES
 
@@ -185,7 +177,7 @@ def test_bad_matrix_file_is_one_line_on_the_command_line(tmp_path, capsys):
     assert "no complete runs under" in capsys.readouterr().err
 
 
-# --- runs on disk and resumability ---------------------------------------------------------------
+# --- metrics rows as a run leaves them on disk (shared with the runner and report tests) ------------
 
 def _rows(agents, mode, seed, finals, rounds=4, eval_every=2, start=None, pass1=True):
     """Metrics rows as `hacfed sim` writes them; finals[agent] = final greedy accuracy."""
@@ -212,142 +204,6 @@ def _write_complete(run, out, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run.args_path(out).write_text(json.dumps(list(run.sim_args)))
-
-
-def test_sim_command_line_of_a_run():
-    run = plan_runs(_matrix())[0]
-    assert (run.setting, run.mode, run.seed) == ("pair", "naive", 0)  # seed-major: both modes of seed 0 first
-    assert run.sim_args == (
-        "sim", "--agents", "m1,m2", "--mode", "naive", "--seed", "0", "--task", "add2", "--rounds", "4",
-        "--lr", "5e-05", "--eval-every", "2", "--eval-problems", "50", "--eval-split", "test",
-        "--prompts-per-round", "16", "--group-size", "8", "--threads", "1", "--quiet", "--eval-sampled",
-    )
-    assert run.metrics_path(Path("o")) == Path("o/pair/naive/seed-0.jsonl")
-    # A setting's minibatch size reaches `hacfed sim`; without one, the command line is as before.
-    fixed = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"]}, "three": {"agents": ["m1", "m2", "m3"], "minibatch_size": 96}}))
-    assert [r.sim_args[-2:] for r in fixed if r.setting == "three"] == [("--minibatch-size", "96")] * 6
-    assert all("--minibatch-size" not in r.sim_args for r in fixed if r.setting == "pair")
-    # So does a setting's peers per prompt (what each lab is sent, hacfed sim --peers-per-prompt).
-    shared = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 1}}))
-    assert [r.sim_args[-2:] for r in shared] == [("--peers-per-prompt", "1")] * 6
-    with pytest.raises(MatrixError, match=r"\[settings.three\]: peers_per_prompt must be an int >= 1, got 0"):
-        _matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 0}})
-    # And which peers (hacfed sim --peer-choice), refused by name when it is not a known choice.
-    chosen = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 1, "peer_choice": "successes"}}))
-    assert [r.sim_args[-4:] for r in chosen] == [("--peers-per-prompt", "1", "--peer-choice", "successes")] * 6
-    assert all("--peer-choice" not in r.sim_args for r in shared)
-    with pytest.raises(MatrixError, match=r"\[settings.three\]: peer_choice must be one of drawn, successes, got 'best'"):
-        _matrix({"three": {"agents": ["m1", "m2", "m3"], "peer_choice": "best"}})
-
-
-def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):
-    runs = plan_runs(_matrix())
-    finished, partial = runs[0], runs[1]
-    _write_complete(finished, tmp_path, _rows(["m1", "m2"], "naive", 0, {"m1": 0.5, "m2": 0.4}))
-    partial.partial_path(tmp_path).parent.mkdir(parents=True, exist_ok=True)
-    partial.partial_path(tmp_path).write_text(json.dumps({"round": 0, "agent": "m1"}) + "\n")
-    done, todo = split_done(runs, tmp_path)
-    assert done == [finished] and todo == runs[1:] and len(runs) == 6
-
-
-def test_a_complete_run_made_with_other_arguments_is_an_error(tmp_path):
-    run = plan_runs(_matrix())[0]
-    _write_complete(run, tmp_path, _rows(["m1", "m2"], "naive", 0, {"m1": 0.5, "m2": 0.4}))
-    changed = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "rounds": 5}}))
-    with pytest.raises(StaleRunError, match="was not made by this matrix's command"):
-        split_done(changed, tmp_path)
-
-
-def test_final_rows_must_cover_every_agent(tmp_path):
-    path = tmp_path / "x.jsonl"
-    rows = _rows(["m1", "m2"], "naive", 0, {"m1": 0.5, "m2": 0.4})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert has_final_rows(path, ["m1", "m2"])
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]))  # m2's final row missing
-    assert not has_final_rows(path, ["m1", "m2"])
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{trunc")  # killed mid-write
-    assert not has_final_rows(path, ["m1", "m2"])
-    assert not has_final_rows(tmp_path / "missing.jsonl", ["m1"])
-
-
-FAKE_SIM = """\
-#!{python}
-# Stands in for `python -m hacfed.tools.cli sim ...`: writes the rows of a 2-round run, honours FAKE_* env.
-import json, os, sys, time
-args = sys.argv[3:]
-opt = lambda name: args[args.index(name) + 1]
-mode, seed = opt("--mode"), int(opt("--seed"))
-with open(os.environ["FAKE_PIDS"], "a") as f:
-    f.write(f"{{os.getpid()}}\\n")
-time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
-if f"{{mode}}:{{seed}}" in os.environ.get("FAKE_FAIL", ""):
-    print("Traceback: something broke in", mode, seed, file=sys.stderr)
-    sys.exit(3)
-with open(opt("--metrics-out"), "w") as out:
-    for agent in opt("--agents").split(","):
-        out.write(json.dumps({{"round": 0, "agent": agent, "eval_accuracy": 0.3}}) + "\\n")
-        if f"{{mode}}:{{seed}}" not in os.environ.get("FAKE_NO_FINAL", ""):
-            out.write(json.dumps({{"round": 2, "agent": agent, "eval_accuracy": 0.4, "final": True}}) + "\\n")
-"""
-
-
-@pytest.fixture()
-def fake_sim(tmp_path, monkeypatch):
-    script = tmp_path / "fake-python"
-    script.write_text(FAKE_SIM.format(python=sys.executable))
-    script.chmod(0o755)
-    monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
-    return str(script)
-
-
-def test_runner_runs_publishes_and_reports_failures(tmp_path, fake_sim, monkeypatch):
-    out, lines = tmp_path / "out", []
-    runs = plan_runs(_matrix())
-    monkeypatch.setenv("FAKE_FAIL", "naive:1")
-    monkeypatch.setenv("FAKE_NO_FINAL", "gspo2:2")
-    failed = run_matrix(runs, out, jobs=2, python=fake_sim, echo=lines.append, poll_s=0.02)
-    assert [r.label for r in failed] == ["pair/naive seed 1", "pair/gspo2 seed 2"]
-    text = "\n".join(lines)
-    assert "FAILED pair/naive seed 1 (exit 3)" in text and "Traceback: something broke in naive 1" in text
-    assert "FAILED pair/gspo2 seed 2 (no final row for every agent)" in text
-    assert "4/6 complete, 2 failed" in text and "ETA" in text
-    assert sorted(p.name for p in (out / "pair" / "gspo2").iterdir()) == [
-        "seed-0.args.json", "seed-0.jsonl", "seed-0.log", "seed-1.args.json", "seed-1.jsonl", "seed-1.log",
-        "seed-2.jsonl.partial", "seed-2.log"]  # the incomplete run stays a .partial, next to its log
-    # second start: the 4 complete runs are skipped, only the 2 failed ones run again (and now pass)
-    monkeypatch.delenv("FAKE_FAIL")
-    monkeypatch.delenv("FAKE_NO_FINAL")
-    lines.clear()
-    assert run_matrix(runs, out, jobs=2, python=fake_sim, echo=lines.append, poll_s=0.02) == []
-    assert "4 of 6 runs already complete" in lines[0]
-    assert sum("start " in line for line in lines) == 2
-    assert not list(out.rglob("*.partial"))
-
-
-def test_sigterm_stops_the_children_and_exits_non_zero(tmp_path, fake_sim):
-    """The runner in its own process; SIGTERM must leave no fake sim running."""
-    pids = tmp_path / "pids"
-    code = textwrap.dedent(f"""
-        from pathlib import Path
-        from hacfed.tools.experiments.matrix import parse_matrix
-        from hacfed.tools.experiments.runner import plan_runs, run_matrix
-        data = {{"defaults": {DEFAULTS!r}, "settings": {{"pair": {{"agents": ["m1"]}}}}}}
-        run_matrix(plan_runs(parse_matrix(data, Path("m.toml"))), Path({str(tmp_path / 'out')!r}),
-                   jobs=2, python={fake_sim!r}, poll_s=0.02)
-    """)
-    env = {**os.environ, "FAKE_SLEEP": "60", "FAKE_PIDS": str(pids)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while not (pids.exists() and len(pids.read_text().split()) == 2):
-        assert time.monotonic() < deadline, "the two children never started"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    stdout, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM
-    assert "interrupted: stopped 2 running run(s)" in stdout
-    for pid in map(int, pids.read_text().split()):
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
 
 
 # --- statistics, against numbers worked by hand ----------------------------------------------------
@@ -388,190 +244,3 @@ def test_paired_difference_by_hand():
     # 0.3 − (0.1 + 0.2) = -5.6e-17 and (0.1 + 0.2) − 0.3 = +5.6e-17: ties, not wins
     tie = paired_difference({0: 0.1 + 0.2, 1: 0.3}, {0: 0.3, 1: 0.1 + 0.2})
     assert tie.positive == 0 and format_difference(tie).startswith("+0.000 ± 0.000")
-
-
-# --- the report ------------------------------------------------------------------------------------
-
-FINALS = {  # (mode, seed) -> final greedy accuracy of m1, m2
-    ("naive", 0): (0.50, 0.30), ("naive", 1): (0.52, 0.30), ("naive", 2): (0.54, 0.36),
-    ("gspo2", 0): (0.40, 0.32), ("gspo2", 1): (0.44, 0.31), ("gspo2", 2): (0.48, 0.30),
-}
-
-
-def _synthetic(out, matrix):
-    for run in runs_of(matrix.setting("pair")):
-        m1, m2 = FINALS[(run.mode, run.seed)]
-        _write_complete(run, out, _rows(["m1", "m2"], run.mode, run.seed, {"m1": m1, "m2": m2},
-                                        start={"m1": 0.35, "m2": 0.25}))
-
-
-def test_report_tables_from_synthetic_runs(tmp_path):
-    matrix = _matrix({"pair": {"agents": ["m1", "m2"], "description": "two toy agents"},
-                      "later": {"agents": ["m1"]}},
-                     comparisons=[{"agent": "m1", "mode": "naive", "settings": ["pair", "later"]}])
-    out = tmp_path / "runs"
-    _synthetic(out, matrix)
-    results = tmp_path / "docs" / "results.md"
-    results.parent.mkdir()
-    results.write_text("# Results\n\nhand-written text\n")
-    paths = ReportPaths(results, tmp_path / "docs" / "img", "hacfed bench modes --matrix m.toml --out runs")
-    written = write_report(matrix, out, paths)
-    png = tmp_path / "docs" / "img" / "modes-pair.png"
-    assert written == [results, png] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    text = results.read_text()
-    assert text.startswith("# Results\n\nhand-written text\n\n" + BEGIN) and text.endswith(END + "\n")
-    assert "### pair: two toy agents" in text and "Complete runs: 6 of 6." in text
-    assert "hacfed bench modes --matrix m.toml --out runs --only pair" in text
-    # m1 naive: 0.50, 0.52, 0.54 -> 0.520 ± 4.3027·0.02/√3 = 0.050; gspo2: 0.40, 0.44, 0.48 -> 0.440 ± 0.099
-    # m2 naive: 0.30, 0.30, 0.36 -> s² = 0.0024/2, s = 0.034641 -> 0.320 ± 4.3027·0.02 = 0.086
-    assert "| start (round 0) | – | 0.350 | 0.250 |" in text
-    assert "| naive | 128 | 0.520 ± 0.050 (n=3) | 0.320 ± 0.086 (n=3) |" in text
-    assert "| gspo2 (baseline) | 256 | 0.440 ± 0.099 (n=3) | 0.310 ± 0.025 (n=3) |" in text
-    # pass@1 is half the greedy accuracy in these files: m1 naive 0.260 ± 0.025
-    assert "| naive | 0.260 ± 0.025 (n=3) | 0.160 ± 0.043 (n=3) |" in text
-    # m1: diffs 0.10, 0.08, 0.06 -> +0.080 ± 0.050, all > 0 (bold: CI above 0)
-    # m2: diffs -0.02, -0.01, 0.06 -> +0.010 ± 4.3027·0.043589/√3 = 0.108, 1 of 3 > 0
-    assert "| naive | **+0.080 ± 0.050** (3/3) | +0.010 ± 0.108 (1/3) |" in text
-    assert "**naive** (+0.045 averaged over agents); its CI lies above gspo2 for: m1 (1 of 2 agents)" in text
-    assert "![learning curves of pair](img/modes-pair.png)" in text
-    assert "### later" in text and "No complete runs yet under" in text
-    assert "| m1 | naive | pair vs later | greedy accuracy | 0.520 ± 0.050 (n=3) | – | – |" in text
-    # regenerating replaces the section instead of appending a second one
-    results.write_text(results.read_text() + "\n## After\n")
-    write_report(matrix, out, paths)
-    again = results.read_text()
-    assert again.count(BEGIN) == 1 and again.endswith("## After\n") and "hand-written text" in again
-
-
-def _pair_and_later(tmp_path):
-    """Two settings with complete runs (pair: FINALS; later: m1 naive 0.45, 0.50, 0.50) and one comparison."""
-    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}, "later": {"agents": ["m1"], "modes": ["naive"],
-                                                                  "baseline": "naive"}},
-                     comparisons=[{"agent": "m1", "mode": "naive", "settings": ["pair", "later"]}])
-    out = tmp_path / "runs"
-    _synthetic(out, matrix)
-    for run, final in zip(runs_of(matrix.setting("later")), (0.45, 0.50, 0.50)):
-        _write_complete(run, out, _rows(["m1"], "naive", run.seed, {"m1": final}))
-    return matrix, out
-
-
-def test_comparison_pairs_two_settings_by_seed(tmp_path):
-    matrix, out = _pair_and_later(tmp_path)
-    write_report(matrix, out, ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd"))
-    text = (tmp_path / "r.md").read_text()
-    # pair − later: 0.50−0.45, 0.52−0.50, 0.54−0.50 = 0.05, 0.02, 0.04 -> mean 0.036667
-    # deviations 0.013333, -0.016667, 0.003333 -> s² = 0.00046667 / 2, s = 0.0152753
-    # half-width 4.3027 · 0.0152753 / √3 = 0.037946 > mean: not bold; 3 of 3 > 0
-    assert ("| m1 | naive | pair vs later | greedy accuracy | 0.520 ± 0.050 (n=3) | 0.483 ± 0.072 (n=3) "
-            "| +0.037 ± 0.038 (3/3) |") in text
-    # a setting with no mode but its baseline has no difference table
-    assert text.count("Paired difference mode − gspo2, final greedy accuracy") == 1
-    assert "Paired difference mode − naive" not in text
-
-
-def test_a_setting_without_runs_keeps_its_previous_block(tmp_path):
-    """A machine holding only some settings' runs regenerates those and keeps the others' earlier
-    blocks (and the comparisons) verbatim, each marked once as kept."""
-    matrix, out = _pair_and_later(tmp_path)
-    paths = ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd")
-    write_report(matrix, out, paths)
-    first = paths.results_md.read_text()
-    assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in first and "Kept from the previous report" not in first
-    # a fresh machine: later's runs are gone, pair's were rerun with other results
-    for run in runs_of(matrix.setting("later")):
-        run.metrics_path(out).unlink()
-    FINALS_BEFORE = dict(FINALS)
-    try:
-        FINALS.update({("naive", 0): (0.60, 0.30)})
-        _synthetic(out, matrix)
-    finally:
-        FINALS.clear()
-        FINALS.update(FINALS_BEFORE)
-    write_report(matrix, out, paths)
-    second = paths.results_md.read_text()
-    later = second.split("### later", 1)[1]
-    assert later.splitlines()[2].startswith("*Kept from the previous report: no complete run of this setting was under")
-    assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in later  # the earlier numbers, unchanged
-    assert "| pair vs later | greedy accuracy | 0.520 ± 0.050 (n=3) | 0.483 ± 0.072 (n=3)" in second  # kept too
-    assert "| naive | 128 | 0.553 ±" in second  # pair regenerated from its new runs: (0.60+0.52+0.54)/3
-    write_report(matrix, out, paths)  # kept twice: still one mark per block
-    third = paths.results_md.read_text()
-    assert third == second and third.count("Kept from the previous report") == 2
-    assert "no complete run of some of these settings was under" in third
-    # without an earlier block a setting with no runs says so, as before
-    paths.results_md.write_text("# fresh\n")
-    write_report(matrix, out, paths)
-    assert "No complete runs yet under" in paths.results_md.read_text()
-
-
-def test_report_counts_incomplete_runs_and_single_seeds(tmp_path):
-    matrix = _matrix()
-    out = tmp_path / "runs"
-    _synthetic(out, matrix)
-    for run in runs_of(matrix.setting("pair")):
-        if run.seed > 0 and run.mode == "naive":
-            run.metrics_path(out).rename(run.partial_path(out))  # as if interrupted
-    paths = ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd")
-    write_report(matrix, out, paths)
-    text = (tmp_path / "r.md").read_text()
-    assert "Complete runs: 4 of 6." in text
-    # one naive seed left: no interval; the paired difference uses seed 0 only: 0.50 − 0.40
-    assert "| naive | 128 | 0.500 (n=1) | 0.300 (n=1) |" in text
-    assert "| naive | +0.100 (1/1) | -0.020 (0/1) |" in text
-
-
-def test_section_markers():
-    assert replace_section("", "S") == f"{BEGIN}\nS\n{END}\n"
-    doc = f"top\n{BEGIN}\nold\n{END}\nbottom\n"
-    assert replace_section(doc, "new") == f"top\n{BEGIN}\nnew\n{END}\nbottom\n"
-    for broken in (f"{BEGIN}\nx\n", f"{END}\n{BEGIN}\n", f"{BEGIN}{BEGIN}{END}"):
-        with pytest.raises(ValueError, match="fix the markers by hand"):
-            replace_section(broken, "new")
-
-
-def test_cross_diagnostics_are_averaged_over_rounds_then_seeds_and_reported(tmp_path):
-    from hacfed.tools.experiments.results import parse_agent_runs
-
-    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}}, defaults={**DEFAULTS, "seeds": [0, 1]})
-    out = tmp_path / "runs"
-    for run in plan_runs(matrix):
-        rows = _rows(["m1", "m2"], run.mode, run.seed, {"m1": 0.5, "m2": 0.4})
-        if run.mode == "naive":  # m1 learns from m2: grad_frac 0.2 and 0.4 (seed 0), 0.6 and 0.6 (seed 1)
-            for row, frac in zip([r for r in rows if r["agent"] == "m1" and not r.get("final")][1:3],
-                                 (0.2, 0.4) if run.seed == 0 else (0.6, 0.6)):
-                row.update({"train/cross/m2/grad_frac": frac, "train/cross/m2/ratio_p10": 0.5,
-                            "train/cross/m2/ratio_p50": 1.0, "train/cross/m2/ratio_p90": 1.5,
-                            "train/cross/m2/pos_frac": 0.25, "train/cross/m2/grad_pos_frac": 1.0,
-                            "train/cross/m2/unrelated": 7.0})
-        _write_complete(run, out, rows)
-    assert parse_agent_runs(_rows(["m1"], "naive", 0, {"m1": 0.5}), ["m1"])["m1"].cross == {}
-    paths = ReportPaths(tmp_path / "results.md", tmp_path / "img", "hacfed bench modes --matrix m.toml --out runs")
-    write_report(matrix, out, paths)
-    text = paths.results_md.read_text()
-    # seed means 0.3 and 0.6 -> 0.45; gspo2 shares nothing and m2 logged nothing: one row only
-    assert "| naive | m1 | m2 | 0.50/1.00/1.50 | 0.45 | 0.25 | 1.00 |" in text
-    assert text.count("| naive | m1 | m2 |") == 1 and "| gspo2 | m1 |" not in text
-
-
-def test_halves_of_the_mix_are_tabled_per_agent_with_paired_differences(tmp_path):
-    from hacfed.tools.experiments.results import parse_agent_runs
-
-    matrix = _matrix({"pair": {"agents": ["m1", "m2"]}}, defaults={**DEFAULTS, "seeds": [0, 1]})
-    out = tmp_path / "runs"
-    for run in plan_runs(matrix):
-        rows = _rows(["m1", "m2"], run.mode, run.seed, {"m1": 0.5, "m2": 0.4})
-        for row in rows:
-            if row.get("final"):  # naive: m1 reads "word" 0.3 better than gspo2 does, on both seeds
-                row.update({"eval_greedy/sym": 0.6, "eval_greedy/word": 0.5 if run.mode == "naive" else 0.2 + 0.1 * run.seed})
-            elif row["round"] == 0 and "eval_accuracy" in row:
-                row.update({"eval_greedy/sym": 0.4, "eval_greedy/word": 0.1})
-        _write_complete(run, out, rows)
-    first = parse_agent_runs(_rows(["m1"], "naive", 0, {"m1": 0.5}), ["m1"])["m1"]
-    assert first.final_halves == {} and first.start_halves == {}  # runs without halves have none
-    paths = ReportPaths(tmp_path / "results.md", tmp_path / "img", "hacfed bench modes --matrix m.toml --out runs")
-    write_report(matrix, out, paths)
-    text = paths.results_md.read_text()
-    assert "| mode | m1: sym | m1: word | m2: sym | m2: word |" in text
-    assert "| start (round 0) | 0.400 | 0.100 | 0.400 | 0.100 |" in text
-    # word: naive 0.5 on both seeds, the baseline gspo2 0.2 and 0.3 -> +0.25 paired, for m1 and m2
-    assert "| naive − gspo2 | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) |" in text
