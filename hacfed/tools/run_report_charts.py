@@ -26,13 +26,20 @@ class Chart:
     draw: Draw
 
 
+LEGEND_ROWS = 12  # entries per legend column; more go to a second column
+
+
 def _finish(ax: Any, title: str, xlabel: str, ylabel: str, legend: bool = True) -> None:
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+    entries = len(ax.get_legend_handles_labels()[0])
+    if legend and entries:
+        # Outside the plot area, at its right: inside, a legend of many series (the ratio histogram
+        # has one per agent x source x quantile) covers the curves.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False,
+                  ncol=math.ceil(entries / LEGEND_ROWS))
 
 
 def _plot_series(ax: Any, points: list[tuple[int, float]], **style: Any) -> None:

@@ -47,9 +47,12 @@ def chart_png(chart: Chart, size: tuple[float, float] = (5.2, 3.4)) -> bytes:
     fig, ax = plt.subplots(figsize=size)
     try:
         chart.draw(ax)
+        legends = [ax.get_legend()] if ax.get_legend() is not None else []
+        for legend in legends:  # outside the axes: the image widens to hold it, the axes keep their size
+            legend.set_in_layout(False)
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=90)
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", bbox_extra_artists=legends)
         return buf.getvalue()
     finally:
         plt.close(fig)
