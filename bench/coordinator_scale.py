@@ -81,14 +81,14 @@ def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
     import hacfed.server.driver as driver_mod
     from hacfed.server.allocator import keep_freed_memory
     from hacfed.server.collector import freeze_startup_objects
-    from hacfed.server.driver_settings import DriverSettings
+    from hacfed.server.config import read_server_config
 
-    settings = DriverSettings.read(work / "driver-settings.json")
-    driver = driver_mod.FederationDriver(settings)
+    config = read_server_config(work / "driver-settings.json")
+    driver = driver_mod.FederationDriver(config)
     keep_freed_memory()  # as make_driver does in the ServerApp
     freeze_startup_objects()
     clock, sizes = PhaseClock(), []
-    cfg = settings.coordinator_config
+    cfg = config.coordinator
     labs = lab_ids(cfg.expected_participants)
     participants = {node: pid for node, pid in enumerate(labs, start=1)}
     # The sandboxed math-verify worker starts once per coordinator process (~2-4 s): not a round's work.

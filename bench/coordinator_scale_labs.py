@@ -87,14 +87,14 @@ def synthetic_response(rng: random.Random, solution: str, answer: str, correct: 
 
 
 def generate(cfg: ScaleConfig, work: Path) -> dict[str, Any]:
-    """Keys, driver settings and every lab's signed reply of every round, written under `work`.
+    """Keys, the server config and every lab's signed reply of every round, written under `work`.
     Returns what was submitted (counts, bytes) for the report."""
     from hacfed.envelope import DOMAIN_SUBMIT, save_public_key, seal
     from hacfed.exchange import seal_lab_reply
     from hacfed.keys import ensure_key_pair
     from hacfed.messages import StepReport, Submission
     from hacfed.server.coordinator import CoordinatorConfig, load_task_from_config, make_plan
-    from hacfed.server.driver_settings import DriverSettings
+    from hacfed.server.config import ServerConfig, ServerSettings, write_server_config
     from hacfed.trajectory import Trajectory
     from hacfed.wire import PayloadType, encode_submission
 
@@ -103,10 +103,8 @@ def generate(cfg: ScaleConfig, work: Path) -> dict[str, Any]:
     state = Path(ccfg.state_dir)
     keys_dir = state / "keys"
     keys_dir.mkdir(parents=True, exist_ok=True)
-    coordinator_key = ensure_key_pair(state, "coordinator")
-    settings = DriverSettings(ccfg.to_dict(), None, str(keys_dir), str(coordinator_key.private),
-                              str(state / "metrics.jsonl"))
-    settings.write(work / "driver-settings.json")
+    ensure_key_pair(state, "coordinator")  # the key FederationDriver signs with
+    write_server_config(ServerConfig(ccfg, ServerSettings(insecure=True), state), work / "driver-settings.json")
     rng = random.Random(cfg.seed)
     reply_bytes = 0
     labs = lab_ids(cfg.labs)

@@ -3,6 +3,13 @@
     cfg = load_server_config("deploy/coordinator.toml", sets=["rounds=3", "server.listen=127.0.0.1:0"],
                              flags={"insecure": True})
 
+`ServerConfig` is the one configuration of the coordinator's processes: hacfed-server and the
+Flower ServerApp process it submits. Two sections: `coordinator` (what must agree across labs,
+hacfed.server.coordinator.config) and `server` (this deployment's network, TLS, paths and
+intervals, `ServerSettings`). hacfed-server loads it here once; the ServerApp process, which the
+SuperLink starts and which cannot receive Python objects, reads the same values back from the JSON
+that `write_server_config` leaves in the state dir, through the same `server_config_from_tables`.
+
 TOML layout (deploy/coordinator.toml): the coordinator's keys at top level (or in a `[coordinator]`
 table) with its `[task]`, `[sampling]` and `[hacpo]` tables (see hacfed.server.coordinator.config), and a
 `[server]` table for this process's own settings (the fields of `ServerSettings`). Precedence:
@@ -14,6 +21,7 @@ the field and the bad value.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,10 +30,11 @@ from typing import Any, Mapping, Sequence
 from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
 from hacfed.server.dashboard.bind import is_loopback_host, parse_dashboard_address
-from hacfed.server.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.config import CoordinatorConfig, apply_overrides
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
+COORDINATOR_KEY_STEM = "coordinator"  # <state_dir>/coordinator.key signs everything sent to labs
 
 
 @dataclass(frozen=True)
@@ -98,9 +107,20 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """The coordinator processes' one configuration; both sections are validated when built."""
+
     coordinator: CoordinatorConfig
     server: ServerSettings
     config_dir: Path  # task data paths resolve against it
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.coordinator, CoordinatorConfig):
+            raise ValueError(f"ServerConfig.coordinator must be a CoordinatorConfig, got {self.coordinator!r}")
+        if not isinstance(self.server, ServerSettings):
+            raise ValueError(f"ServerConfig.server must be a ServerSettings, got {self.server!r}")
+        if not isinstance(self.config_dir, (str, Path)) or not Path(self.config_dir).is_absolute():
+            raise ValueError(f"ServerConfig.config_dir must be an absolute path, got {str(self.config_dir)!r}")
+        object.__setattr__(self, "config_dir", Path(self.config_dir))
 
     @property
     def state_dir(self) -> Path:
@@ -115,8 +135,24 @@ class ServerConfig:
         return self.server.metrics_out or self.state_dir / "metrics.jsonl"
 
     @property
+    def coordinator_key(self) -> Path:
+        """The private key signing what is sent to labs (hacfed.keys.ensure_key_pair makes it)."""
+        return self.state_dir / f"{COORDINATOR_KEY_STEM}.key"
+
+    @property
+    def supernode_auth(self) -> bool:
+        """With TLS the SuperLink authenticates SuperNodes, and each lab must use the node bound to its key."""
+        return not self.server.insecure
+
+    @property
     def listen(self) -> tuple[str, int]:
         return split_host_port(self.server.listen, "server.listen")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (paths absolute); `server_config_from_tables(**cfg.to_dict()) == cfg`."""
+        server = {f.name: getattr(self.server, f.name) for f in fields(ServerSettings)}
+        server = {k: str(v) if isinstance(v, Path) else v for k, v in server.items() if v is not None}
+        return {"coordinator": self.coordinator.to_dict(), "server": server, "config_dir": str(self.config_dir)}
 
 
 def load_server_config(
@@ -143,13 +179,8 @@ def load_server_config(
     if not state_dir:
         raise ValueError("state_dir: set it in the config file or pass --state-dir")
     coordinator_table["state_dir"] = str(Path(str(state_dir)).expanduser().resolve())
-    coordinator = CoordinatorConfig.from_mapping(coordinator_table)
-    if overrides:
-        coordinator = coordinator.with_overrides(overrides)
-    known = {f.name for f in fields(ServerSettings)}
-    unknown = sorted(set(server_table) - known)
-    if unknown:
-        raise ValueError(f"[server]: unknown key(s) {unknown}; known: {sorted(known)}")
+    coordinator_table = apply_overrides(coordinator_table, overrides)  # validated once, below
+    _check_server_keys(server_table)
     given = {k: v for k, v in flags.items() if v is not None}
     if any(k in given for k in ("tls_cert", "tls_key", "tls_ca")) and "insecure" not in given:
         given["insecure"] = False  # TLS files on the command line replace the file's plaintext setting
@@ -157,4 +188,41 @@ def load_server_config(
         for name in ("tls_cert", "tls_key", "tls_ca"):  # ... and --insecure replaces the file's TLS files
             server_table.pop(name, None)
     server_table.update(given)
-    return ServerConfig(coordinator, ServerSettings(**server_table), path.resolve().parent)
+    return server_config_from_tables(coordinator_table, server_table, path.resolve().parent)
+
+
+def server_config_from_tables(
+    coordinator: Mapping[str, Any], server: Mapping[str, Any], config_dir: str | Path
+) -> ServerConfig:
+    """The one place a `ServerConfig` is built from plain values: the TOML's tables (after `--set`
+    and the flags) in hacfed-server, the JSON of `write_server_config` in the ServerApp process."""
+    if not isinstance(server, Mapping):
+        raise ValueError(f"[server] must be a table, got {server!r}")
+    _check_server_keys(server)
+    return ServerConfig(CoordinatorConfig.from_mapping(coordinator), ServerSettings(**server), Path(config_dir))
+
+
+def write_server_config(cfg: ServerConfig, path: Path) -> Path:
+    """Serialize `cfg` for the ServerApp process (every path in it is absolute)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_server_config(path: str | Path) -> ServerConfig:
+    """What `write_server_config` wrote, validated by the same rules as at hacfed-server's start."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"server config {path} unreadable: {exc}") from None
+    if not isinstance(data, dict) or set(data) != {"coordinator", "server", "config_dir"}:
+        raise ValueError(f"server config {path} must hold coordinator, server and config_dir, got {data!r}")
+    return server_config_from_tables(data["coordinator"], data["server"], data["config_dir"])
+
+
+def _check_server_keys(table: Mapping[str, Any]) -> None:
+    known = {f.name for f in fields(ServerSettings)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ValueError(f"[server]: unknown key(s) {unknown}; known: {sorted(known)}")

@@ -2,7 +2,7 @@
 
     run config: driver = "hacfed.server.driver:make_driver", driver-config = <state>/driver-settings.json
 
-hacfed-server writes the settings and submits the run; the SuperLink starts the ServerApp, whose
+hacfed-server writes its `ServerConfig` there and submits the run; the SuperLink starts the ServerApp, whose
 `RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error,
 and tells it when an exchange ends. The driver owns a `Coordinator` over the journal in the server's
 state dir, so a restarted ServerApp (or hacfed-server) resumes where the journal stands.
@@ -42,7 +42,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 
 from hacfed.crashpoints import crash_point
 from hacfed.envelope import load_private_key
@@ -56,7 +55,8 @@ from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
 from hacfed.server.console_log import ConsoleLog
-from hacfed.server.driver_settings import CONSOLE_FILE, DriverSettings
+from hacfed.server.config import ServerConfig, read_server_config
+from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, parse_supervisor, supervisor_alive
 from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
@@ -83,23 +83,23 @@ class FailedClosed(RuntimeError):
 
 class FederationDriver:
     def __init__(
-        self, settings: DriverSettings, *, clock: Callable[[], float] = time.time,
+        self, config: ServerConfig, *, supervisor: Supervisor | None = None, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
     ) -> None:
-        self.settings = settings
-        self.cfg = settings.coordinator_config
-        self.state_dir = Path(self.cfg.state_dir)
+        self.config, self.supervisor = config, supervisor  # supervisor: hacfed-server (None: unsupervised)
+        self.cfg = config.coordinator
+        self.state_dir = config.state_dir
         self._monotonic = monotonic
         self.console = ConsoleLog(self.state_dir / CONSOLE_FILE, console)
         self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
-        self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, settings.task_base_dir),
+        self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, str(config.config_dir)),
                                        self.journal, clock=clock)
-        self._key = load_private_key(settings.coordinator_key)
+        self._key = load_private_key(config.coordinator_key)
         self.answers = AnswerQueue(self._key, self.cfg.run_id)
-        self.membership = Membership(Path(settings.keys_dir), self.console,
-                                     trust_on_first_use=settings.trust_on_first_use,
-                                     bindings_path=self.state_dir / BINDINGS_FILE if settings.supernode_auth else None)
-        self.metrics_out = Path(settings.metrics_out)
+        self.membership = Membership(config.keys_dir, self.console,
+                                     trust_on_first_use=config.server.trust_on_first_use,
+                                     bindings_path=self.state_dir / BINDINGS_FILE if config.supernode_auth else None)
+        self.metrics_out = config.metrics_out
         self.deliveries = Deliveries(self._key, self.answers, monotonic)
         self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
         self.hellos = Hellos(self._key, self.cfg.run_id, self.membership, monotonic)
@@ -144,9 +144,9 @@ class FederationDriver:
             return self._next_round(participants)
 
     def _next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
-        if not self.settings.supervisor_alive():
+        if not supervisor_alive(self.supervisor):
             self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
-            raise SupervisorGone(f"hacfed-server (pid {self.settings.supervisor[0]}) is gone")
+            raise SupervisorGone(f"hacfed-server (pid {self.supervisor[0]}) is gone")
         started = self._monotonic()
         admitted = self._admit(participants)
         unknown = {pid for pid in self._nodes.values() if not self.membership.known(pid)}
@@ -250,15 +250,15 @@ class FederationDriver:
             self.run_end.acknowledged(pid)
             return
         if sent.round_id == ANSWERS:  # its answers stay queued; try again after the interval
-            self.deliveries.hold_answers(pid, self.settings.retry_interval_s)
+            self.deliveries.hold_answers(pid, self.config.server.retry_interval_s)
             return
-        self.deliveries.hold(pid, self.settings.retry_interval_s)
+        self.deliveries.hold(pid, self.config.server.retry_interval_s)
         if self._last_error.get(pid) != error:  # a participant that stays down is named once
             self._last_error[pid] = error
             self.console(f"{what(sent)} {pid}: exchange failed: {safe_text(error, 300)}")
 
     def round_done(self) -> bool:
-        if not self.settings.supervisor_alive():
+        if not supervisor_alive(self.supervisor):
             return True  # end the exchange; next_round then stops this orphaned ServerApp
         if self.coordinator.current_round is not None:
             return self.coordinator.poll() is not None
@@ -386,13 +386,14 @@ class FederationDriver:
 
 
 def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
-    """The ServerApp's factory (run config `driver`); `driver-config` names the settings file."""
+    """The ServerApp's factory (run config `driver`); `driver-config` names hacfed-server's
+    `ServerConfig` file, `supervisor` hacfed-server itself."""
     path = run_config.get("driver-config")
     if not isinstance(path, str) or not path:
-        raise ValueError(f"run config 'driver-config' must name the driver settings file, got {path!r}")
+        raise ValueError(f"run config 'driver-config' must name the server config file, got {path!r}")
     from flwr.superlink.grid import grpc_grid  # the ServerApp's Grid: a reply's content still arriving is
     shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages])  # retried after 20 ms, not 1 s
-    driver = FederationDriver(DriverSettings.read(path))
+    driver = FederationDriver(read_server_config(path), supervisor=parse_supervisor(run_config.get("supervisor", "")))
     keep_freed_memory()
     freeze_startup_objects()
     return driver

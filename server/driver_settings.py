@@ -1,19 +1,17 @@
 """What hacfed-server hands the round driver running inside the Flower ServerApp process.
 
 The ServerApp is started by the SuperLink, not by hacfed-server, so the driver cannot receive
-Python objects: hacfed-server writes `DriverSettings` as JSON into its state directory and passes
-the file's path as the run config's `driver-config`. Every path in it is absolute.
+Python objects: hacfed-server writes its one `ServerConfig` as JSON into the state directory
+(`hacfed.server.config.write_server_config`, file `SETTINGS_FILE`) and passes the file's path as
+the run config's `driver-config`, and its own identity as `supervisor` ("PID:TICKS"), so an
+orphaned ServerApp notices that hacfed-server is gone. Also the names of the files both sides
+share in the state directory.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass
+import os
 from pathlib import Path
-from typing import Any, Mapping
-
-from hacfed.server.coordinator.config import CoordinatorConfig
 
 DRIVER_SPEC = "hacfed.server.driver:make_driver"
 SETTINGS_FILE = "driver-settings.json"
@@ -21,73 +19,38 @@ CONSOLE_FILE = "console.log"
 DONE_FILE = "federation-done.json"
 STATUS_FILE = "driver-status.json"
 
+Supervisor = tuple[int, int]  # hacfed-server's (pid, start time in clock ticks)
 
-@dataclass(frozen=True)
-class DriverSettings:
-    """coordinator: `CoordinatorConfig.to_dict()`; task_base_dir: where relative task data paths
-    resolve; keys_dir: `<participant-id>.pub` files; coordinator_key: the private key signing
-    updates; metrics_out: the JSONL metrics file; retry_interval_s: how long a participant whose
-    exchange failed waits before the same round is sent to it again; trust_on_first_use: register
-    unknown participants' self-signed keys (development only); supernode_auth: the SuperLink
-    authenticates SuperNodes and `<state>/supernode-nodes.json` binds each lab to its node id."""
 
-    coordinator: Mapping[str, Any]
-    task_base_dir: str | None
-    keys_dir: str
-    coordinator_key: str
-    metrics_out: str
-    retry_interval_s: float = 2.0
-    trust_on_first_use: bool = False
-    supervisor: tuple[int, int] | None = None  # hacfed-server's (pid, start time in clock ticks)
-    supernode_auth: bool = False  # Flower authenticates SuperNodes: a lab's node must be the one bound to its key
+def this_process() -> Supervisor:
+    """The calling process as a `Supervisor` (the run config carries it as `format_supervisor`)."""
+    pid = os.getpid()
+    ticks = process_start_ticks(pid)
+    assert ticks is not None, "a running process has a start time"
+    return (pid, ticks)
 
-    def __post_init__(self) -> None:
-        CoordinatorConfig.from_mapping(self.coordinator)  # raises with the field's name
-        for name in ("keys_dir", "coordinator_key", "metrics_out"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not Path(value).is_absolute():
-                raise ValueError(f"DriverSettings.{name} must be an absolute path, got {value!r}")
-        value = self.retry_interval_s
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"DriverSettings.retry_interval_s must be a number > 0, got {value!r}")
-        if self.supervisor is not None:
-            if not (isinstance(self.supervisor, (tuple, list)) and len(self.supervisor) == 2
-                    and all(isinstance(v, int) and v > 0 for v in self.supervisor)):
-                raise ValueError(f"DriverSettings.supervisor must be (pid, start ticks), got {self.supervisor!r}")
-            object.__setattr__(self, "supervisor", tuple(self.supervisor))
-        for name in ("trust_on_first_use", "supernode_auth"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"DriverSettings.{name} must be a bool, got {getattr(self, name)!r}")
 
-    def supervisor_alive(self) -> bool:
-        """False once the hacfed-server that wrote these settings is gone (even after SIGKILL), so
-        an orphaned ServerApp stops instead of driving rounds nobody watches."""
-        if self.supervisor is None:
-            return True
-        pid, ticks = self.supervisor
-        return process_start_ticks(pid) == ticks
+def format_supervisor(supervisor: Supervisor) -> str:
+    return f"{supervisor[0]}:{supervisor[1]}"
 
-    @property
-    def coordinator_config(self) -> CoordinatorConfig:
-        return CoordinatorConfig.from_mapping(self.coordinator)
 
-    @property
-    def state_dir(self) -> Path:
-        return Path(self.coordinator_config.state_dir)
+def parse_supervisor(value: object) -> Supervisor | None:
+    """The run config's `supervisor`: "PID:TICKS", or "" when no hacfed-server supervises the run."""
+    if value == "":
+        return None
+    pid, _, ticks = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not (pid.isdigit() and ticks.isdigit() and int(pid) > 0 and int(ticks) > 0):
+        raise ValueError(f"run config 'supervisor' must be 'PID:TICKS' or empty, got {value!r}")
+    return (int(pid), int(ticks))
 
-    def write(self, path: Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        return path
 
-    @classmethod
-    def read(cls, path: str | Path) -> "DriverSettings":
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"driver settings {path} unreadable: {exc}") from None
-        return cls(**data)
+def supervisor_alive(supervisor: Supervisor | None) -> bool:
+    """False once the hacfed-server named by `supervisor` is gone (even after SIGKILL), so an
+    orphaned ServerApp stops instead of driving rounds nobody watches."""
+    if supervisor is None:
+        return True
+    pid, ticks = supervisor
+    return process_start_ticks(pid) == ticks
 
 
 def process_start_ticks(pid: int) -> int | None:

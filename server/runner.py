@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,10 +23,10 @@ from hacfed.config_values import check_port_free
 from hacfed.keys import describe_key, ensure_key_pair
 from hacfed.leftovers import CHILDREN_FILE, forget_children, kill_leftovers, record_children
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
-from hacfed.server.config import ServerConfig
+from hacfed.server.config import ServerConfig, write_server_config
 from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
 from hacfed.server.driver_settings import (
-    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, STATUS_FILE, DriverSettings, process_start_ticks,
+    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, STATUS_FILE, format_supervisor, this_process,
 )
 from hacfed.server.node_auth import BINDINGS_FILE, CONNECTION as ADMIN_CONNECTION, FlwrCli, NodeAuthSync
 from hacfed.server.registry import load_registry
@@ -85,12 +84,12 @@ def check_ports(cfg: ServerConfig) -> None:
 
 def prepare(cfg: ServerConfig) -> Path:
     """Everything that can fail on a user mistake once the state dir exists, before any process
-    starts: the journal belongs to this run, the keys exist. Returns the driver settings file."""
+    starts: the journal belongs to this run, the keys exist. Returns the config file the ServerApp reads."""
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     with Journal(cfg.coordinator.journal_path) as journal:
         journal.bind_run(cfg.coordinator.run_id, cfg.coordinator.plan_fingerprint())
-    keys = ensure_key_pair(state, "coordinator")
+    keys = ensure_key_pair(state, cfg.coordinator_key.stem)
     if keys.created:
         say(f"created the coordinator key {keys.private}")
     say(f"coordinator public key: {describe_key(keys.public)}; every lab passes it to hacfed-client --coordinator-key")
@@ -103,13 +102,7 @@ def prepare(cfg: ServerConfig) -> Path:
     if cfg.server.trust_on_first_use:
         say("WARNING: --trust-on-first-use: ANY participant that connects first can register a key for an id. "
             "Development only; never across organizations.")
-    settings = DriverSettings(
-        coordinator=cfg.coordinator.to_dict(), task_base_dir=str(cfg.config_dir), keys_dir=str(cfg.keys_dir),
-        coordinator_key=str(keys.private), metrics_out=str(cfg.metrics_out),
-        retry_interval_s=cfg.server.retry_interval_s, trust_on_first_use=cfg.server.trust_on_first_use,
-        supervisor=(os.getpid(), process_start_ticks(os.getpid())), supernode_auth=not cfg.server.insecure,
-    )
-    return settings.write(state / SETTINGS_FILE)
+    return write_server_config(cfg, state / SETTINGS_FILE)
 
 
 def lock_state_dir(state: Path):  # noqa: ANN201 - an open file object kept for the process's lifetime
@@ -128,6 +121,7 @@ def run_config(cfg: ServerConfig, settings_path: Path) -> dict[str, str | float]
         "driver": DRIVER_SPEC,
         "driver-config": str(settings_path),
         "state-dir": str(cfg.state_dir),
+        "supervisor": format_supervisor(this_process()),  # an orphaned ServerApp stops
         "poll-interval-s": cfg.server.poll_interval_s,
         "round-timeout-s": deadline,
         "relay-timeout-s": max(deadline * 0.9, 1.0),  # below the round's, so the relay answers first

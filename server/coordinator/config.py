@@ -218,28 +218,40 @@ class CoordinatorConfig:
         """A copy with some settings replaced, re-validated. Keys are field names, dotted paths into
         the nested tables (`"sampling.max_new_tokens"`, `"task.sandbox.timeout_s"`), or nested
         mappings merged into them."""
-        data = self.to_dict()
-        for key, value in overrides.items():
-            if not isinstance(key, str) or not key:
-                raise ValueError(f"override keys must be non-empty strings, got {key!r}")
-            head, _, rest = key.partition(".")
-            if rest:
-                if head not in _NESTED:
-                    raise ValueError(f"override {key!r}: only {list(_NESTED)} have nested settings")
-                data[head] = _with_path(data[head], rest.split("."), value)
-            elif head in _NESTED and isinstance(value, Mapping) and head != "task":
-                data[head] = {**data[head], **value}
-            else:
-                data[head] = value
-        return CoordinatorConfig.from_mapping(data)
+        return CoordinatorConfig.from_mapping(apply_overrides(self.to_dict(), overrides))
+
+
+def apply_overrides(table: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a coordinator table with `overrides` applied (see `with_overrides`), not yet
+    validated: the caller builds the config from it once."""
+    data = dict(table)
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"override keys must be non-empty strings, got {key!r}")
+        head, _, rest = key.partition(".")
+        if rest:
+            if head not in _NESTED:
+                raise ValueError(f"override {key!r}: only {list(_NESTED)} have nested settings")
+            data[head] = _with_path(_table(data, head), rest.split("."), value)
+        elif head in _NESTED and isinstance(value, Mapping) and head != "task":
+            data[head] = {**_table(data, head), **value}
+        else:
+            data[head] = value
+    return data
 
 
 def load_coordinator_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> CoordinatorConfig:
     """Parse a TOML file; a top-level `[coordinator]` table is used if present, else the whole file."""
     data = read_toml(path, "coordinator config file")
     table = data.get("coordinator", data)
-    cfg = CoordinatorConfig.from_mapping(table)
-    return cfg.with_overrides(overrides) if overrides else cfg
+    return CoordinatorConfig.from_mapping(apply_overrides(table, overrides or {}))
+
+
+def _table(data: Mapping[str, Any], head: str) -> Mapping[str, Any]:
+    inner = data.get(head, {})
+    if not isinstance(inner, Mapping):
+        _bad(head, inner, "a table")
+    return inner
 
 
 def _with_path(table: Mapping[str, Any], path: list[str], value: Any) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from hacfed.proto import hacfed_v1_pb2 as pb  # only to craft hostile frames
 from hacfed.server.coordinator.audit import verify_audit_log
 from hacfed.server.coordinator.errors import ErrorCode
 from hacfed.server.driver import FederationDriver
-from hacfed.server.driver_settings import DriverSettings
+from hacfed.server.config import ServerConfig, ServerSettings
 from hacfed.trajectory import ChatMessage, Trajectory
 from hacfed.wire import (
     ErrorCode as WireCode, PayloadType, RawEnvelope, SubmissionReceipt, SubmissionRefusal, decode_envelope,
@@ -494,8 +494,7 @@ class DriverHarness:
         keys_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = make_config(state, rounds=2, prompts_per_round=2, group_size=2, expected_participants=1,
                                min_participants=1, round_deadline_s=100.0)
-        settings = DriverSettings(self.cfg.to_dict(), None, str(keys_dir), str(coordinator.private),
-                                  str(state / "metrics.jsonl"), retry_interval_s=5.0)
+        settings = ServerConfig(self.cfg, ServerSettings(insecure=True, retry_interval_s=5.0), state)
         self.labs = {pid: Lab(pid, generate_key()) for pid in labs}
         for lab in self.labs.values():
             save_public_key(lab.key.public_key(), keys_dir / f"{lab.pid}.pub")

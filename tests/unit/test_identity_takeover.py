@@ -23,7 +23,7 @@ from hacfed.clients.service import ParticipantService
 from hacfed.envelope import save_public_key
 from hacfed.keys import ensure_key_pair
 from hacfed.server.driver import FederationDriver
-from hacfed.server.driver_settings import DriverSettings
+from hacfed.server.config import ServerConfig, ServerSettings
 from hacfed.server.serverapp import HELLO_TYPE, LoopSettings, RoundLoop
 from tests.integration.test_flower_transport import FakeGrid
 from tests.unit.test_coordinator_fakes import TASK, make_config
@@ -61,8 +61,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     keys_dir.mkdir(parents=True)
     cfg = make_config(state, rounds=2, group_size=2, expected_participants=2, min_participants=2,
                       round_deadline_s=5.0, max_deadline_extensions=0)
-    settings = DriverSettings(cfg.to_dict(), None, str(keys_dir), str(coordinator.private),
-                              str(state / "metrics.jsonl"), retry_interval_s=0.5)
+    settings = ServerConfig(cfg, ServerSettings(insecure=True, retry_interval_s=0.5), state)
     lines: list[str] = []
     labs: dict[int, Lab] = {}
     servers = []

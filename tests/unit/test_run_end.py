@@ -57,7 +57,7 @@ def test_a_quarantined_lab_that_stays_away_delays_the_end_by_the_ack_grace_only(
     clock.t += 1.0
     fed.exchange()
     assert fed.driver.finished() and not cheat.finished
-    done = json.loads((Path(fed.settings.state_dir) / DONE_FILE).read_text())
+    done = json.loads((fed.config.state_dir / DONE_FILE).read_text())
     assert done["final_reports"] == ["honest"] and done["missing_final_reports"] == []
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
 from hacfed.certs import init_federation_certs
 from hacfed.config_values import parse_set
-from hacfed.server.config import load_server_config
+from hacfed.server.config import load_server_config, read_server_config, write_server_config
+from hacfed.server.driver_settings import parse_supervisor
 from hacfed.server.main import build_parser, main
 
 BASE = """
@@ -141,3 +143,44 @@ def test_insecure_flag_replaces_the_files_tls_settings(tmp_path):
     deploy = Path(__file__).resolve().parents[2] / "deploy" / "coordinator.toml"
     cfg = load_server_config(deploy, [], {"state_dir": str(tmp_path), "insecure": True})
     assert cfg.server.insecure is True and cfg.server.tls_cert is None and cfg.listen[0] == "127.0.0.1"
+
+
+def test_the_serverapp_reads_back_the_config_hacfed_server_loaded(config_file: Path, tmp_path: Path) -> None:
+    certs = init_federation_certs(tmp_path / "certs", [])
+    cfg = load_server_config(config_file, ["rounds=7", "task.digits=3", "hacpo.mode=naive", "server.dashboard=127.0.0.1:0"],
+                             {"insecure": False, "tls_cert": str(certs.server_cert), "tls_key": str(certs.server_key),
+                              "tls_ca": str(certs.ca_cert), "metrics_out": "m.jsonl"})
+    path = write_server_config(cfg, tmp_path / "state" / "driver-settings.json")
+    again = read_server_config(path)
+    assert again == cfg
+    assert again.coordinator.rounds == 7 and again.server.tls_ca == certs.ca_cert.resolve()
+    assert again.supernode_auth and again.coordinator_key == tmp_path / "state" / "coordinator.key"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("coordinator", "rounds", 0, "CoordinatorConfig.rounds must be an integer >= 1, got 0"),
+        ("server", "poll_interval_s", 0, "server.poll_interval_s must be a number > 0, got 0"),
+        ("server", "listen", "0.0.0.0:1", "server.listen: --insecure binds loopback only"),
+        ("server", "polls", 1, r"\[server\]: unknown key\(s\) \['polls'\]"),
+    ],
+)
+def test_the_serverapp_validates_by_the_same_rules(config_file: Path, tmp_path: Path, section: str, key: str,
+                                                   value: object, message: str) -> None:
+    path = write_server_config(load_server_config(config_file), tmp_path / "s.json")
+    data = json.loads(path.read_text())
+    data[section][key] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        read_server_config(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="server config .* unreadable"):
+        read_server_config(path)
+
+
+def test_the_supervisor_in_the_run_config_is_a_pid_and_its_start_time() -> None:
+    assert parse_supervisor("12:345") == (12, 345) and parse_supervisor("") is None
+    for bad in ("12", "x:1", "0:5", 7):
+        with pytest.raises(ValueError, match=f"run config 'supervisor' must be 'PID:TICKS' or empty, got {bad!r}"):
+            parse_supervisor(bad)

@@ -22,7 +22,8 @@ from hacfed.envelope import save_public_key
 from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
 from hacfed.server.driver import FederationDriver
-from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE, DriverSettings
+from hacfed.server.config import ServerConfig, ServerSettings
+from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE
 from tests.lying_lab import LyingParticipant
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config, scripted_submission
 
@@ -65,9 +66,9 @@ class Federation:
         self.keys_dir = state / "keys"
         self.keys_dir.mkdir(parents=True, exist_ok=True)
         cfg = make_config(state, **{"rounds": 2, "group_size": 2, **overrides})
-        self.settings = DriverSettings(cfg.to_dict(), None, str(self.keys_dir), str(self.coordinator_key.private),
-                                       str(state / "metrics.jsonl"), retry_interval_s=5.0,
-                                       trust_on_first_use=trust_on_first_use)
+        self.config = ServerConfig(cfg, ServerSettings(insecure=True, retry_interval_s=5.0,
+                                                       trust_on_first_use=trust_on_first_use), state)
+        self.supervisor: tuple[int, int] | None = None
         self.lines: list[str] = []
         self.notices: dict[str, list[str]] = {}  # what each lab's service printed about answers
         self.driver = self.new_driver()
@@ -75,7 +76,8 @@ class Federation:
         self.mapped: dict[int, str] = {}  # nodes whose hello the driver accepted
 
     def new_driver(self) -> FederationDriver:
-        return FederationDriver(self.settings, clock=self.clock, monotonic=self.clock, console=self.lines.append)
+        return FederationDriver(self.config, supervisor=self.supervisor, clock=self.clock, monotonic=self.clock,
+                                console=self.lines.append)
 
     def add(self, node: int, pid: str, *, register: bool = True, cheat: bool = False, signer: str | None = None,
             participant: Any = None) -> ParticipantService:
@@ -126,7 +128,7 @@ class Federation:
         raise AssertionError(f"not finished after {max_exchanges} exchanges:\n" + "\n".join(self.lines))
 
     def rows(self) -> list[dict]:
-        return [json.loads(x) for x in Path(self.settings.metrics_out).read_text().splitlines()]
+        return [json.loads(x) for x in self.config.metrics_out.read_text().splitlines()]
 
 
 def test_two_honest_participants_run_to_the_end_with_final_reports(tmp_path: Path) -> None:
@@ -153,7 +155,7 @@ def test_two_honest_participants_run_to_the_end_with_final_reports(tmp_path: Pat
     assert first["time_rollout_s"] == 0.25 and first["time_training_s"] == 0.5
     finals = [r for r in rows if r.get("final")]
     assert sorted(r["agent"] for r in finals) == ["lab-a", "lab-b"] and all(r["eval_accuracy"] == 0.75 for r in finals)
-    assert json.loads((Path(fed.settings.state_dir) / DONE_FILE).read_text())["missing_final_reports"] == []
+    assert json.loads((fed.config.state_dir / DONE_FILE).read_text())["missing_final_reports"] == []
     assert all(service.finished for _, service in fed.nodes.values())  # everyone got the final ack
     text = "\n".join(fed.lines)
     for expected in ("joined: lab-a", "round 0 open", "round 1 closed (quorum)", "round 0 lab-b: reward",
@@ -315,14 +317,12 @@ def test_trust_on_first_use_registers_a_self_signed_key(tmp_path: Path) -> None:
     assert fed.driver.journal.pool(0)
 
 
-def test_settings_validate_paths_and_intervals(tmp_path: Path) -> None:
-    cfg = make_config(tmp_path).to_dict()
-    with pytest.raises(ValueError, match="DriverSettings.keys_dir must be an absolute path"):
-        DriverSettings(cfg, None, "keys", str(tmp_path / "k"), str(tmp_path / "m"))
-    with pytest.raises(ValueError, match="retry_interval_s"):
-        DriverSettings(cfg, None, str(tmp_path), str(tmp_path / "k"), str(tmp_path / "m"), retry_interval_s=0)
-    with pytest.raises(ValueError, match="CoordinatorConfig.rounds"):
-        DriverSettings({**cfg, "rounds": 0}, None, str(tmp_path), str(tmp_path / "k"), str(tmp_path / "m"))
+def test_config_validates_paths_and_intervals(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path)
+    with pytest.raises(ValueError, match="ServerConfig.config_dir must be an absolute path, got 'rel'"):
+        ServerConfig(cfg, ServerSettings(insecure=True), Path("rel"))
+    with pytest.raises(ValueError, match="server.retry_interval_s must be a number > 0, got 0"):
+        ServerSettings(insecure=True, retry_interval_s=0)
     assert CONSOLE_FILE == "console.log"
 
 

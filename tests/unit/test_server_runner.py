@@ -12,7 +12,7 @@ import pytest
 
 from hacfed.leftovers import CHILDREN_FILE, kill_leftovers, record_children
 from hacfed.server.config import load_server_config
-from hacfed.server.driver_settings import DriverSettings, process_start_ticks
+from hacfed.server.driver_settings import parse_supervisor, process_start_ticks, supervisor_alive
 from hacfed.server.runner import ConsoleTail, lock_state_dir, run_config
 from tests.unit.test_coordinator_fakes import FakeClock
 from tests.unit.test_server_config import BASE
@@ -86,9 +86,9 @@ def test_orphaned_driver_stops_when_its_server_is_gone(tmp_path: Path) -> None:
 
     fed = Federation(tmp_path, FakeClock())
     fed.add(1, "lab-a")
-    alive = DriverSettings(**{**fed.settings.__dict__, "supervisor": (os.getpid(), process_start_ticks(os.getpid()))})
-    assert alive.supervisor_alive()
-    fed.settings = DriverSettings(**{**alive.__dict__, "supervisor": (os.getpid(), alive.supervisor[1] + 1)})
+    alive = parse_supervisor(f"{os.getpid()}:{process_start_ticks(os.getpid())}")
+    assert alive is not None and supervisor_alive(alive)
+    fed.supervisor = (os.getpid(), alive[1] + 1)
     fed.driver = fed.new_driver()
     assert fed.driver.round_done() is True
     with pytest.raises(SupervisorGone):
