@@ -35,6 +35,8 @@ KEY_REQUEST_TYPE = "hacfed.v1.KeyRequest"
 FINAL_ACK_TYPE = "hacfed.v1.FinalAck"
 KEY_OFFER_TYPE = "hacfed.v1.KeyOffer"
 RAW_PUBLIC_KEY_BYTES = 32
+# <state-dir>/coordinator.key: signs what the coordinator sends to labs and its audit log's head.
+COORDINATOR_KEY_STEM = "coordinator"
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,14 @@
 """hacfed-server's administrative commands, run by the coordinator's operator beside (or instead of)
 the server itself; each reads the state directory and never starts a federation.
 
-    hacfed-server audit verify --state-dir state/coordinator
+    hacfed-server audit verify --state-dir state/coordinator [--coordinator-key coordinator.pub]
     hacfed-server purge --state-dir state/coordinator --participant lab-x --from-round 4 [--dry-run]
 
 `audit verify` checks the hash chain of STATE/audit.log (hacfed.server.coordinator.audit) and names
-the first line that was edited, deleted, inserted or torn; exit 0 when intact, 1 when not.
+the first line that was edited, deleted, inserted or torn, and checks its head (the line count and
+last hash, signed with the coordinator's key) against STATE/coordinator.pub or the copy given with
+--coordinator-key (the one the labs hold: an attacker who can write the state dir can replace the
+.pub there too); exit 0 when intact, 1 when not.
 
 `purge` (security.md §3.3, R11) withdraws participant X's accepted samples of rounds >= R from every
 pool published from now on, quarantines X (it gets no more updates and its submissions are refused),
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 from hacfed.config_values import OneLineArgumentParser, describe_os_error
+from hacfed.envelope import load_public_key
 from hacfed.server.coordinator.audit import AuditLog, verify_audit_log
 from hacfed.server.coordinator.errors import AuditError, JournalError
 from hacfed.server.coordinator.journal import Journal
@@ -49,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = audit_commands.add_parser("verify", help="check every line of STATE/audit.log; exit 1 naming the "
                                                       "first bad line")
     verify.add_argument("--state-dir", required=True, metavar="DIR", help="the coordinator's state directory")
+    verify.add_argument("--coordinator-key", metavar="FILE", help="the coordinator's public key that signed the "
+                        "log's head, e.g. the copy the labs were given (default: STATE/coordinator.pub)")
     purge = commands.add_parser("purge", help="withdraw a participant's samples from round R on and tell each lab "
                                               "how to replay without them")
     purge.add_argument("--state-dir", required=True, metavar="DIR", help="the coordinator's state directory")
@@ -58,11 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def audit_verify(state_dir: Path) -> int:
+def audit_verify(state_dir: Path, coordinator_key: str | None) -> int:
     path = state_dir / AUDIT_FILE
-    result = verify_audit_log(path)
+    public_key = None if coordinator_key is None else load_public_key(Path(coordinator_key).expanduser())
+    result = verify_audit_log(path, public_key)
     if result.ok:
-        say(f"audit log {path}: {result.lines} lines, hash chain intact")
+        say(f"audit log {path}: {result.lines} lines, hash chain intact, head signed by the coordinator key "
+            f"{result.signer}")
         return 0
     say(f"audit log {path} FAILED verification: {result.problem}")
     return 1
@@ -109,7 +117,7 @@ def main(argv: list[str]) -> int:
     try:
         state_dir = Path(args.state_dir).expanduser().resolve()
         if args.command == "audit":
-            return audit_verify(state_dir)
+            return audit_verify(state_dir, args.coordinator_key)
         return purge(state_dir, args.participant, args.from_round, args.dry_run)
     except (ValueError, JournalError, AuditError) as exc:
         print(f"hacfed-server: error: {exc}", file=sys.stderr)

@@ -174,3 +174,110 @@ def test_strikes_and_quarantine_are_audited(tmp_path):
                                                                                   "HACFED-E-QUARANTINED")
     assert coord.submit(scripted_submission(plan, "cheat", nonce="2" * 32)).refusal == ErrorCode.QUARANTINED
     assert json.loads(coord.cfg.audit_path.read_text().splitlines()[-1])["code"] == "HACFED-E-QUARANTINED"
+
+
+def _forge_line(path: Path, detail: str) -> None:
+    """Append a line with a valid chain link and hash: anyone can compute those, no key needed."""
+    from hacfed.server.coordinator.audit import line_hash
+
+    last = json.loads(path.read_text().splitlines()[-1])
+    record = {"id": last["id"] + 1, "prev": last["hash"], "at": 1000.0, "kind": "accept", "participant": "lab-x",
+              "round": 0, "code": "OK", "detail": detail}
+    record["hash"] = line_hash(record)
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+def test_lines_cut_from_the_end_with_the_head_deleted_are_a_failure(tmp_path, capsys):
+    path = _log_with(tmp_path, 4)
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]))
+    path.with_name("audit.log.head").unlink()
+    result = verify_audit_log(path)
+    assert not result.ok and "audit.log.head is missing" in result.problem
+    assert server_main(["audit", "verify", "--state-dir", str(tmp_path)]) == 1
+    assert "FAILED verification" in capsys.readouterr().out
+
+
+def test_a_head_rewritten_without_the_key_is_a_failure(tmp_path):
+    """Cut the log, then write the head it would have: unsigned, with the old signature, or signed
+    by a key of the attacker's own."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from hacfed.server.coordinator.audit import head_message
+
+    path = _log_with(tmp_path, 4)
+    head_path = path.with_name("audit.log.head")
+    old = json.loads(head_path.read_text())
+    lines = path.read_text().splitlines(keepends=True)[:3]
+    path.write_text("".join(lines))
+    cut = {"lines": 3, "hash": json.loads(lines[-1])["hash"]}
+    mine = Ed25519PrivateKey.generate()
+    for head in (cut, {**cut, "sig": old["sig"]}, {**cut, "sig": mine.sign(head_message(3, cut["hash"])).hex()}):
+        head_path.write_text(json.dumps(head))
+        result = verify_audit_log(path)
+        assert not result.ok, head
+        assert "unsigned" in result.problem or "does not carry the coordinator key's signature" in result.problem
+
+
+def test_lines_appended_without_the_key_are_a_failure(tmp_path):
+    path = _log_with(tmp_path, 3)
+    _forge_line(path, "forged")
+    result = verify_audit_log(path)
+    assert not result.ok and result.line == 4 and "after the signed head" in result.problem
+    AuditLog(path).append(AuditEvent("accept"))  # a later append by the coordinator signs a head over it
+    assert verify_audit_log(path).ok  # so verify early and often: the labs' receipts are the witness beyond
+
+
+def test_verify_checks_the_head_with_the_key_the_labs_hold(tmp_path, capsys):
+    """An attacker who can write the state dir replaces coordinator.key and .pub and signs a cut
+    log: STATE/coordinator.pub agrees, the labs' copy (--coordinator-key) does not."""
+    import shutil
+
+    from hacfed.keys import ensure_key_pair
+
+    path = _log_with(tmp_path, 4)
+    labs_copy = tmp_path / "labs-coordinator.pub"
+    shutil.copy(tmp_path / "coordinator.pub", labs_copy)
+    assert server_main(["audit", "verify", "--state-dir", str(tmp_path), "--coordinator-key", str(labs_copy)]) == 0
+    assert "4 lines, hash chain intact, head signed by the coordinator key" in capsys.readouterr().out
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]))
+    for name in ("coordinator.key", "coordinator.pub", "audit.log.head"):
+        (tmp_path / name).unlink()
+    ensure_key_pair(tmp_path, "coordinator")
+    AuditLog(path).append(AuditEvent("accept"))
+    assert verify_audit_log(path).ok  # the attacker's own key agrees with itself
+    assert server_main(["audit", "verify", "--state-dir", str(tmp_path), "--coordinator-key", str(labs_copy)]) == 1
+    assert "does not carry the coordinator key's signature" in capsys.readouterr().out
+
+
+def test_no_public_key_to_check_the_head_is_a_failure(tmp_path):
+    path = _log_with(tmp_path, 2)
+    (tmp_path / "coordinator.pub").unlink()
+    result = verify_audit_log(path)
+    assert not result.ok and "coordinator's public key" in result.problem
+
+
+def test_the_head_is_signed_with_the_key_hacfed_server_signs_with(tmp_path):
+    """The log's key is the coordinator key of its state dir: the one hacfed-server makes, loads and
+    gives the labs as coordinator.pub."""
+    from hacfed.envelope import load_private_key
+    from hacfed.keys import fingerprint
+    from hacfed.server.config import COORDINATOR_KEY_STEM
+
+    cfg = make_config(tmp_path)
+    AuditLog(cfg.audit_path).append(AuditEvent("accept"))
+    key = load_private_key(cfg.audit_path.parent / f"{COORDINATOR_KEY_STEM}.key")
+    assert json.loads(cfg.audit_path.with_name("audit.log.head").read_text())["key"] == fingerprint(key.public_key())
+    assert verify_audit_log(cfg.audit_path, key.public_key()).ok
+
+
+def test_an_unusable_coordinator_key_writes_no_line(tmp_path):
+    from hacfed.server.audit import AuditError
+
+    path = _log_with(tmp_path, 2)
+    before = path.read_bytes()
+    (tmp_path / "coordinator.key").chmod(0o644)
+    with pytest.raises(AuditError, match="coordinator key that signs its head cannot be loaded"):
+        AuditLog(path).append(AuditEvent("accept"))
+    assert path.read_bytes() == before
