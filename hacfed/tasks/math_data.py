@@ -16,6 +16,15 @@ files is dropped from train, so the held-out split stays held out.
     task = MathDataTask(name="gsm8k", train_files=("data/gsm8k/train.jsonl",),
                         eval_files=("data/gsm8k/test.jsonl",))
     p = task.train_problems()[0]; task.verify(p, "... \\boxed{72}").reward   # 1.0
+
+The built-in GSM8K task (`gsm8k_task`, selected in a `[task]` table as `kind = "gsm8k"` and in
+`hacfed sim --task gsm8k`) reads the copy that ships in `hacfed.data.GSM8K_DIR`, holds the last
+200 train questions out as a validation split (for choosing settings), asks for a short solution
+ending in a boxed answer (GSM8K_PROMPT_TEMPLATE), scores the boxed answer or, failing that, the
+last number (a small model seldom boxes), and carries its own response budget, `max_new_tokens`
+(GSM8K_MAX_NEW_TOKENS, chosen from SmolLM2-135M-Instruct's answer lengths). `hacfed sim` takes
+that budget unless `--max-new-tokens` is given; a coordinator takes its `[sampling]
+max_new_tokens`, so a `[task]` table with `kind = "gsm8k"` wants `max_new_tokens = 320` there.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -34,6 +43,16 @@ from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
 from hacfed.trajectory import ChatMessage
 
 DEFAULT_PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{}."
+# The built-in GSM8K task's prompt and response budget, chosen with bench/gsm8k_budget.py on
+# SmolLM2-135M-Instruct (its chat template, validation questions, one CPU thread). Greedy answers to
+# this prompt (as evaluation reads them): median ~175 tokens, 90th percentile ~265, 1 of 12 past
+# 320. Sampled at the federation's temperature 1 without top-k/top-p, the model's answers often do
+# not end: 8 of 24 ran past 512 tokens (3 of 12 past 320); with the "Let's think step by step"
+# prompt, 27 of 48 ran past 320 and 22 of 48 past 768. No budget a CPU round can afford stops that,
+# so the budget covers the greedy answers and rollout_truncated_frac reports the rest.
+GSM8K_PROMPT_TEMPLATE = "{question}\nSolve it in a few short steps, then write the final answer as \\boxed{N}."
+GSM8K_MAX_NEW_TOKENS = 320
+GSM8K_VALIDATION = 200  # the last train questions, held out for choosing settings
 DATA_FORMATS = ("jsonl", "parquet")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _GROUPED = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -60,6 +79,8 @@ class MathDataTask(SplitLookup):
     answer_format: str = "gsm8k"
     max_train: int | None = None
     max_eval: int | None = None
+    num_validation: int = 0  # the last N train questions (after de-duplication) become the validation split
+    max_new_tokens: int | None = None  # the task's response budget; None: the caller's default
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     system_prompt: str | None = None
     cache_dir: str | None = None
@@ -81,10 +102,12 @@ class MathDataTask(SplitLookup):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"MathDataTask.{name} must be a non-empty string, got {getattr(self, name)!r}")
         answer_extractor(self.answer_format)  # raises ValueError naming a bad format or regex
-        for name in ("max_train", "max_eval"):
+        for name in ("max_train", "max_eval", "max_new_tokens"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"MathDataTask.{name} must be None or an int >= 1, got {value!r}")
+        if isinstance(self.num_validation, bool) or not isinstance(self.num_validation, int) or self.num_validation < 0:
+            raise ValueError(f"MathDataTask.num_validation must be an int >= 0, got {self.num_validation!r}")
         if not isinstance(self.prompt_template, str) or "{question}" not in self.prompt_template:
             raise ValueError(f"MathDataTask.prompt_template must contain '{{question}}', got {self.prompt_template!r}")
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
@@ -92,17 +115,28 @@ class MathDataTask(SplitLookup):
         if not isinstance(self.verifier, MathVerifierConfig):
             raise ValueError(f"MathDataTask.verifier must be a MathVerifierConfig, got {self.verifier!r}")
 
-    @cached_property
+    @property
     def _splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
+        train, _, held_out = self._three_splits
+        return train, held_out
+
+    def validation_problems(self) -> tuple[Problem, ...]:
+        """The last `num_validation` train questions, never trained on (empty when 0)."""
+        return self._three_splits[1]
+
+    @cached_property
+    def _three_splits(self) -> tuple[tuple[Problem, ...], tuple[Problem, ...], tuple[Problem, ...]]:
         eval_all = self._load(self.eval_files)
         eval_ids = {p.prompt_id for p in eval_all}
         train_all = self._load(self.train_files)
         train = [p for p in train_all if p.prompt_id not in eval_ids]
         if len(train) < len(train_all):
             _log.info("%s: dropped %d train questions that are also in the eval files", self.name, len(train_all) - len(train))
-        if not train:
-            raise ValueError(f"MathDataTask {self.name}: no train problems left after removing eval questions")
-        return tuple(train[: self.max_train]), tuple(eval_all[: self.max_eval])
+        if len(train) <= self.num_validation:
+            raise ValueError(f"MathDataTask {self.name}: {len(train)} train problems left after removing eval "
+                             f"questions, not more than num_validation {self.num_validation}")
+        cut = len(train) - self.num_validation
+        return tuple(train[:cut][: self.max_train]), tuple(train[cut:]), tuple(eval_all[: self.max_eval])
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         return self._verifier.verify(problem.answer, response)
@@ -156,6 +190,28 @@ class MathDataTask(SplitLookup):
             answer=gold,
             solution=reference_solution(answer_text, gold, self.answer_format),
         )
+
+
+def gsm8k_task(**options: Any) -> MathDataTask:
+    """The built-in GSM8K task over the shipped files; `options` override MathDataTask's fields
+    (name, files and the data format are fixed: use kind "jsonl" for another copy)."""
+    from hacfed.data import GSM8K_DIR
+
+    fixed = {"name", "train_files", "eval_files", "data_format", "question_field", "answer_field", "answer_format"}
+    taken = sorted(fixed & set(options))
+    if taken:
+        raise ValueError(f"gsm8k task: {taken} are fixed by the built-in task; use kind 'jsonl' for other files")
+    allowed = {f.name for f in fields(MathDataTask)} - fixed
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"gsm8k task: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    defaults: dict[str, Any] = {
+        "num_validation": GSM8K_VALIDATION, "max_new_tokens": GSM8K_MAX_NEW_TOKENS,
+        "prompt_template": GSM8K_PROMPT_TEMPLATE,
+        "verifier": MathVerifierConfig(answer_mode="boxed_or_last_number"),
+    }
+    return MathDataTask(name="gsm8k", train_files=(str(GSM8K_DIR / "train.jsonl"),),
+                        eval_files=(str(GSM8K_DIR / "test.jsonl"),), **{**defaults, **options})
 
 
 def question_hash(question: str) -> str:

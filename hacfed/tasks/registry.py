@@ -7,6 +7,7 @@ Torch-free on purpose: the coordinator builds its task here and must never impor
     load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["gsm8k/train.jsonl"],
                "eval_files": ["gsm8k/test.jsonl"], "answer_format": "gsm8k",
                "verifier": {"answer_mode": "boxed", "sandbox": {"timeout_s": 5}}}, base_dir="configs/")
+    load_task({"kind": "gsm8k", "max_train": 1000})   # the shipped GSM8K (hacfed.tasks.math_data.gsm8k_task)
     load_task({"kind": "plugin", "plugin": "reverse-word", "train_files": "train.jsonl",
                "eval_files": "eval.jsonl"})   # an installed task package's reward (hacfed.tasks.plugin)
 
@@ -23,12 +24,12 @@ from typing import Any, Mapping
 from hacfed.tasks.arithmetic import ArithmeticTask
 from hacfed.tasks.base import Task
 from hacfed.tasks.chain import ChainTask
-from hacfed.tasks.math_data import MathDataTask
+from hacfed.tasks.math_data import MathDataTask, gsm8k_task
 from hacfed.tasks.math_verifier import MathVerifierConfig
 from hacfed.tasks.plugin import PluginTaskConfig, load_plugin_task
 from hacfed.tasks.sandbox import SandboxLimits
 
-TASK_KINDS = ("arithmetic", "chain", "jsonl", "parquet", "plugin")
+TASK_KINDS = ("arithmetic", "chain", "jsonl", "parquet", "plugin", "gsm8k")
 
 
 def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) -> Task:
@@ -55,6 +56,12 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
                     raise ValueError(f"chain task: {key!r} must be a list of strings, got {values!r}")
                 options[key] = tuple(values)
         return ChainTask(**options)  # type: ignore[arg-type]
+    if kind == "gsm8k":  # the GSM8K copy that ships with hacfed (hacfed.tasks.math_data.gsm8k_task)
+        if "verifier" in options:
+            options["verifier"] = _verifier_config(options["verifier"])
+        task = gsm8k_task(**options)
+        task.train_problems()  # read and validate the files now, not at the first round
+        return task
     if kind == "plugin":  # a lab's own reward from an installed package (hacfed.tasks.plugin)
         return load_plugin_task(PluginTaskConfig.from_spec(options, base_dir))
     return _load_math_data(kind, options, base_dir)

@@ -26,15 +26,25 @@ from typing import Any, Callable, Sequence
 from hacfed.tools.cli_help import HelpFormatter
 from hacfed.tools.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
 from hacfed.messages import PEER_CHOICES
+from hacfed.metrics_sinks import TruncationWarnings
 
 SIM_MODES = MODE_NAMES
 DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
+# name -> (task spec, response budget; None: the task's own `max_new_tokens`)
 TASKS = {
     "add2": ({"kind": "arithmetic", "digits": 2, "operators": "+", "num_validation": 200}, 6),
+    # GSM8K from the copy that ships with hacfed; its budget is the task's (hacfed.tasks.math_data).
+    "gsm8k": ({"kind": "gsm8k"}, None),
     "chain": ({"kind": "chain", "terms": 3}, 40),
     # The same chains, half of the prompts written in words (the notations skills setting).
     "chain-notations": ({"kind": "chain", "terms": 3, "notations": ["sym", "word"]}, 40),
 }
+
+# Run sizes a task changes from the defaults: a GSM8K answer is hundreds of tokens, so one round
+# with the defaults' 16 prompts x 8 samples and 200 held-out problems would take an hour on a CPU.
+TASK_RUN_SIZES = {"gsm8k": {"prompts_per_round": 2, "group_size": 4, "eval_problems": 8}}
+RUN_SIZE_DEFAULTS = {"prompts_per_round": 16, "group_size": 8, "eval_problems": 200}
+TRUNCATION_SETTING = "--max-new-tokens"
 
 
 @dataclass(frozen=True)
@@ -45,11 +55,11 @@ class SimConfig:
     seed: int = 0
     prompts_per_round: int = 16
     group_size: int = 8
-    max_new_tokens: int = 6
+    max_new_tokens: int | None = 6  # None: the task's own budget (its `max_new_tokens`)
     eval_every: int = 5
     eval_problems: int = 200
     learning_rate: float = 5e-5
-    finetune: str = "full"
+    finetune: str = "auto"  # "full", "lora", or by model size (hacfed.models.memory)
     task: dict = field(default_factory=lambda: dict(TASKS["add2"][0]))
     hacpo_overrides: dict = field(default_factory=dict)  # e.g. {"cross_clip": False} (ablations)
     state_dir: str | None = None
@@ -72,6 +82,8 @@ class SimConfig:
             raise ValueError("agents must name at least one model")
         for name in ("rounds", "prompts_per_round", "group_size", "max_new_tokens", "eval_problems"):
             value = getattr(self, name)
+            if name == "max_new_tokens" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.eval_every < 0:
@@ -134,6 +146,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     from hacfed.tasks.registry import load_task
 
     task = load_task(cfg.task)
+    max_new_tokens = response_budget(cfg.max_new_tokens, task)
     ids = participant_ids(cfg.agents)
     group = cfg.group_size * get_mode(cfg.mode).rollout_multiplier
     minibatch = cfg.minibatch_size or max(1, cfg.prompts_per_round * cfg.group_size // 2)  # paper: 2 per source
@@ -142,7 +155,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         run_id=f"sim-{cfg.mode}-s{cfg.seed}", task=cfg.task, rounds=cfg.rounds,
         prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
-        sampling=SamplingParams(max_new_tokens=cfg.max_new_tokens),
+        sampling=SamplingParams(max_new_tokens=max_new_tokens),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
@@ -177,19 +190,25 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
             on_row(row)
 
     bar = tqdm(total=cfg.rounds, desc=f"sim {cfg.mode} seed {cfg.seed}", unit="round", disable=not progress)
+    warnings = TruncationWarnings(TRUNCATION_SETTING)
 
     def on_round(outcome) -> None:
         for m in outcome.summary.participants:
             row = {"round": outcome.round_id, "agent": m.participant_id, "mode": cfg.mode, "seed": cfg.seed,
                    "reward_mean": m.reward_mean, "accepted": m.accepted, "rejected": m.rejected,
                    "capability": m.capability}
+            truncated = m.train_metrics.get("rollout_truncated_frac")
+            if truncated is not None:
+                row["rollout_truncated_frac"] = truncated
+                warning = warnings.check(m.participant_id, truncated)
+                if warning:
+                    tqdm.write(warning, file=sys.stderr)
             if m.eval_accuracy is not None:
                 row["eval_accuracy"] = m.eval_accuracy
                 row.update(_eval_extras(m.train_metrics))
             row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
             emit(row)
-        rewards = {m.participant_id: m.reward_mean for m in outcome.summary.participants}
-        bar.set_postfix({k: f"{v:.2f}" for k, v in rewards.items() if v is not None})
+        bar.set_postfix(round_postfix(outcome.summary.participants))
         bar.update(1)
 
     try:
@@ -202,6 +221,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
                 row = {"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
                        "eval_accuracy": report.eval_accuracy, "final": True}
                 row.update(_eval_extras(report.metrics))
+                # The last pool's training, as a coordinator's final row has it (skipped samples, losses).
+                row.update({f"train/{k}": v for k, v in report.metrics.items()})
                 emit(row)
     finally:
         bar.close()
@@ -212,10 +233,32 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     return rows
 
 
+def response_budget(max_new_tokens: int | None, task: Any) -> int:
+    """The run's response budget: the one asked for, else the task's own (`max_new_tokens`)."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    own = getattr(task, "max_new_tokens", None)
+    if own is None:
+        raise ValueError(f"task {task.name} has no response budget of its own: pass --max-new-tokens")
+    return own
+
+
+def round_postfix(participants: Sequence[Any]) -> dict[str, str]:
+    """The progress bar's per-agent text: mean reward and, when any, the truncated fraction."""
+    out = {}
+    for m in participants:
+        if m.reward_mean is None:
+            continue
+        truncated = m.train_metrics.get("rollout_truncated_frac")
+        out[m.participant_id] = f"{m.reward_mean:.2f}" + (f" cut {truncated:.0%}" if truncated else "")
+    return out
+
+
 def summary_table(rows: Sequence[dict]) -> str:
-    """Per agent: first and final held-out accuracy, and mean reward over the first/last 5 rounds."""
+    """Per agent: first and final held-out accuracy, mean reward over the first/last 5 rounds, and
+    the mean fraction of its responses cut at the budget."""
     agents = sorted({r["agent"] for r in rows})
-    lines = [f"{'agent':<16} {'acc start':>9} {'acc final':>9} {'reward first5':>13} {'reward last5':>12}"]
+    lines = [f"{'agent':<16} {'acc start':>9} {'acc final':>9} {'reward first5':>13} {'reward last5':>12} {'cut':>5}"]
     for agent in agents:
         mine = [r for r in rows if r["agent"] == agent]
         evals = [r for r in mine if r.get("eval_accuracy") is not None]
@@ -224,7 +267,9 @@ def summary_table(rows: Sequence[dict]) -> str:
         final = f"{evals[-1]['eval_accuracy']:.3f}" if evals else "-"
         first5 = f"{sum(rewards[:5]) / len(rewards[:5]):.3f}" if rewards else "-"
         last5 = f"{sum(rewards[-5:]) / len(rewards[-5:]):.3f}" if rewards else "-"
-        lines.append(f"{agent:<16} {start:>9} {final:>9} {first5:>13} {last5:>12}")
+        cuts = [r["rollout_truncated_frac"] for r in mine if r.get("rollout_truncated_frac") is not None]
+        cut = f"{sum(cuts) / len(cuts):.0%}" if cuts else "-"
+        lines.append(f"{agent:<16} {start:>9} {final:>9} {first5:>13} {last5:>12} {cut:>5}")
     return "\n".join(lines)
 
 
@@ -234,7 +279,9 @@ def add_parser(sub: Any) -> None:
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2],
         epilog=modes_help() + "\n\ntasks:\n  add2   2-digit addition, 2-4 token answers (the quick smoke setting)\n"
                "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)\n"
-               "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')",
+               "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')\n"
+               "  gsm8k  GSM8K word problems (shipped copy), worked answers of hundreds of tokens, for pretrained models\n"
+               "         (smollm2, a Hugging Face directory); smaller defaults: 2 prompts x 4 samples, 8 eval problems",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--agents", default="tiny-llama,tiny-gpt2",
@@ -243,15 +290,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--task", choices=tuple(TASKS), default="add2", help="the verifiable task (see below)")
     p.add_argument("--rounds", type=int, default=30, help="federation rounds (one training step each)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt plans and the sampling")
-    p.add_argument("--prompts-per-round", type=int, default=16, help="prompts in each round's plan")
-    p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
+    p.add_argument("--prompts-per-round", type=int, default=None, help="prompts in each round's plan (default 16; gsm8k 2)")
+    p.add_argument("--group-size", type=int, default=None, help="responses per prompt per agent (G; default 8; gsm8k 4)")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="response budget (default: the task's, " + ", ".join(f"{k} {v[1]}" for k, v in TASKS.items()) + ")")
+                   help="response budget (default: the task's, " + ", ".join(f"{k} {v[1] or 'its own'}" for k, v in TASKS.items()) +
+                        "; gsm8k's is hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS)")
     p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate of every agent")
-    p.add_argument("--finetune", choices=("full", "lora"), default="full", help="full fine-tuning or a LoRA adapter")
+    p.add_argument("--finetune", choices=("auto", "full", "lora"), default="auto",
+                   help="full fine-tuning, a LoRA adapter, or auto: LoRA above 300M parameters (hacfed.models.memory)")
     p.add_argument("--digits", type=int, default=2, help="add2 only: digits per operand")
     p.add_argument("--eval-every", type=int, default=5, help="greedy held-out evaluation every K rounds (0: start and end only)")
-    p.add_argument("--eval-problems", type=int, default=200, help="held-out problems per evaluation")
+    p.add_argument("--eval-problems", type=int, default=None, help="held-out problems per evaluation (default 200; gsm8k 8)")
     p.add_argument("--eval-split", choices=("test", "validation"), default="test",
                    help="evaluate on the test split (reports) or the validation split (choosing settings)")
     p.add_argument("--eval-sampled", action="store_true", help="also report sampled pass@1 (one T=1 sample per problem)")
@@ -294,10 +343,12 @@ def run_from_args(args: Any) -> int:
 
 
 def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
+    sizes = {**RUN_SIZE_DEFAULTS, **TASK_RUN_SIZES.get(args.task, {})}
+    sizes.update({k: getattr(args, k) for k in sizes if getattr(args, k) is not None})
     cfg = SimConfig(
-        agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, prompts_per_round=args.prompts_per_round,
-        group_size=args.group_size, max_new_tokens=args.max_new_tokens or TASKS[args.task][1], eval_every=args.eval_every,
-        eval_problems=args.eval_problems, learning_rate=args.lr, finetune=args.finetune,
+        agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, **sizes,
+        max_new_tokens=args.max_new_tokens or TASKS[args.task][1], eval_every=args.eval_every,
+        learning_rate=args.lr, finetune=args.finetune,
         task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
