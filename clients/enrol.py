@@ -53,8 +53,9 @@ def ensure_lab_keys(state_dir: Path, participant_id: str) -> LabKeys:
     signing = ensure_key_pair(state_dir, "participant")
     node = ensure_supernode_key(state_dir)
     private_key = signing.load()
-    supernode_public = load_supernode_private_key(node.private).public_key()
-    line = make_enrolment(participant_id, private_key, supernode_public)
+    supernode_private = load_supernode_private_key(node.private)
+    supernode_public = supernode_private.public_key()
+    line = make_enrolment(participant_id, private_key, supernode_private)
     path = state_dir / ENROLMENT_FILE
     if not path.exists() or path.read_text(encoding="ascii", errors="replace").strip() != line:
         write_atomic(path, (line + "\n").encode("ascii"), 0o644)

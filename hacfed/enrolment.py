@@ -12,13 +12,18 @@ A lab has two key pairs in its state directory:
   reads): Flower's SuperNode authentication. The coordinator registers its public half with the
   SuperLink (`flwr supernode register`), so only this lab's SuperNode can connect as this lab's node.
 
-The enrolment line carries the participant id and both public keys, signed with the participant
-key (so the two keys are bound to each other and to the id by their holder):
+The enrolment line carries the participant id and both public keys, signed with each of the two
+private keys over the same content (so the two keys are bound to each other and to the id by their
+holder):
 
-    hacfed-enrolment/v1 lab-b ed25519:<base64 raw key> ecdsa-sha2-nistp384:<base64 OpenSSH blob> sig:<base64>
+    hacfed-enrolment/v1 lab-b ed25519:<base64 raw key> ecdsa-sha2-nistp384:<base64 OpenSSH blob> sig:<base64> nodesig:<base64>
 
-The signature proves possession, not identity: the operator compares the fingerprints that both
-commands print with the lab over another channel (a call, a signed e-mail) before registering.
+`sig` is the participant key's Ed25519 signature, `nodesig` the SuperNode key's deterministic ECDSA
+signature (DER; SHA-256/384/512 for P-256/384/521). Without `nodesig`, a lab could enrol with
+another lab's public SuperNode key, and since a key is registered for one lab only, that would
+block the other lab's own enrolment; a line without it is refused. The signatures prove
+possession, not identity: the operator compares the fingerprints that both commands print with the
+lab over another channel (a call, a signed e-mail) before registering.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -40,6 +45,8 @@ from hacfed.keys import fingerprint, raw_public_bytes
 
 ENROLMENT_TAG = "hacfed-enrolment/v1"
 ENROLMENT_TYPE = "hacfed.v1.Enrolment"
+NODE_PROOF_TYPE = "hacfed.v1.EnrolmentSupernodeProof"  # what the SuperNode key signs: the same content
+_CURVE_HASHES = {"secp256r1": hashes.SHA256, "secp384r1": hashes.SHA384, "secp521r1": hashes.SHA512}
 ENROLMENT_FILE = "enrolment.txt"
 SUPERNODE_KEY = "supernode.key"
 SUPERNODE_PUB = "supernode.pub"
@@ -128,16 +135,25 @@ def _payload(participant_id: str, signing_key: Ed25519PublicKey, supernode_text:
                          supernode_text.encode("ascii")])
 
 
-def make_enrolment(participant_id: str, signing_key: Ed25519PrivateKey, supernode_key: ec.EllipticCurvePublicKey) -> str:
-    """The one-line enrolment of a lab (see the module docstring)."""
+def _node_signature_algorithm(key: ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey) -> ec.ECDSA:
+    return ec.ECDSA(_CURVE_HASHES[key.curve.name](), deterministic_signing=True)
+
+
+def make_enrolment(participant_id: str, signing_key: Ed25519PrivateKey, supernode_key: ec.EllipticCurvePrivateKey) -> str:
+    """The one-line enrolment of a lab, signed with both of its private keys (module docstring).
+    The same keys always give the same line (both signatures are deterministic)."""
     check_participant_id(participant_id)
+    if not isinstance(supernode_key, ec.EllipticCurvePrivateKey) or supernode_key.curve.name not in _CURVE_HASHES:
+        raise ValueError("make_enrolment needs the SuperNode's ECDSA private key (P-256, P-384 or P-521)")
     public = signing_key.public_key()
-    ssh_type, blob = supernode_public_text(supernode_key).split()[:2]
-    signature = signing_key.sign(signed_message(DOMAIN_ENROLMENT, ENROLMENT_TYPE,
-                                                _payload(participant_id, public, f"{ssh_type} {blob}")))
+    ssh_type, blob = supernode_public_text(supernode_key.public_key()).split()[:2]
+    payload = _payload(participant_id, public, f"{ssh_type} {blob}")
+    signature = signing_key.sign(signed_message(DOMAIN_ENROLMENT, ENROLMENT_TYPE, payload))
+    node_signature = supernode_key.sign(signed_message(DOMAIN_ENROLMENT, NODE_PROOF_TYPE, payload),
+                                        _node_signature_algorithm(supernode_key))
     b64 = base64.b64encode
     return (f"{ENROLMENT_TAG} {participant_id} ed25519:{b64(raw_public_bytes(public)).decode()} "
-            f"{ssh_type}:{blob} sig:{b64(signature).decode()}")
+            f"{ssh_type}:{blob} sig:{b64(signature).decode()} nodesig:{b64(node_signature).decode()}")
 
 
 def parse_enrolment(text: str) -> Enrolment:
@@ -147,23 +163,36 @@ def parse_enrolment(text: str) -> Enrolment:
     if not lines or len(lines[0]) > _MAX_LINE:
         raise ValueError("no enrolment line found (expected one line starting with hacfed-enrolment/v1)")
     fields = lines[0].split(" ")
-    if len(fields) != 5 or fields[0] != ENROLMENT_TAG:
+    if len(fields) not in (5, 6) or fields[0] != ENROLMENT_TAG:
         raise ValueError(f"not a {ENROLMENT_TAG} line: {printable(lines[0], 80)}")
-    _, participant_id, signing_field, supernode_field, sig_field = fields
+    if len(fields) == 5 and fields[4].startswith("sig:"):
+        raise ValueError("this enrolment carries no proof that its sender holds the SuperNode key (no nodesig:, made "
+                         "by an older hacfed-client); the lab runs hacfed-client keys again and sends the new line")
+    if len(fields) == 5:
+        raise ValueError(f"malformed enrolment line: {printable(lines[0], 80)}")
+    _, participant_id, signing_field, supernode_field, sig_field, node_sig_field = fields
     check_participant_id(participant_id, "the enrolment's participant id")
-    if not signing_field.startswith("ed25519:") or not sig_field.startswith("sig:") or ":" not in supernode_field:
+    if (not signing_field.startswith("ed25519:") or not sig_field.startswith("sig:") or ":" not in supernode_field
+            or not node_sig_field.startswith("nodesig:")):
         raise ValueError(f"malformed enrolment line: {printable(lines[0], 80)}")
     try:
         signing_key = Ed25519PublicKey.from_public_bytes(base64.b64decode(signing_field[8:], validate=True))
         signature = base64.b64decode(sig_field[4:], validate=True)
+        node_signature = base64.b64decode(node_sig_field[8:], validate=True)
     except (ValueError, binascii.Error):
         raise ValueError("the enrolment's signing key or signature is not valid base64 / Ed25519") from None
     supernode_text = supernode_field.replace(":", " ", 1)
     supernode_key = load_supernode_public_text(supernode_text, "the enrolment's SuperNode key")
+    payload = _payload(participant_id, signing_key, supernode_text)
     try:
-        signing_key.verify(signature, signed_message(DOMAIN_ENROLMENT, ENROLMENT_TYPE,
-                                                     _payload(participant_id, signing_key, supernode_text)))
+        signing_key.verify(signature, signed_message(DOMAIN_ENROLMENT, ENROLMENT_TYPE, payload))
     except InvalidSignature:
         raise ValueError(f"the enrolment of {participant_id} is not signed by its own signing key "
                          f"(edited or corrupted in transit)") from None
+    try:
+        supernode_key.verify(node_signature, signed_message(DOMAIN_ENROLMENT, NODE_PROOF_TYPE, payload),
+                             _node_signature_algorithm(supernode_key))
+    except InvalidSignature:
+        raise ValueError(f"the enrolment of {participant_id} is not signed by its SuperNode key: its sender does not "
+                         f"hold that key (another lab's public key?), or the line was edited") from None
     return Enrolment(participant_id, signing_key, supernode_key)

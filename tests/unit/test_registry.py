@@ -15,7 +15,9 @@ import pytest
 
 from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.clients.main import main as client_main
-from hacfed.enrolment import ENROLMENT_FILE, make_enrolment, parse_enrolment
+from hacfed.enrolment import (
+    ENROLMENT_FILE, SUPERNODE_KEY, load_supernode_private_key, make_enrolment, parse_enrolment,
+)
 from hacfed.envelope import generate_key, key_id, save_public_key
 from hacfed.server.main import main as server_main
 from hacfed.server.registry import REVOKED_DIR, load_registry, register, register_signing_key, revoke
@@ -90,7 +92,8 @@ def test_register_refuses_to_rebind_an_id_or_share_a_key(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="lab-a is already registered with other keys; revoke it first"):
         register(keys, parse_enrolment(_enrol(tmp_path / "other", "lab-a")))
     lab_a = ensure_lab_keys(tmp_path / "lab-a", "lab-a")
-    stolen = make_enrolment("lab-z", lab_a.private_key, lab_a.enrolment.supernode_key)  # lab-a's keys, another id
+    node_key = load_supernode_private_key(tmp_path / "lab-a" / SUPERNODE_KEY)
+    stolen = make_enrolment("lab-z", lab_a.private_key, node_key)  # lab-a's keys, another id
     with pytest.raises(ValueError, match="already registered for lab-a"):
         register(keys, parse_enrolment(stolen))
 
