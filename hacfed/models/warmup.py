@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from hacfed.models.warmup_estimate import estimated_steps, progress_text
 from hacfed.tasks.base import Problem, Task
 from hacfed.trajectory import render_prompt_ids
 
@@ -191,7 +192,9 @@ def warm_up(
     checks: list[tuple[int, float]] = []
     order, cursor, step = torch.randperm(len(train), generator=generator), 0, 0
     next_check = config.coarse_check_every
-    bar = tqdm(total=config.max_steps, desc=desc, disable=not progress, leave=False)
+    # No total until the screens give an estimate: the cap (max_steps) is not how long it takes.
+    bar = tqdm(total=config.max_steps if config.fixed_steps else None, desc=desc, unit="step",
+               disable=not progress, leave=False)
     # Without a bar (off a terminal: a log file, CI, nohup) a build still says how it goes, at most
     # once a minute, so a ten-minute warm-up is never silent.
     next_line = start + PLAIN_PROGRESS_EVERY_S
@@ -207,9 +210,9 @@ def warm_up(
             bar.update(1)
             if bar.disable and time.monotonic() >= next_line:
                 next_line = time.monotonic() + PLAIN_PROGRESS_EVERY_S
-                last = f", held-out screen {screens[-1][1]:.2f}" if screens else ""
-                print(f"[hacfed] {desc}: step {step} of at most {config.max_steps}, loss {loss:.3f}{last}, "
-                      f"{time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+                where = progress_text(step, screens, config.target_accuracy, config.max_steps, config.fixed_steps)
+                print(f"[hacfed] {desc}: {where}, loss {loss:.3f}, {time.monotonic() - start:.0f} s",
+                      file=sys.stderr, flush=True)
             if step < next_check or config.fixed_steps:
                 continue
             model.eval()
@@ -220,7 +223,10 @@ def warm_up(
             near = screen >= config.target_accuracy / 2
             next_check = step + (config.check_every if near else config.coarse_check_every)
             screens.append((step, screen))
-            bar.set_postfix(loss=f"{loss:.3f}", screen=f"{screen:.2f}")
+            bar.set_postfix(loss=f"{loss:.3f}", screen=f"{screen:.2f}", stops_at=f"{config.target_accuracy:.2f}")
+            if (estimate := estimated_steps(screens, config.target_accuracy, config.max_steps)) is not None:
+                bar.total = max(estimate, step)  # about how many steps in all, from the screens so far
+                bar.refresh()
             if config.target_accuracy <= screen <= config.max_accuracy:
                 checks.append((step, float(evaluate(model, tokenizer, task, held_out, config.eval_max_new_tokens))))
                 if config.in_band(checks[-1][1]):

@@ -152,7 +152,7 @@ def run_demo(agents: Sequence[str], args: Any, outputs: tuple[Path, Path, bool])
 
     print(f"[demo] preparing {len(agents)} agents (built and warmed up once, then cached in {store.models_root()})")
     for name in agents:
-        store.ensure_built(name, 0, progress=sys.stderr.isatty())  # warm-up bars only on a terminal
+        prepare_agent(store, name)
 
     server_state = root / "coordinator"
     coordinator_keys = ensure_key_pair(server_state, "coordinator")
@@ -204,6 +204,26 @@ def run_demo(agents: Sequence[str], args: Any, outputs: tuple[Path, Path, bool])
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def prepare_agent(store: Any, name: str) -> None:
+    """Build and warm up a preset on first use (its bar, on a terminal, counts steps towards an
+    estimate from the held-out checks: hacfed.models.warmup_estimate), then one "ready" line."""
+    from hacfed.models import zoo
+
+    before = store.read_metadata(store.model_dir(name, 0))
+    if before is None:
+        print(f"[demo] {name}: building and warming up (first use; it stops when held-out accuracy reaches "
+              f"{zoo.PRESETS[name].warmup.target_accuracy:.2f})", flush=True)
+    path = store.ensure_built(name, 0, progress=sys.stderr.isatty())  # warm-up bars only on a terminal
+    meta = store.read_metadata(path) or {}
+    accuracy = meta.get("heldout_accuracy")
+    shown = f"held-out accuracy {accuracy:.2f}" if isinstance(accuracy, (int, float)) else "built"
+    if meta == before:
+        print(f"[demo] {name} ready (cached): {shown}", flush=True)
+    else:
+        print(f"[demo] {name} ready: {shown} after {meta.get('warmup_steps')} warm-up steps "
+              f"({float(meta.get('warmup_seconds') or 0.0):.0f} s)", flush=True)
 
 
 def provision_transport(root: Path, server_state: Path, ids: Sequence[str], *, insecure: bool

@@ -44,6 +44,7 @@ def test_demo_runs_writes_outputs_and_leaves_nothing(tmp_path):
                             env=dict(os.environ))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "accuracy before" in result.stdout and "round 1" in result.stdout
+    assert "[demo] tiny-llama ready" in result.stdout and "[demo] tiny-gpt2 ready" in result.stdout  # per agent
     # TLS and SuperNode authentication by default (README "Running a real federation"), set up in the state dir
     assert "Fleet API on 127.0.0.1:" in result.stdout and "(TLS, SuperNode authentication)" in result.stdout
     assert (state / "certs" / "ca.pem").exists() and (state / "coordinator" / "supernode-nodes.json").exists()

@@ -141,8 +141,10 @@ def test_warm_up_without_a_bar_prints_plain_progress_lines(monkeypatch, capsys):
     monkeypatch.setattr(warmup_module, "PLAIN_PROGRESS_EVERY_S", 0.0)  # a line at every step
     warm_up(model, tok, TASK, config, seed=7, evaluate=lambda *a: 0.0, progress=False, desc="warm-up tiny")
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 3 and lines[0].startswith("[hacfed] warm-up tiny: step 1 of at most 3, loss ")
-    assert "held-out screen 0.00" in lines[1]  # the screen of step 1, shown from step 2 on
+    assert len(lines) == 3 and lines[0].startswith("[hacfed] warm-up tiny: step 1, stops at held-out 0.35, no "
+                                                   "estimate before accuracy rises, loss ")
+    assert "held-out 0.00 (stops at 0.35)" in lines[1]  # the screen of step 1, shown from step 2 on
+    assert not any("at most" in line for line in lines)  # the cap is not the warm-up's length
     monkeypatch.setattr(warmup_module, "PLAIN_PROGRESS_EVERY_S", 3600.0)  # a short build says nothing
     warm_up(model, tok, TASK, config, seed=7, evaluate=lambda *a: 0.0, progress=False)
     assert capsys.readouterr().err == ""
