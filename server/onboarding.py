@@ -19,8 +19,6 @@ with the labs that are left).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +27,7 @@ from hacfed.certs import LOCAL_HOSTS, check_hosts, init_federation_certs
 from hacfed.config_values import OneLineArgumentParser
 from hacfed.enrolment import parse_enrolment
 from hacfed.server.audit import AuditError, AuditEvent, AuditLog
-from hacfed.server.registry import SUPERNODES_DIR, describe, load_registry, register, revoke
+from hacfed.server.registry import describe, load_registry, register, revoke, unregister, unrevoke
 
 AUDIT_FILE = "audit.log"  # CoordinatorConfig.audit_path, without needing the coordinator's config
 
@@ -87,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         entry = register(keys_dir, enrolment)
         if new:
             _audit(args, AuditEvent("register", participant=entry.participant_id, detail=describe(entry)),
-                   undo=lambda: _unregister(keys_dir, entry.participant_id))
+                   undo=lambda: unregister(keys_dir, entry))
         print(f"hacfed-server: registered {describe(entry)}")
         print("hacfed-server: compare these fingerprints with the lab (its hacfed-client keys output) over another "
               "channel; a running coordinator admits it within seconds")
@@ -95,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "revoke":
         folder = revoke(keys_dir, args.participant_id)
         _audit(args, AuditEvent("revoke", participant=args.participant_id, detail=f"keys moved to {folder.name}"),
-               undo=lambda: _unrevoke(keys_dir, args.participant_id, folder))
+               undo=lambda: unrevoke(keys_dir, args.participant_id, folder))
         print(f"hacfed-server: revoked {args.participant_id} (keys moved to {folder}); a running coordinator refuses "
               f"its submissions from now on, sends it no more rounds and unregisters its SuperNode within seconds")
         return 0
@@ -121,19 +119,6 @@ def _audit(args: argparse.Namespace, event: AuditEvent, undo: Callable[[], None]
         undo()
         raise ValueError(f"the audit log could not record the {event.kind} of {event.participant}, so it was undone: "
                          f"{exc}") from None
-
-
-def _unregister(keys_dir: Path, participant_id: str) -> None:
-    for path in (keys_dir / f"{participant_id}.pub", keys_dir / SUPERNODES_DIR / f"{participant_id}.pub"):
-        path.unlink(missing_ok=True)
-
-
-def _unrevoke(keys_dir: Path, participant_id: str, folder: Path) -> None:
-    if (folder / "supernode.pub").exists():
-        os.replace(folder / "supernode.pub", keys_dir / SUPERNODES_DIR / f"{participant_id}.pub")
-    if (folder / "signing.pub").exists():
-        os.replace(folder / "signing.pub", keys_dir / f"{participant_id}.pub")
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read(path: Path) -> str:

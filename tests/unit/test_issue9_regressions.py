@@ -23,7 +23,7 @@ from tests.unit.test_coordinator_fakes import FakeClock, make_coordinator, scrip
 from tests.unit.test_server_driver import Federation
 
 
-def test_deleting_a_labs_key_file_by_hand_revokes_it_by_the_next_round(tmp_path: Path) -> None:
+def test_deleting_a_labs_key_file_by_hand_takes_it_out_by_the_next_round(tmp_path: Path) -> None:
     fed = Federation(tmp_path, FakeClock(), rounds=4, expected_participants=2, min_participants=1)
     fed.add(1, "lab-a")
     lab_b = fed.add(2, "lab-b")
