@@ -33,7 +33,7 @@ group; the ClientAppIo port is read back from its log):
 Where a message's time goes on this path (echo participants, 2 SuperNodes, 2 busy cores, one run
 each, poll 0.2 s): ~0.6-0.9 s per round trip with the runner against ~12 s with a fresh
 `flwr-clientapp` per message on the same loaded machine; the runner's own share is 30-90 ms. What is
-left is polling (the SuperNode's capped sleeps, the ServerApp's `poll-interval-s`) and, now and then,
+left is polling (the SuperNode's capped sleeps, the ServerApp's `server.poll_interval_s`) and, now and then,
 Flower's 1 s first retry when a message's content is pulled while its sender is still pushing it
 (docs/results.md, "Round time over Flower").
 """

@@ -28,7 +28,7 @@ else to do gets them in an answers-only delivery.
 
 A Flower node takes part only once its hello proved which registered lab it is (`hello` /
 `identify`, `hacfed.server.hellos`); a node whose hello claims an id that is not registered is
-left out, and its next hello (the loop asks again after hello-timeout-s) tells it so
+left out, and its next hello (the loop asks again after hello_timeout_s) tells it so
 (HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before
 each round and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop
 waiting for it.
@@ -67,6 +67,7 @@ from hacfed.server.reporting import (
 from hacfed.server.round_updates import SealedUpdates
 from hacfed.server.round_waiting import WaitingLine
 from hacfed.server.run_end import RunEnd, write_status
+from hacfed.server.serverapp import LoopTiming
 
 log = logging.getLogger("hacfed.server.driver")
 
@@ -88,6 +89,7 @@ class FederationDriver:
     ) -> None:
         self.config, self.supervisor = config, supervisor  # supervisor: hacfed-server (None: unsupervised)
         self.cfg = config.coordinator
+        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s)  # the round loop's
         self.state_dir = config.state_dir
         self._monotonic = monotonic
         self.console = ConsoleLog(self.state_dir / CONSOLE_FILE, console)
@@ -386,8 +388,7 @@ class FederationDriver:
 
 
 def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
-    """The ServerApp's factory (run config `driver`); `driver-config` names hacfed-server's
-    `ServerConfig` file, `supervisor` hacfed-server itself."""
+    """The ServerApp's factory (run config `driver`): `driver-config` names the ServerConfig file."""
     path = run_config.get("driver-config")
     if not isinstance(path, str) or not path:
         raise ValueError(f"run config 'driver-config' must name the server config file, got {path!r}")

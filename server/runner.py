@@ -116,14 +116,14 @@ def lock_state_dir(state: Path):  # noqa: ANN201 - an open file object kept for 
 
 
 def run_config(cfg: ServerConfig, settings_path: Path) -> dict[str, str | float]:
+    """The ServerApp reads every setting from the config file (its loop timing too); the ClientApp
+    relays, which cannot read it, get only their deadline."""
     deadline = cfg.coordinator.round_deadline_s
     return {
         "driver": DRIVER_SPEC,
         "driver-config": str(settings_path),
         "state-dir": str(cfg.state_dir),
         "supervisor": format_supervisor(this_process()),  # an orphaned ServerApp stops
-        "poll-interval-s": cfg.server.poll_interval_s,
-        "round-timeout-s": deadline,
         "relay-timeout-s": max(deadline * 0.9, 1.0),  # below the round's, so the relay answers first
     }
 

@@ -4,8 +4,8 @@ Runs in the coordinator's ServerApp process, which the SuperLink started by hacf
 for the submitted run (`hacfed.server.superlink.submit_run`).
 
 Why push/pull and not `grid.send_and_receive`: the latter sleeps 3 s between pulls; here
-the loop polls every `poll-interval-s` (0.2 s by default) and closes each round at its own
-deadline, so a round costs what the SuperNodes cost and no more.
+the loop polls every `poll_interval_s` (hacfed: `server.poll_interval_s`, 0.2 s by default) and
+closes each round at its own deadline, so a round costs what the SuperNodes cost and no more.
 
 The ServerApp knows nothing of the payload. Each round it asks the driver for one payload
 per participant, sends them as `train.exchange` messages, and hands every reply (or error)
@@ -14,14 +14,12 @@ back to the driver. Participants are discovered continuously: every node that ap
 participant id (from the SuperNode's node config; a ServerApp cannot read node configs itself)
 and carries the participant's proof, and the node becomes that participant only if the driver's
 `identify` accepts it (hacfed: `hacfed.hello`, `hacfed.server.membership`). A refused node is
-asked again after `hello-timeout-s`. A node that joins late takes part from the next round on.
+asked again after `hello_timeout_s`. A node that joins late takes part from the next round on.
 
-Run config keys (defaults in `server/flower_app/pyproject.toml`):
-  driver                "pkg.module:factory"; `factory(run_config) -> RoundDriver`
-  poll-interval-s       pull interval while waiting for replies
-  round-timeout-s       deadline of one round, also the TTL of its messages
-  hello-timeout-s       how long a hello may stay unanswered before it is sent again
-  discovery-interval-s  how often to look for new nodes
+The run config names the driver: `driver` = "pkg.module:factory", `factory(run_config) ->
+RoundDriver` (the other keys, declared in `server/flower_app/pyproject.toml`, are the driver's).
+The loop's intervals are the driver's `timing`, taken from the driver's own validated config
+(hacfed: the `ServerConfig` hacfed-server wrote), so no setting is read or checked twice.
 """
 
 from __future__ import annotations
@@ -82,48 +80,32 @@ class RoundDriver(Protocol):
         """True when the node, which answered the hello as `participant_id` with `proof`, may take
         part as that participant; False leaves the node out (it is asked again later)."""
 
+    @property
+    def timing(self) -> LoopTiming:
+        """The loop's intervals, from the driver's config."""
+
 
 @dataclass(frozen=True)
-class LoopSettings:
-    """The ServerApp's transport settings, read from the run config."""
+class LoopTiming:
+    """The round loop's intervals in seconds. Not checked here: a driver derives them from its
+    config, validated where it was loaded (hacfed: `ServerConfig`).
 
-    driver: str
+    poll_interval_s: pull interval while waiting for replies; round_timeout_s: deadline of one
+    round, also the TTL of its messages; hello_timeout_s: how long a hello may stay unanswered
+    before it is sent again; discovery_interval_s: how often to look for new nodes."""
+
     poll_interval_s: float
     round_timeout_s: float
-    hello_timeout_s: float
-    discovery_interval_s: float
-
-    def __post_init__(self) -> None:
-        if ":" not in self.driver or self.driver.startswith(":") or self.driver.endswith(":"):
-            raise ValueError(f"run config 'driver' must be 'package.module:factory', got {self.driver!r}")
-        for name in ("poll_interval_s", "round_timeout_s", "hello_timeout_s", "discovery_interval_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"run config {name.replace('_', '-')!r} must be > 0, got {value!r}")
-
-    @classmethod
-    def from_run_config(cls, run_config: Mapping[str, object]) -> LoopSettings:
-        return cls(
-            driver=_str(run_config, "driver"),
-            poll_interval_s=_number(run_config, "poll-interval-s"),
-            round_timeout_s=_number(run_config, "round-timeout-s"),
-            hello_timeout_s=_number(run_config, "hello-timeout-s"),
-            discovery_interval_s=_number(run_config, "discovery-interval-s"),
-        )
+    hello_timeout_s: float = 60.0
+    discovery_interval_s: float = 1.0
 
 
-def _str(config: Mapping[str, object], key: str) -> str:
-    value = config.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"run config {key!r} must be a string, got {value!r}")
-    return value
-
-
-def _number(config: Mapping[str, object], key: str) -> float:
-    value = config.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"run config {key!r} must be a number, got {value!r}")
-    return float(value)
+def driver_spec(run_config: Mapping[str, object]) -> str:
+    """The run config's `driver`, "package.module:factory"."""
+    spec = run_config.get("driver")
+    if not isinstance(spec, str) or ":" not in spec or spec.startswith(":") or spec.endswith(":"):
+        raise ValueError(f"run config 'driver' must be 'package.module:factory', got {spec!r}")
+    return spec
 
 
 def load_driver(spec: str, run_config: Mapping[str, object]) -> RoundDriver:
@@ -135,6 +117,8 @@ def load_driver(spec: str, run_config: Mapping[str, object]) -> RoundDriver:
     driver = factory(run_config)
     missing = [m for m in ("next_round", "on_replies", "on_error", "round_done", "close_round", "finished", "hello",
                            "identify") if not callable(getattr(driver, m, None))]
+    if not isinstance(getattr(driver, "timing", None), LoopTiming):
+        missing.append("timing (a LoopTiming)")
     if missing:
         raise ValueError(f"driver {spec!r} built a {type(driver).__name__} without {', '.join(missing)}")
     return driver
@@ -192,10 +176,10 @@ def _message(node_id: int, message_type: str, payload: bytes | None, group_id: s
 class RoundLoop:
     """Discovery plus rounds over a Grid; see the module docstring."""
 
-    def __init__(self, grid: Grid, driver: RoundDriver, settings: LoopSettings) -> None:
+    def __init__(self, grid: Grid, driver: RoundDriver, timing: LoopTiming) -> None:
         self.grid = grid
         self.driver = driver
-        self.settings = settings
+        self.timing = timing
         self.participants: dict[int, str] = {}  # node id -> participant id (answered hello)
         self._hellos: dict[str, tuple[int, float]] = {}  # message id -> (node id, sent at)
         self._hello_retry_at: dict[int, float] = {}  # node id -> when to say hello again
@@ -207,7 +191,7 @@ class RoundLoop:
             self.discover()
             payloads = self.driver.next_round(dict(self.participants))
             if not payloads:  # None or empty: nothing to send yet
-                time.sleep(self.settings.poll_interval_s)
+                time.sleep(self.timing.poll_interval_s)
                 continue
             self.run_round(payloads)
             # Let the round's deliveries go before the next are built: at 64 labs they are ~380 MB,
@@ -221,14 +205,14 @@ class RoundLoop:
             self._collect_hellos(now)
         if now < self._next_discovery:
             return
-        self._next_discovery = now + self.settings.discovery_interval_s
+        self._next_discovery = now + self.timing.discovery_interval_s
         online = set(self.grid.get_node_ids())
         for node_id in [n for n in self.participants if n not in online]:
             log(INFO, "[hacfed] node %s (%s) left", node_id, self.participants.pop(node_id))
         waiting = {node_id for node_id, _ in self._hellos.values()}
         new = [n for n in online - set(self.participants) - waiting if self._hello_retry_at.get(n, 0.0) <= now]
         if new:
-            ttl = self.settings.hello_timeout_s
+            ttl = self.timing.hello_timeout_s
             messages = [_message(n, HELLO_TYPE, self.driver.hello(n), "hello", ttl) for n in new]
             for node_id, msg_id in zip(new, self.grid.push_messages(messages), strict=True):
                 if msg_id:
@@ -244,11 +228,11 @@ class RoundLoop:
             participant_id = hello.participant_id
             if hello.error is not None or participant_id is None or hello.payload is None:
                 log(WARNING, "[hacfed] hello to node %s failed: %s", node_id, printable(hello.error, 300))
-                self._hello_retry_at[node_id] = now + self.settings.hello_timeout_s
+                self._hello_retry_at[node_id] = now + self.timing.hello_timeout_s
                 continue
             if not self.driver.identify(node_id, participant_id, hello.payload):
                 log(WARNING, "[hacfed] node %s refused as participant %s", node_id, printable(participant_id))
-                self._hello_retry_at[node_id] = now + self.settings.hello_timeout_s
+                self._hello_retry_at[node_id] = now + self.timing.hello_timeout_s
                 continue
             for other, pid in list(self.participants.items()):
                 if pid == participant_id and other != node_id:
@@ -257,7 +241,7 @@ class RoundLoop:
             self.participants[node_id] = participant_id
             log(INFO, "[hacfed] node %s is participant %s", node_id, participant_id)
         for msg_id, (node_id, sent_at) in list(self._hellos.items()):
-            if now - sent_at > self.settings.hello_timeout_s:
+            if now - sent_at > self.timing.hello_timeout_s:
                 del self._hellos[msg_id]  # expired; a new hello goes out at the next discovery
 
     def run_round(self, payloads: Mapping[int, bytes]) -> None:
@@ -268,7 +252,7 @@ class RoundLoop:
             raise ValueError(f"driver returned payloads for unknown node ids {sorted(unknown)}")
         self.rounds_run += 1
         group_id = str(self.rounds_run)
-        timeout = self.settings.round_timeout_s
+        timeout = self.timing.round_timeout_s
         node_ids = list(payloads)
         messages = [_message(n, EXCHANGE_TYPE, payloads[n], group_id, timeout) for n in node_ids]
         outstanding: dict[str, int] = {}
@@ -280,7 +264,7 @@ class RoundLoop:
         del messages  # pushed: the SuperLink holds them now
         deadline = time.monotonic() + timeout
         while outstanding and not self.driver.round_done() and time.monotonic() < deadline:
-            time.sleep(self.settings.poll_interval_s)
+            time.sleep(self.timing.poll_interval_s)
             replied: list[tuple[int, bytes]] = []  # handed over together: the driver overlaps their judging
             for reply in self.grid.pull_messages(list(outstanding)):
                 node_id = outstanding.pop(reply.metadata.reply_to_message_id, None)
@@ -312,10 +296,11 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    settings = LoopSettings.from_run_config(context.run_config)
-    driver = load_driver(settings.driver, context.run_config)
+    spec = driver_spec(context.run_config)
+    driver = load_driver(spec, context.run_config)
+    timing = driver.timing
     log(INFO, "[hacfed] ServerApp: driver %s, poll %.2fs, round deadline %.0fs",
-        settings.driver, settings.poll_interval_s, settings.round_timeout_s)
-    loop = RoundLoop(grid, driver, settings)
+        spec, timing.poll_interval_s, timing.round_timeout_s)
+    loop = RoundLoop(grid, driver, timing)
     loop.run()
     log(INFO, "[hacfed] ServerApp finished after %d rounds", loop.rounds_run)

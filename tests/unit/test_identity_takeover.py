@@ -24,7 +24,7 @@ from hacfed.envelope import save_public_key
 from hacfed.keys import ensure_key_pair
 from hacfed.server.driver import FederationDriver
 from hacfed.server.config import ServerConfig, ServerSettings
-from hacfed.server.serverapp import HELLO_TYPE, LoopSettings, RoundLoop
+from hacfed.server.serverapp import HELLO_TYPE, LoopTiming, RoundLoop
 from tests.integration.test_flower_transport import FakeGrid
 from tests.unit.test_coordinator_fakes import TASK, make_config
 from tests.unit.test_server_driver import ScriptedParticipant
@@ -46,9 +46,8 @@ class Deployment:
     lines: list[str]
 
     def loop(self) -> RoundLoop:
-        settings = LoopSettings(driver="x:y", poll_interval_s=0.01, round_timeout_s=5.0, hello_timeout_s=5.0,
-                                discovery_interval_s=0.01)
-        return RoundLoop(self.grid, self.driver, settings)  # type: ignore[arg-type]
+        timing = LoopTiming(poll_interval_s=0.01, round_timeout_s=5.0, hello_timeout_s=5.0, discovery_interval_s=0.01)
+        return RoundLoop(self.grid, self.driver, timing)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -78,7 +78,8 @@ def test_run_config_keeps_the_relay_inside_the_round(tmp_path: Path) -> None:
     path.write_text(BASE.format(state=tmp_path / "s"))
     config = run_config(load_server_config(path), tmp_path / "s" / "driver-settings.json")
     assert config["driver"] == "hacfed.server.driver:make_driver"
-    assert config["relay-timeout-s"] < config["round-timeout-s"] == 30.0
+    assert config["relay-timeout-s"] < load_server_config(path).coordinator.round_deadline_s == 30.0
+    assert config["supervisor"] == f"{os.getpid()}:{process_start_ticks(os.getpid())}"
 
 
 def test_orphaned_driver_stops_when_its_server_is_gone(tmp_path: Path) -> None:

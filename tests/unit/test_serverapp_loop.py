@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import weakref
 
-from hacfed.server.serverapp import LoopSettings, RoundLoop
+import pytest
+
+from hacfed.server.serverapp import LoopTiming, RoundLoop, driver_spec, load_driver
 
 
 class Payloads(dict):
@@ -62,7 +64,7 @@ class Grid:
 
 def test_a_rounds_deliveries_are_let_go_before_the_next_round_is_built() -> None:
     driver, grid = Driver(), Grid()
-    loop = RoundLoop(grid, driver, LoopSettings("x:y", 0.01, 5.0, 5.0, 60.0))
+    loop = RoundLoop(grid, driver, LoopTiming(0.01, 5.0, 5.0, 60.0))
     loop.participants[7] = "lab-a"
     loop.run()
     assert grid.pushed == [b"delivery 1", b"delivery 2"]
@@ -119,8 +121,50 @@ def test_the_replies_of_one_pull_reach_the_driver_together_in_the_order_pulled()
     """The driver judges a pull's submissions overlapped (`FederationDriver.on_replies`): the loop
     must hand them over together, not one call per reply."""
     driver, grid = BatchRecordingDriver(), AnsweringGrid()
-    loop = RoundLoop(grid, driver, LoopSettings("x:y", 0.01, 5.0, 5.0, 60.0))
+    loop = RoundLoop(grid, driver, LoopTiming(0.01, 5.0, 5.0, 60.0))
     loop.participants.update({1: "lab-a", 2: "lab-b", 3: "lab-c"})
     loop.run()
     assert driver.pulls == [[(1, b"reply to m1"), (2, b"reply to m2"), (3, b"reply to m3")]]
     assert driver.errors == []
+
+
+class Timeless(Driver):
+    """A driver without the loop's `timing`."""
+
+    def on_replies(self, replies) -> None:
+        pass
+
+    def hello(self, node_id: int) -> bytes:
+        return b""
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        return True
+
+
+def make_timeless(run_config) -> Timeless:
+    return Timeless()
+
+
+def make_timed(run_config) -> Timeless:
+    driver = Timeless()
+    driver.timing = LoopTiming(0.5, 9.0)  # type: ignore[attr-defined]
+    return driver
+
+
+def test_the_run_config_names_the_driver_and_the_driver_brings_its_timing() -> None:
+    for bad in ("", "module", ":f", "module:", 3):
+        with pytest.raises(ValueError, match=f"run config 'driver' must be 'package.module:factory', got {bad!r}"):
+            driver_spec({"driver": bad})
+    spec = driver_spec({"driver": f"{__name__}:make_timeless"})
+    with pytest.raises(ValueError, match=r"built a Timeless without timing \(a LoopTiming\)"):
+        load_driver(spec, {})
+    timed = load_driver(f"{__name__}:make_timed", {})
+    assert timed.timing == LoopTiming(0.5, 9.0, hello_timeout_s=60.0, discovery_interval_s=1.0)
+
+
+def test_the_federation_driver_times_the_loop_from_its_config(tmp_path) -> None:
+    from tests.unit.test_coordinator_fakes import FakeClock
+    from tests.unit.test_server_driver import Federation
+
+    fed = Federation(tmp_path, FakeClock(), round_deadline_s=42.0)
+    assert fed.driver.timing == LoopTiming(poll_interval_s=0.2, round_timeout_s=42.0)
