@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
-from hacfed.server.dashboard.bind import is_loopback_host, parse_dashboard_address
+from hacfed.server.dashboard.bind import DashboardAddress, is_loopback_host, parse_dashboard_address
 from hacfed.server.coordinator.config import CoordinatorConfig, apply_overrides
 from hacfed.tomlfile import read_toml
 
@@ -147,6 +147,14 @@ class ServerConfig:
     @property
     def listen(self) -> tuple[str, int]:
         return split_host_port(self.server.listen, "server.listen")
+
+    @property
+    def dashboard_address(self) -> DashboardAddress | None:
+        """`server.dashboard` parsed (it was checked at load), None when the dashboard is off."""
+        if self.server.dashboard is None:
+            return None
+        return parse_dashboard_address(self.server.dashboard, public=self.server.dashboard_public,
+                                       field="server.dashboard")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values (paths absolute); `server_config_from_tables(**cfg.to_dict()) == cfg`."""

@@ -75,11 +75,8 @@ def check_before_writing(cfg: ServerConfig) -> None:
 def check_ports(cfg: ServerConfig) -> None:
     """The Fleet API's and the dashboard's ports are free (one line naming the flag if not)."""
     check_port_free(*cfg.listen, "--listen")
-    if cfg.server.dashboard is not None:
-        from hacfed.server.dashboard.bind import parse_dashboard_address
-
-        address = parse_dashboard_address(cfg.server.dashboard, public=cfg.server.dashboard_public)
-        check_port_free(address.host, address.port, "--dashboard")
+    if cfg.dashboard_address is not None:
+        check_port_free(cfg.dashboard_address.host, cfg.dashboard_address.port, "--dashboard")
 
 
 def prepare(cfg: ServerConfig) -> Path:
@@ -240,13 +237,12 @@ def start_link_on_known_port(server: Server, port: int) -> SuperLink:
 
 def start_dashboard_of(cfg: ServerConfig):  # noqa: ANN201 - RunningDashboard | None
     """`--dashboard`: the read-only page in a thread of this process (hacfed.server.dashboard)."""
-    if cfg.server.dashboard is None:
+    address = cfg.dashboard_address
+    if address is None:
         return None
-    from hacfed.server.dashboard.bind import parse_dashboard_address
     from hacfed.server.dashboard.reader import DashboardSources
     from hacfed.server.dashboard.serve import start_dashboard
 
-    address = parse_dashboard_address(cfg.server.dashboard, public=cfg.server.dashboard_public)
     c = cfg.coordinator
     sources = DashboardSources(journal=Path(c.journal_path), metrics=cfg.metrics_out, keys_dir=cfg.keys_dir,
                                status=cfg.state_dir / STATUS_FILE, run_id=c.run_id, rounds=c.rounds,
