@@ -31,6 +31,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +53,7 @@ ENROLMENT_FILE = "enrolment.txt"
 SUPERNODE_KEY = "supernode.key"
 SUPERNODE_PUB = "supernode.pub"
 _MAX_LINE = 4096
+MAX_ENROLMENT_BYTES = 4 * _MAX_LINE  # what parse_enrolment looks at; a real enrolment is ~500 bytes
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,32 @@ def make_enrolment(participant_id: str, signing_key: Ed25519PrivateKey, supernod
     b64 = base64.b64encode
     return (f"{ENROLMENT_TAG} {participant_id} ed25519:{b64(raw_public_bytes(public)).decode()} "
             f"{ssh_type}:{blob} sig:{b64(signature).decode()} nodesig:{b64(node_signature).decode()}")
+
+
+def read_enrolment_file(path: Path) -> str:
+    """The text of an enrolment file: a regular file of at most MAX_ENROLMENT_BYTES, else one
+    ValueError (never a read of a device, a FIFO or a huge file: none of them is an enrolment)."""
+    path = Path(path).expanduser()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is not a regular file; give the lab's enrolment.txt")
+        data = os.read(fd, MAX_ENROLMENT_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return check_enrolment_size(data, str(path))
+
+
+def check_enrolment_size(data: bytes, where: str) -> str:
+    if len(data) > MAX_ENROLMENT_BYTES:
+        raise ValueError(f"{where} is over {MAX_ENROLMENT_BYTES} bytes; an enrolment is one line of a few hundred")
+    return data.decode("utf-8", errors="replace")
 
 
 def parse_enrolment(text: str) -> Enrolment:

@@ -39,6 +39,7 @@ from hacfed.server.coordinator.validation import is_short_id
 COMMANDS = ("audit", "purge")
 JOURNAL_FILE = "journal.sqlite"  # CoordinatorConfig.journal_path / audit_path, without needing the config
 AUDIT_FILE = "audit.log"
+MAX_ROUND = 2**63 - 1
 
 
 def say(text: str) -> None:
@@ -59,9 +60,21 @@ def build_parser() -> argparse.ArgumentParser:
                                               "how to replay without them")
     purge.add_argument("--state-dir", required=True, metavar="DIR", help="the coordinator's state directory")
     purge.add_argument("--participant", required=True, metavar="ID", help="the participant to purge")
-    purge.add_argument("--from-round", required=True, type=int, metavar="R", help="first round to purge (>= 0)")
+    purge.add_argument("--from-round", required=True, type=_round_number, metavar="R",
+                       help="first round to purge (>= 0)")
     purge.add_argument("--dry-run", action="store_true", help="list what would change, change nothing")
     return parser
+
+
+def _round_number(text: str) -> int:
+    """A round id the journal can hold (SQLite INTEGER: at most 2**63 - 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a round number, got {text!r:.40}") from None
+    if not 0 <= value <= MAX_ROUND:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_ROUND}, got {text:.40}")
+    return value
 
 
 def audit_verify(state_dir: Path, coordinator_key: str | None) -> int:
@@ -79,8 +92,8 @@ def audit_verify(state_dir: Path, coordinator_key: str | None) -> int:
 def purge(state_dir: Path, participant: str, from_round: int, dry_run: bool) -> int:
     if not is_short_id(participant):
         raise ValueError(f"--participant must be a participant id, got {participant!r}")
-    if from_round < 0:
-        raise ValueError(f"--from-round must be >= 0, got {from_round}")
+    if not 0 <= from_round <= MAX_ROUND:
+        raise ValueError(f"--from-round must be in 0..{MAX_ROUND}, got {from_round}")
     journal_path = state_dir / JOURNAL_FILE
     if not journal_path.is_file():
         raise ValueError(f"no journal at {journal_path}: is {state_dir} a coordinator's state directory?")

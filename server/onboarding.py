@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hacfed.certs import LOCAL_HOSTS, check_hosts, init_federation_certs
 from hacfed.config_values import OneLineArgumentParser
-from hacfed.enrolment import parse_enrolment
+from hacfed.enrolment import MAX_ENROLMENT_BYTES, check_enrolment_size, parse_enrolment, read_enrolment_file
 from hacfed.server.audit import AuditError, AuditEvent, AuditLog
 from hacfed.server.registry import describe, load_registry, register, revoke, unregister, unrevoke
 
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("pass --state-dir (the coordinator's state dir) or --keys-dir")
     keys_dir = _keys_dir(args)
     if args.command == "register":
-        text = sys.stdin.read() if args.enrolment == "-" else _read(Path(args.enrolment))
+        text = (check_enrolment_size(sys.stdin.buffer.read(MAX_ENROLMENT_BYTES + 1), "standard input")
+                if args.enrolment == "-" else read_enrolment_file(Path(args.enrolment)))
         enrolment = parse_enrolment(text)
         keys_dir.mkdir(parents=True, exist_ok=True)
         new = enrolment.participant_id not in load_registry(keys_dir).entries
@@ -119,13 +120,6 @@ def _audit(args: argparse.Namespace, event: AuditEvent, undo: Callable[[], None]
         undo()
         raise ValueError(f"the audit log could not record the {event.kind} of {event.participant}, so it was undone: "
                          f"{exc}") from None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.expanduser().read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def main(argv: list[str]) -> int:
