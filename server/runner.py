@@ -265,7 +265,8 @@ def run_server(cfg: ServerConfig) -> int:
         check_ports(cfg)  # again: a leftover SuperLink held the port until now
         prepare(cfg)
         if (state / DONE_FILE).exists():
-            say(f"the run {cfg.coordinator.run_id} in {state} is already complete; nothing to do")
+            say(f"the run {cfg.coordinator.run_id} in {state} is already complete; nothing to do (its metrics: "
+                f"{cfg.metrics_out}; a new run needs a fresh --state-dir)")
             return 0
         try:
             with ProcessSupervisor(grace_s=10.0) as sup:
