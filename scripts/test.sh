@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv on first use, then runs the suite (unit + slow) in about 20 minutes
-# on 2 cores from a fresh clone.
+# The test command: sets up .venv on first use, then runs the suite (unit + slow tests). CI's budget
+# for the default run is 20 minutes of tests on 2 cores from a fresh clone.
 #
 #   ./scripts/test.sh                  # the default run (what CI runs): everything but gpu, vllm, long
-#   ./scripts/test.sh --long           # also the long tier (tests marked `long`): adds about 30 minutes
+#   ./scripts/test.sh --long           # also the long tier (tests marked `long`): about 30 minutes more
 #   ./scripts/test.sh -m "not slow"    # extra arguments go to pytest; a -m of your own replaces ours
 #   ./scripts/test.sh --long tests/faults -k outage
 #
 # The long tier holds the checks whose duration is the point: the coordinator down for 60 s, a
 # 10-minute soak of a real federation, 10^6 fuzz executions of the decoders, the complementary-skills
-# learning result (two chain-* presets built from scratch, then trained). Each has a short version of
-# the same check in the default run. Run --long before resolving an issue that touches the
-# coordinator (hacfed/server/, the round loop), the journal, the lab's outbox or the transport (Flower,
-# hacfed/wire/, the envelope), and before publishing learning results.
+# learning result (two chain-* presets built from scratch, then trained). The first three have a short
+# version of the same check in the default run; the learning result has its parts checked there (its
+# test's docstring says which). Run --long before resolving an issue that touches the coordinator
+# (server/, the round loop), the journal, the lab's outbox or the transport (Flower, hacfed/wire/,
+# the envelope), and before publishing learning results.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 marks="not gpu and not vllm and not long"
