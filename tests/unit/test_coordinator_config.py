@@ -9,6 +9,7 @@ import pytest
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
 from hacfed.server.coordinator import CoordinatorConfig, load_coordinator_config, load_task_from_config
+from hacfed.server.coordinator.config import apply_overrides
 
 TOML = """
 [coordinator]
@@ -106,6 +107,17 @@ def test_overrides_are_validated_and_bad_paths_rejected():
         cfg.with_overrides({"rounds.x": 1})
     assert cfg.with_overrides({"task.digits": 4}).task == {"kind": "arithmetic", "digits": 4}
     assert cfg.rounds == 2  # the original is unchanged
+
+
+def test_overrides_apply_to_a_files_table_before_it_is_validated():
+    """hacfed-server builds the coordinator section once, from the file's table with --set applied."""
+    table = base(task={"kind": "plugin", "plugin": "p"})
+    merged = apply_overrides(table, {"task.sandbox.timeout_s": 5, "hacpo.mode": "naive", "rounds": 0})
+    assert merged["task"] == {"kind": "plugin", "plugin": "p", "sandbox": {"timeout_s": 5}}
+    assert merged["hacpo"] == {"mode": "naive"} and merged["rounds"] == 0  # not validated yet
+    assert table["task"] == {"kind": "plugin", "plugin": "p"} and "hacpo" not in table  # the input is unchanged
+    with pytest.raises(ValueError, match="CoordinatorConfig.sampling must be a table, got 5"):
+        apply_overrides(base(sampling=5), {"sampling.max_new_tokens": 8})
 
 
 def test_task_table_is_a_read_only_copy():
