@@ -56,6 +56,9 @@ class SimConfig:
     prompts_per_round: int = 16
     group_size: int = 8
     max_new_tokens: int | None = 6  # None: the task's own budget (its `max_new_tokens`)
+    # Rollout temperature. The federation's is 1: every published log-prob is the temperature-1
+    # policy's (hacfed.rollout.hf), the sampling distribution only there.
+    temperature: float = 1.0
     eval_every: int = 5
     eval_problems: int = 200
     learning_rate: float = 5e-5
@@ -155,7 +158,7 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         run_id=f"sim-{cfg.mode}-s{cfg.seed}", task=cfg.task, rounds=cfg.rounds,
         prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
-        sampling=SamplingParams(max_new_tokens=max_new_tokens),
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=cfg.temperature),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
@@ -295,6 +298,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="response budget (default: the task's, " + ", ".join(f"{k} {v[1] or 'its own'}" for k, v in TASKS.items()) +
                         "; gsm8k's is hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="rollout temperature; log-probs stay the temperature-1 policy's, so only 1 samples from the "
+                        "distribution the importance ratios assume (below 1, a small model's answers ramble less)")
     p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate of every agent")
     p.add_argument("--finetune", choices=("auto", "full", "lora"), default="auto",
                    help="full fine-tuning, a LoRA adapter, or auto: LoRA above 300M parameters (hacfed.models.memory)")
@@ -347,7 +353,8 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
     sizes.update({k: getattr(args, k) for k in sizes if getattr(args, k) is not None})
     cfg = SimConfig(
         agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, **sizes,
-        max_new_tokens=args.max_new_tokens or TASKS[args.task][1], eval_every=args.eval_every,
+        max_new_tokens=args.max_new_tokens or TASKS[args.task][1], temperature=args.temperature,
+        eval_every=args.eval_every,
         learning_rate=args.lr, finetune=args.finetune,
         task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,

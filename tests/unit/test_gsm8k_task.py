@@ -67,3 +67,11 @@ def test_truncated_fraction_shows_in_the_bar_and_the_summary():
     assert round_postfix([m, quiet]) == {"smol": "0.25 cut 12%", "tiny": "0.00"}
     rows = [{"round": 1, "agent": "smol", "reward_mean": 0.25, "rollout_truncated_frac": 0.125}]
     assert summary_table(rows).splitlines()[1].split()[-1] == "12%"
+
+
+def test_a_bad_temperature_is_refused_in_one_line(capsys):
+    from hacfed.tools.cli import main
+
+    assert main(["sim", "--temperature", "0", "--rounds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "temperature must be a number > 0, got 0.0" in err and err.count("\n") == 1
