@@ -9,7 +9,7 @@ that size goes back to the operating system (it was either mmap()ed, or it sits 
 trim threshold), so every round page-faults its ~100,000 pages in afresh. Copying 384 MB in one
 thread took 0.28-0.68 s into fresh memory and 0.03 s into memory kept from the round before; in
 bench/coordinator_scale.py at 64 labs the run's minor faults fell 405,000 -> 254,000 and the pool
-phase by a few hundredths of a second (docs/results.md, stop 27): the deliveries are joined in the
+phase by a few hundredths of a second (docs/results.md, "Coordinator scale"): the deliveries are joined in the
 driver's sealing threads, whose malloc arenas glibc still gives back.
 
 What: blocks up to `MMAP_THRESHOLD_BYTES` come from the heap, and up to `TRIM_THRESHOLD_BYTES` of
