@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import stat
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -212,6 +213,18 @@ def _sans(cert: x509.Certificate) -> set[str]:
     return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
 
 
+def check_private_key_mode(path: Path) -> None:
+    """Refuse a private key others can read, as the SuperNode and signing key loaders do: no group or
+    other bits on a file of this user's. A root-owned key may be readable by its group (0640, 0440)
+    for a process that is not root: how a Kubernetes Secret is mounted with fsGroup, and how
+    PostgreSQL treats its ssl_key_file. Readable by everyone is refused always."""
+    info = os.stat(path)
+    mode = stat.S_IMODE(info.st_mode)
+    allowed = 0o7740 if info.st_uid == 0 and os.geteuid() != 0 else 0o7700
+    if mode & ~allowed:
+        raise ValueError(f"private key {path} is accessible by others (mode {mode:o}); run: chmod 600 {path}")
+
+
 def check_server_tls(cert_path: Path, key_path: Path, ca_path: Path, *, hosts: Sequence[str] = (),
                      now: datetime.datetime | None = None) -> None:
     """The coordinator's TLS files fit together and are valid now: the certificate was issued by the
@@ -226,6 +239,10 @@ def check_server_tls(cert_path: Path, key_path: Path, ca_path: Path, *, hosts: S
     except (ValueError, TypeError, InvalidSignature):
         raise ValueError(f"certificate {cert_path} was not issued by the CA {ca_path} (another CA, or an "
                          f"intermediate: hacfed needs a server certificate signed directly by --tls-ca)") from None
+    try:
+        check_private_key_mode(Path(key_path))
+    except OSError as exc:
+        raise ValueError(f"cannot read private key {key_path}: {exc.strerror}") from None
     try:
         key = serialization.load_pem_private_key(Path(key_path).read_bytes(), password=None)
     except OSError as exc:
