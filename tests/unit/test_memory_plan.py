@@ -40,4 +40,4 @@ def test_checkpointing_is_switched_on_in_the_model():
 
     model, _ = build_untrained("tiny-qwen2", seed=0)
     apply_memory_plan(model, memory_plan(CHECKPOINT_ABOVE + 1, "cpu", finetune="full"))
-    assert model.is_gradient_checkpointing
+    assert model.is_activation_checkpointing
