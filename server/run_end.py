@@ -112,7 +112,7 @@ class RunEnd:
         last round; a lab owed an ack that is not connected (not in `nodes`) is waited for
         ACK_GRACE_S."""
         reports = self.final_reports()
-        active = {p.participant_id for p in self._coordinator.participants() if not p.quarantined}
+        active = self._coordinator.awaited()  # neither quarantined nor revoked
         waited = self._monotonic() - (self._since or self._monotonic())
         if waited >= ACK_GRACE_S:
             self._acks &= set(nodes.values())

@@ -66,3 +66,22 @@ def test_a_revoked_quarantined_lab_is_not_waited_for_at_the_end(tmp_path: Path) 
     fed = Federation(tmp_path, clock, max_strikes=3, expected_participants=1, round_deadline_s=600.0)
     cheat = _quarantine_and_disconnect_the_cheat(fed, revoke=True)  # finished with no clock advance
     assert not cheat.finished
+
+
+def test_a_revoked_honest_lab_is_not_waited_for_at_the_end(tmp_path: Path) -> None:
+    # The README's walk-through: lab-b is revoked mid-run (never quarantined); the run must end
+    # when lab-a is done, not one round deadline later waiting for lab-b's final report.
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=2, min_participants=1, round_deadline_s=600.0)
+    fed.add(1, "lab-a")
+    fed.add(2, "lab-b")
+    fed.exchange()
+    (fed.keys_dir / "lab-b.pub").unlink()  # revoked
+    del fed.nodes[2], fed.mapped[2]
+    for _ in range(20):
+        fed.exchange()
+        if fed.driver.finished():
+            break
+    assert fed.nodes[1][1].finished and fed.driver.finished()
+    done = json.loads((fed.config.state_dir / DONE_FILE).read_text())
+    assert done["final_reports"] == ["lab-a"] and done["missing_final_reports"] == []
