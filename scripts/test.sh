@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv on first use, then runs the suite (unit + slow tests). CI's budget
-# for the default run is 20 minutes of tests on 2 cores from a fresh clone.
+# The test command: sets up .venv on first use, runs `ruff check`, then the suite (unit + slow tests).
+# CI's budget for the default run is 20 minutes of tests on 2 cores from a fresh clone.
 #
 #   ./scripts/test.sh                  # the default run (what CI runs): everything but gpu, vllm, long
 #   ./scripts/test.sh --long           # also the long tier (tests marked `long`): about 30 minutes more
@@ -30,4 +30,8 @@ cd "$root"
 export HACFED_HOME="${HACFED_HOME:-$root/.hacfed-home}"
 # One torch thread per process: on a small shared machine two threads ran 3-15x slower (measured).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "${HACFED_VENV:-$root/.venv}/bin/python" -m pytest -m "$marks" ${args[@]+"${args[@]}"}
+venv="${HACFED_VENV:-$root/.venv}"
+# Lint first: a finding fails the run before any test starts (settings: [tool.ruff] in pyproject.toml).
+echo "ruff check: pyflakes, import order, lines of at most 120 characters"
+"$venv/bin/ruff" check .
+exec "$venv/bin/python" -m pytest -m "$marks" ${args[@]+"${args[@]}"}
