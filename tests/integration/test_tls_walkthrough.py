@@ -186,12 +186,12 @@ def test_the_readme_walkthrough_runs_a_tls_federation_to_the_end(walkthrough: Wa
     assert "state/tls/coordinator/coordinator.pub" in server  # where step 5 says the key is
     assert re.search(r"registered the SuperNode key of lab-a with the SuperLink \(node \d+\)", server)
     assert "joined: lab-a" in server and "joined: lab-b" in server
-    assert "federation finished: 3 rounds" in server
-    assert walkthrough.journal("SELECT COUNT(*) FROM rounds WHERE state != 'OPEN'")[0][0] == 3
+    assert "federation finished: 10 rounds" in server
+    assert walkthrough.journal("SELECT COUNT(*) FROM rounds WHERE state != 'OPEN'")[0][0] == 10
     by_round = walkthrough.journal("SELECT round_id, participant_id, COUNT(*) FROM trajectories "
                                    "GROUP BY round_id, participant_id")
-    assert (0, "lab-a", 64) in by_round and (0, "lab-b", 64) in by_round  # both took part before the revoke
-    assert {r for r, pid, _ in by_round if pid == "lab-a"} == {0, 1, 2}
+    assert (0, "lab-a", 16) in by_round and (0, "lab-b", 16) in by_round  # both took part (4 prompts x G=4)
+    assert {r for r, pid, _ in by_round if pid == "lab-a"} == set(range(10))
     assert walkthrough.lab_a_code == 0, walkthrough.procs["lab-a"].text()[-3000:]
 
 
