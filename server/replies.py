@@ -38,9 +38,10 @@ from hacfed.server.answers import AnswerQueue
 from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.server.coordinator.errors import ErrorCode, safe_text
 from hacfed.server.coordinator.results import SubmissionResult
+from hacfed.server.coordinator.validation import check_report
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, Sent, what
 from hacfed.server.membership import Membership
-from hacfed.server.reporting import StepTimes, rejection_line
+from hacfed.server.reporting import StepTimes, rejection_line, sane_metrics
 from hacfed.server.run_end import RunEnd
 from hacfed.wire import PayloadType, WireError, decode_submission
 
@@ -66,6 +67,7 @@ class LabReplies:
         self._monotonic = monotonic
         self._on_step_times = on_step_times  # a primary submission's reported step times, for the round's rows
         self._begun: deque[tuple[str, Callable[[], None]]] = deque()  # (participant, finish and answer)
+        self._told_dropped: set[str] = set()  # labs whose out-of-range report metrics were named once
 
     @property
     def unfinished(self) -> int:
@@ -136,13 +138,23 @@ class LabReplies:
         self._answers.receipt(pid, result)  # built from what the journal stored, after its COMMIT (R2)
         label = what(sent) if primary else f"round {submission.round_id} (resent from the outbox)"
         if primary:
-            report = submission.report.metrics if submission.report is not None else {}
-            self._on_step_times(pid, StepTimes.from_report(report, round_trip_s))
+            self._on_step_times(pid, StepTimes.from_report(self._sane_report(pid, submission), round_trip_s))
         self._console(f"{label} {pid}: submitted {len(submission.trajectories)} trajectories, accepted "
                       f"{len(result.accepted_ids)} (receipt seq {result.receipt.seq}"
                       f"{', identical resend' if result.replayed else ''})")
         if result.rejected and not result.replayed:
             self._console(rejection_line(submission.round_id, pid, result.rejected, len(submission.trajectories)))
+
+    def _sane_report(self, pid: str, submission: Submission) -> dict[str, float]:
+        """The report's metrics in their ranges (`reporting.metric_problem`); nothing from a report the
+        coordinator refused. What is dropped is named once per lab."""
+        if submission.report is None or check_report(submission.report, pid, submission.round_id) is not None:
+            return {}
+        kept, dropped = sane_metrics(submission.report.metrics)
+        if dropped and pid not in self._told_dropped:
+            self._told_dropped.add(pid)
+            self._console(f"{pid}: report values dropped (named once per lab): {safe_text('; '.join(dropped), 300)}")
+        return kept
 
     def _open_submission(self, sent: Sent, item: bytes, primary: bool) -> tuple[Submission, bytes] | None:
         """The envelope (a registered key, a valid signature, signed by the participant whose node

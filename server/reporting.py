@@ -24,6 +24,7 @@ evaluated, accepted, rejected, capability, train/*) plus time_* and, after the r
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,50 @@ from hacfed.server.coordinator.metrics import RoundSummary
 from hacfed.server.coordinator.validation import Rejection
 
 _STEP_PARTS = ("rollout", "training", "eval", "checkpoint")
+
+# A lab's step report is its own word: finite but absurd values (1.7e308 s twice sums to infinity)
+# would reach the time split, the metrics file and the dashboard. Only values in these ranges are kept.
+MAX_STEP_TIME_S = 86_400.0  # no step of a round takes a day
+MAX_COUNT = 1e9
+MAX_METRIC_ABS = 1e12  # any other metric (losses, norms, rewards)
+_FRACTION_SUFFIXES = ("_frac", "_fraction", "accuracy")
+_FRACTION_PREFIXES = ("eval_greedy/", "eval_pass1")
+_COUNT_PREFIXES = ("num_", "skipped_")
+
+
+def metric_problem(key: str, value: object) -> str | None:
+    """Why a reported metric is not kept (None when it is): not a finite number, or out of its range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"{key} is not a finite number"
+    if key.startswith("time_"):
+        low, high = 0.0, MAX_STEP_TIME_S
+    elif key.endswith(_FRACTION_SUFFIXES) or key.startswith(_FRACTION_PREFIXES):
+        low, high = 0.0, 1.0
+    elif key.startswith(_COUNT_PREFIXES):
+        low, high = 0.0, MAX_COUNT
+    else:
+        low, high = -MAX_METRIC_ABS, MAX_METRIC_ABS
+    if not low <= value <= high:
+        return f"{key} = {value:.3g} is outside [{low:g}, {high:g}]"
+    return None
+
+
+def sane_metrics(metrics: Mapping[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """The metrics of a lab's report that are kept, and a reason for each one dropped."""
+    kept: dict[str, float] = {}
+    dropped: list[str] = []
+    for key, value in metrics.items():
+        problem = metric_problem(str(key), value)
+        if problem is None:
+            kept[str(key)] = float(value)
+        else:
+            dropped.append(problem)
+    return kept, dropped
+
+
+def sane_fraction(value: float | None) -> float | None:
+    """A reported accuracy, or None when it is not in [0, 1]."""
+    return value if value is None or metric_problem("accuracy", value) is None else None
 
 
 @dataclass(frozen=True)
@@ -56,7 +101,9 @@ class StepTimes:
 
     @classmethod
     def from_report(cls, metrics: Mapping[str, float], round_trip_s: float | None) -> "StepTimes":
-        values = {part: float(metrics.get(f"time_{part}_s", 0.0)) for part in _STEP_PARTS}
+        """Out-of-range times (see `metric_problem`) count as 0: the split stays finite."""
+        kept, _ = sane_metrics({f"time_{part}_s": metrics.get(f"time_{part}_s", 0.0) for part in _STEP_PARTS})
+        values = {part: kept.get(f"time_{part}_s", 0.0) for part in _STEP_PARTS}
         return cls(values["rollout"], values["training"], values["eval"], values["checkpoint"], round_trip_s)
 
 
@@ -94,9 +141,9 @@ def round_rows(
             "reward_mean": m.reward_mean, "accepted": m.accepted, "rejected": m.rejected,
             "capability": m.capability, "submitted": m.submitted, "quarantined": m.quarantined,
         }
-        if m.eval_accuracy is not None:
+        if sane_fraction(m.eval_accuracy) is not None:
             row["eval_accuracy"] = m.eval_accuracy
-        row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
+        row.update({f"train/{k}": v for k, v in sane_metrics(m.train_metrics)[0].items()})
         if times is not None:
             row["time_round_s"] = times.wall_s
             row["time_coordinator_s"] = times.coordinator_s
@@ -111,10 +158,16 @@ def round_rows(
 def final_row(participant_id: str, rounds: int, mode: str, seed: int, report: Mapping[str, Any]) -> dict[str, Any]:
     """The row of a participant's final report (training on the last pool, then evaluation)."""
     row: dict[str, Any] = {"round": rounds, "agent": participant_id, "mode": mode, "seed": seed, "final": True}
-    if report.get("eval_accuracy") is not None:
+    if sane_fraction(report.get("eval_accuracy")) is not None:
         row["eval_accuracy"] = report["eval_accuracy"]
-    row.update({f"train/{k}": v for k, v in dict(report.get("metrics", {})).items()})
+    row.update({f"train/{k}": v for k, v in sane_metrics(dict(report.get("metrics", {})))[0].items()})
     return row
+
+
+def finite_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row without non-finite numbers: `Infinity` or `NaN` in metrics.jsonl is not JSON, and
+    every reader of the file (dashboard, `hacfed report`) would have to guard against it."""
+    return {k: v for k, v in row.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
 def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -122,7 +175,7 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
         for row in rows:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
+            fh.write(json.dumps(finite_row(row), sort_keys=True, allow_nan=False) + "\n")
         fh.flush()
 
 
@@ -199,4 +252,7 @@ def rejection_line(round_id: int, participant_id: str, rejected: Sequence[Reject
     """`round 2 lab-c: REJECTED 4 of 4: HACFED-E-REWARD-MISMATCH x4 (first: ...)`."""
     counts = Counter(r.code.value for r in rejected)
     codes = ", ".join(f"{code} x{n}" for code, n in sorted(counts.items()))
-    return f"round {round_id} {participant_id}: REJECTED {len(rejected)} of {total}: {codes} (first: {rejected[0].detail})"
+    return (
+        f"round {round_id} {participant_id}: REJECTED {len(rejected)} of {total}: {codes} "
+        f"(first: {rejected[0].detail})"
+    )

@@ -14,6 +14,7 @@ old. The metrics JSONL is read from where the previous snapshot stopped (complet
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import statistics
 import threading
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from hacfed.server.reporting import StepTimes, split_round
+from hacfed.server.reporting import MAX_STEP_TIME_S, StepTimes, split_round
 
 TIME_PARTS = ("rollout", "training", "eval", "exchange", "coordinator")
 MIN_CONNECTED_WINDOW_S = 120.0
@@ -110,9 +111,9 @@ class MetricsTail:
         self.offset += len(complete)
         for line in complete.decode("utf-8", errors="replace").splitlines():
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn line; the driver writes the round again
+                row = json.loads(line, parse_constant=_not_json)
+            except ValueError:
+                continue  # a torn line (the driver writes the round again), or NaN/Infinity: not JSON
             if isinstance(row, dict) and isinstance(row.get("round"), int) and isinstance(row.get("agent"), str):
                 self.rows.append(row)
         return self.rows
@@ -121,8 +122,21 @@ class MetricsTail:
 # -- pure: rows -> what the page draws --------------------------------------------------------------
 
 
+def _not_json(constant: str) -> None:
+    """`NaN` and `Infinity` are not JSON, and the page's own JSON could not carry them."""
+    raise ValueError(f"{constant} in a metrics row")
+
+
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _seconds(value: Any) -> float | None:
+    """A time of the split, or None outside [0, MAX_STEP_TIME_S] (huge times would sum to infinity)."""
+    seconds = _num(value)
+    return seconds if seconds is not None and 0.0 <= seconds <= MAX_STEP_TIME_S else None
 
 
 def curves(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,12 +159,12 @@ def time_split(rows: list[dict[str, Any]]) -> dict[str, Any]:
     from the rows with the driver's own `split_round` (the slowest lab's step)."""
     per_round: dict[int, dict[str, Any]] = {}
     for row in rows:
-        if row.get("final") or _num(row.get("time_round_s")) is None:
+        if row.get("final") or _seconds(row.get("time_round_s")) is None:
             continue
         entry = per_round.setdefault(row["round"], {"wall": row["time_round_s"],
-                                                    "coordinator": _num(row.get("time_coordinator_s")) or 0.0,
+                                                    "coordinator": _seconds(row.get("time_coordinator_s")) or 0.0,
                                                     "steps": {}})
-        parts = [_num(row.get(f"time_{p}_s")) for p in ("rollout", "training", "eval", "exchange")]
+        parts = [_seconds(row.get(f"time_{p}_s")) for p in ("rollout", "training", "eval", "exchange")]
         if all(p is not None for p in parts):
             rollout, training, evaluation, exchange = parts
             entry["steps"][row["agent"]] = StepTimes(rollout, training, evaluation, 0.0,
@@ -221,7 +235,8 @@ def round_progress(journal: dict[str, Any], sources: DashboardSources, status: d
         end = float(r["closed_at"]) if r["closed_at"] is not None else now
         out["current"] = {
             "id": r["round_id"], "state": r["state"], "elapsed_s": max(end - opened, 0.0),
-            "deadline_s": max(deadline - opened, 0.0), "remaining_s": max(deadline - now, 0.0) if r["state"] == "OPEN" else 0.0,
+            "deadline_s": max(deadline - opened, 0.0),
+            "remaining_s": max(deadline - now, 0.0) if r["state"] == "OPEN" else 0.0,
             "extensions": int(r["extensions"]), "close_reason": r["close_reason"],
             "submitted": sorted(journal["submitted"]), "expected": sources.expected_participants,
         }
