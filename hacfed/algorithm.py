@@ -148,7 +148,9 @@ def hacpo_policy_loss(
     mode "gspo": cross samples are dropped. Loss = −mean over included sequences of obj.
     Returns (loss, metrics, flags): `SampleFlags` says per sample what the objective did.
     """
-    lp, src, adv, omega = _check_loss_inputs(learner_mean_logp, source_mean_logp, advantages, is_self, capability_ratios)
+    lp, src, adv, omega = _check_loss_inputs(
+        learner_mean_logp, source_mean_logp, advantages, is_self, capability_ratios
+    )
     lower = cross_clip_lower(update_index, cfg)
 
     log_ratio = torch.clamp(lp - src.detach(), -cfg.max_abs_log_ratio, cfg.max_abs_log_ratio)

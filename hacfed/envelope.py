@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from hacfed.identity import PARTICIPANT_ID_RULE, is_participant_id, printable
-from hacfed.wire import MAX_MESSAGE_BYTES, ErrorCode, RawEnvelope, WireError, decode_envelope, encode_envelope
+from hacfed.wire import MAX_MESSAGE_BYTES, ErrorCode, WireError, decode_envelope
 from hacfed.wire.framing import envelope_parts
 
 DOMAIN_SUBMIT = b"hacfed/v1/submit"  # participant -> coordinator: submissions
@@ -159,7 +159,9 @@ def open_envelope(
     except InvalidSignature:
         raise EnvelopeError(ErrorCode.SIGNATURE, "signature does not verify for this key, domain and payload") from None
     if env.payload_type != str(expected_type):
-        raise EnvelopeError(ErrorCode.PAYLOAD_TYPE, f"expected payload {str(expected_type)!r}, got {env.payload_type!r}")
+        raise EnvelopeError(
+            ErrorCode.PAYLOAD_TYPE, f"expected payload {str(expected_type)!r}, got {env.payload_type!r}"
+        )
     return env.payload, env.key_id
 
 

@@ -25,9 +25,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from hacfed.envelope import DOMAIN_RECEIPT, DOMAIN_SUBMIT, DOMAIN_UPDATE, EnvelopeError, open_envelope, seal, seal_parts
 from hacfed.wire import (
-    Delivery, ErrorCode, LabReply, PayloadType, SubmissionReceipt, SubmissionRefusal, WireError, decode_delivery,
-    decode_envelope, decode_lab_reply, decode_receipt, decode_refusal, encode_lab_reply,
-    encode_receipt, encode_refusal,
+    Delivery,
+    ErrorCode,
+    LabReply,
+    PayloadType,
+    SubmissionReceipt,
+    SubmissionRefusal,
+    WireError,
+    decode_delivery,
+    decode_envelope,
+    decode_lab_reply,
+    decode_receipt,
+    decode_refusal,
+    encode_lab_reply,
+    encode_receipt,
+    encode_refusal,
 )
 from hacfed.wire.framing import delivery_parts
 

@@ -96,7 +96,9 @@ class HacpoConfig:
         _check(self.grpo_clip_high > 0, "grpo_clip_high", self.grpo_clip_high, "> 0")
         changed = [name for name in ABLATION_FLAGS if getattr(self, name) is not True]
         if self.mode not in HACPO_FAMILY and changed:
-            raise ValueError(f"HacpoConfig: ablation flag(s) {changed} only apply to modes {HACPO_FAMILY}, not {self.mode!r}")
+            raise ValueError(
+                f"HacpoConfig: ablation flag(s) {changed} only apply to modes {HACPO_FAMILY}, not {self.mode!r}"
+            )
         extended = [name for name, choices in EXTENSION_CHOICES.items() if getattr(self, name) != choices[0]]
         if self.mode != "xhacpo" and extended:
             raise ValueError(f"HacpoConfig: {extended} only apply to mode 'xhacpo' (mode {self.mode!r} is paper-exact)")

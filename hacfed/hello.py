@@ -59,4 +59,6 @@ def verify_identity(proof: bytes, challenge: bytes, participant_id: str, public_
     `public_key` (the participant's registered signing key)."""
     payload, _ = open_envelope(proof, {key_id(public_key): public_key}, DOMAIN_IDENTITY, HELLO_PROOF_TYPE)
     if payload != challenge + b"\x00" + participant_id.encode("ascii"):
-        raise EnvelopeError(ErrorCode.IDENTITY_MISMATCH, "the hello proof answers another challenge or names another id")
+        raise EnvelopeError(
+            ErrorCode.IDENTITY_MISMATCH, "the hello proof answers another challenge or names another id"
+        )

@@ -152,7 +152,9 @@ class Submission:
         if isinstance(self.round_id, bool) or not isinstance(self.round_id, int) or self.round_id < 0:
             raise ValueError(f"Submission.round_id must be an int >= 0, got {self.round_id!r}")
         if self.nonce and not _is_hex(self.nonce, NONCE_HEX_CHARS):
-            raise ValueError(f"Submission.nonce must be {NONCE_HEX_CHARS} lowercase hex chars or empty, got {self.nonce!r}")
+            raise ValueError(
+                f"Submission.nonce must be {NONCE_HEX_CHARS} lowercase hex chars or empty, got {self.nonce!r}"
+            )
         ms = self.created_at_ms
         if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
             raise ValueError(f"Submission.created_at_ms must be an int >= 0, got {ms!r}")

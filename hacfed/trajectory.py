@@ -69,12 +69,16 @@ class Trajectory:
                 raise ValueError(f"Trajectory.{name} must be a non-empty string, got {value!r}")
         if isinstance(self.policy_version, bool) or not isinstance(self.policy_version, int) or self.policy_version < 0:
             raise ValueError(f"Trajectory.policy_version must be an int >= 0, got {self.policy_version!r}")
-        if not isinstance(self.prompt, tuple) or not self.prompt or not all(isinstance(m, ChatMessage) for m in self.prompt):
+        prompt = self.prompt
+        if not isinstance(prompt, tuple) or not prompt or not all(isinstance(m, ChatMessage) for m in prompt):
             raise ValueError(f"Trajectory.prompt must be a non-empty tuple of ChatMessage, got {self.prompt!r}")
         if not isinstance(self.response_text, str):
             raise ValueError(f"Trajectory.response_text must be a str, got {type(self.response_text).__name__}")
         reward = self.reward
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+        if (
+            isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
+            or not 0.0 <= reward <= 1.0
+        ):
             raise ValueError(f"Trajectory.reward must be a finite number in [0, 1], got {reward!r}")
         lp = self.source_logp_sum
         if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > LOGP_EPS:

@@ -36,7 +36,8 @@ class ArithmeticTask(SplitLookup):
     def __post_init__(self) -> None:
         if isinstance(self.digits, bool) or not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
             raise ValueError(f"ArithmeticTask.digits must be an int in [1, 9], got {self.digits!r}")
-        if not self.operators or any(op not in _OPS for op in self.operators) or len(set(self.operators)) != len(self.operators):
+        ops = self.operators
+        if not ops or any(op not in _OPS for op in ops) or len(set(ops)) != len(ops):
             raise ValueError(f"ArithmeticTask.operators must be a non-empty set of '+-', got {self.operators!r}")
         if self.num_train < 1 or self.num_eval < 1 or self.num_validation < 0:
             raise ValueError(
@@ -46,8 +47,8 @@ class ArithmeticTask(SplitLookup):
         space = (10 ** self.digits) ** 2 * len(self.operators)
         if self.num_train + self.num_eval + self.num_validation > space // 2:
             raise ValueError(
-                f"ArithmeticTask: {self.num_train}+{self.num_eval}+{self.num_validation} problems requested but only {space} "
-                f"distinct {self.digits}-digit problems exist; lower num_train/num_eval or raise digits"
+                f"ArithmeticTask: {self.num_train}+{self.num_eval}+{self.num_validation} problems requested but "
+                f"only {space} distinct {self.digits}-digit problems exist; lower num_train/num_eval or raise digits"
             )
 
     @property

@@ -76,7 +76,9 @@ class ChainTask(SplitLookup):
             raise ValueError(f"ChainTask.terms must be an int in [2, 6], got {self.terms!r}")
         ops = tuple(self.operations) if isinstance(self.operations, (list, tuple)) else None
         if not ops or any(op not in OPERATIONS for op in ops) or len(set(ops)) != len(ops):
-            raise ValueError(f"ChainTask.operations must be a non-empty subset of {OPERATIONS}, got {self.operations!r}")
+            raise ValueError(
+                f"ChainTask.operations must be a non-empty subset of {OPERATIONS}, got {self.operations!r}"
+            )
         object.__setattr__(self, "operations", ops)
         notes = tuple(self.notations) if isinstance(self.notations, (list, tuple)) else None
         if not notes or any(n not in NOTATIONS for n in notes) or len(set(notes)) != len(notes):

@@ -255,7 +255,8 @@ class MathVerifier:
             if self._closed:
                 raise RuntimeError("MathVerifier is closed")
             if self._asker_pool is None:
-                self._asker_pool = ThreadPoolExecutor(self.config.parallel_workers, thread_name_prefix="hacfed-verifier")
+                self._asker_pool = ThreadPoolExecutor(self.config.parallel_workers,
+                                                      thread_name_prefix="hacfed-verifier")
             return self._asker_pool
 
     @property

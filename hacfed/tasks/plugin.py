@@ -183,7 +183,9 @@ class PluginTask(SplitLookup):
 def reward_request(problem: Problem, question: str, response: str) -> dict[str, Any]:
     prompt = problem.messages[-1].content
     return {"op": "reward", "response": response,
-            "problem": {"prompt_id": problem.prompt_id, "question": question, "answer": problem.answer, "prompt": prompt}}
+            "problem": {
+                "prompt_id": problem.prompt_id, "question": question, "answer": problem.answer, "prompt": prompt,
+            }}
 
 
 def load_plugin_task(config: PluginTaskConfig) -> PluginTask:
@@ -220,7 +222,9 @@ def _records(config: PluginTaskConfig, files: tuple[str, ...]) -> list[Item]:
         for index, (question, answer) in enumerate(zip(questions, answers), start=1):
             where = f"{path}, record {index}"
             if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{where}: field {config.question_field!r} must be non-empty text, got {question!r:.80}")
+                raise ValueError(
+                    f"{where}: field {config.question_field!r} must be non-empty text, got {question!r:.80}"
+                )
             out.append((question.strip(), _answer_text(answer, where, config.answer_field), None))
     return out
 
@@ -265,7 +269,9 @@ def _splits(config: PluginTaskConfig, template: str, items: list[list[Item]]
     return (tuple(train[: config.max_train]), tuple(eval_all[: config.max_eval])), questions
 
 
-def _problems(config: PluginTaskConfig, template: str, items: Iterable[Item], questions: dict[str, str]) -> list[Problem]:
+def _problems(
+    config: PluginTaskConfig, template: str, items: Iterable[Item], questions: dict[str, str]
+) -> list[Problem]:
     """One Problem per distinct question (the first wins); `questions` learns each id's question."""
     out: list[Problem] = []
     seen: set[str] = set()
@@ -314,7 +320,10 @@ def _check_template(template: str, what: str) -> None:
 
 def _paths(key: str, value: object, base_dir: str | Path | None) -> tuple[str, ...]:
     items = [value] if isinstance(value, (str, Path)) else value
-    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(p, (str, Path)) and str(p) for p in items):
+    if (
+        not isinstance(items, (list, tuple)) or not items
+        or not all(isinstance(p, (str, Path)) and str(p) for p in items)
+    ):
         raise ValueError(f"plugin task: {key!r} must be a path or a non-empty list of paths, got {value!r}")
     base = Path(base_dir) if base_dir is not None else None
     return tuple(str(base / p) if base is not None and not Path(p).is_absolute() else str(p) for p in items)

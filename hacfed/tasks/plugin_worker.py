@@ -68,14 +68,18 @@ def handle(plugin: Any, reward: Callable[[dict[str, Any], str], object], request
     if op == "describe":
         template = getattr(plugin, "prompt_template", None)
         if template is not None and not isinstance(template, str):
-            return {"error": f"prompt_template is {type(template).__name__}, not a string", "detail": repr(template)[:80]}
+            return {
+                "error": f"prompt_template is {type(template).__name__}, not a string", "detail": repr(template)[:80]
+            }
         return {"prompt_template": template, "problems": callable(getattr(plugin, "problems", None))}
     if op == "problems":
         return load_problems(plugin, request["split"])
     return {"error": f"unknown request {op!r}", "detail": ""}
 
 
-def call_reward(reward: Callable[[dict[str, Any], str], object], problem: dict[str, Any], response: str) -> dict[str, Any]:
+def call_reward(
+    reward: Callable[[dict[str, Any], str], object], problem: dict[str, Any], response: str
+) -> dict[str, Any]:
     try:
         value = reward(problem, response)
     except Exception as e:  # the plugin's own failure: a reply naming it (the sandbox boundary)

@@ -70,7 +70,9 @@ def default_tolerance(dtype: str) -> Tolerance:
     try:
         return DEFAULT_TOLERANCES[dtype]
     except KeyError:
-        raise ValueError(f"no default tolerance for dtype {dtype!r}; choose one of {sorted(DEFAULT_TOLERANCES)}") from None
+        raise ValueError(
+            f"no default tolerance for dtype {dtype!r}; choose one of {sorted(DEFAULT_TOLERANCES)}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -258,8 +260,9 @@ def run_check(cfg: CheckConfig, tol: Tolerance) -> Report:
         report.skipped["vllm"] = "--hf-only"
         return report.finish()
     try:
-        from hacfed.rollout.vllm_backend import VllmRollout
         import vllm  # noqa: F401
+
+        from hacfed.rollout.vllm_backend import VllmRollout
     except ImportError:
         report.missing["vllm"] = "vLLM is not installed (scripts/gpu_check.sh --install-vllm, or --hf-only)"
         return report.finish()
@@ -290,7 +293,9 @@ def cuda_available() -> bool:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     d = CheckConfig()
-    ap = argparse.ArgumentParser(prog="python -m hacfed.tools.gpu_check", allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m hacfed.tools.gpu_check", allow_abbrev=False, description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--model", default=d.model, help=f"model spec for load_model (default {d.model})")
     ap.add_argument("--dtype", default=d.dtype, choices=sorted(DEFAULT_TOLERANCES), help=f"default {d.dtype}")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"default {d.prompts}")

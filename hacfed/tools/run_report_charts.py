@@ -12,9 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hacfed.tools.run_report import (
-    QUANTILES, RunData, capability_ratios, cross_stats, ratio_quantile_samples, series,
-)
+from hacfed.tools.run_report import QUANTILES, RunData, capability_ratios, cross_stats, ratio_quantile_samples, series
 
 Draw = Callable[[Any], None]  # draws on one matplotlib Axes
 

@@ -26,8 +26,17 @@ from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParam
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire.types import (
-    MAX_PROMPT_MESSAGES, MAX_REPORT_METRICS, NONCE_BYTES, Delivery, ErrorCode, ErrorReply, LabReply, Rejection,
-    SubmissionReceipt, SubmissionRefusal, WireError,
+    MAX_PROMPT_MESSAGES,
+    MAX_REPORT_METRICS,
+    NONCE_BYTES,
+    Delivery,
+    ErrorCode,
+    ErrorReply,
+    LabReply,
+    Rejection,
+    SubmissionReceipt,
+    SubmissionRefusal,
+    WireError,
 )
 
 # ---- enum tables ---------------------------------------------------------------------------------

@@ -16,13 +16,40 @@ from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb
 from hacfed.trajectory import Trajectory
 from hacfed.wire.convert import (
-    count_submission, fill_batch, fill_error, fill_lab_reply, fill_plan, fill_receipt, fill_refusal,
-    fill_report, fill_submission, fill_trajectory, fill_update, read_batch, read_delivery, read_error, read_lab_reply,
-    read_plan, read_receipt, read_refusal, read_report, read_submission, read_trajectory, read_update,
+    count_submission,
+    fill_batch,
+    fill_error,
+    fill_lab_reply,
+    fill_plan,
+    fill_receipt,
+    fill_refusal,
+    fill_report,
+    fill_submission,
+    fill_trajectory,
+    fill_update,
+    read_batch,
+    read_delivery,
+    read_error,
+    read_lab_reply,
+    read_plan,
+    read_receipt,
+    read_refusal,
+    read_report,
+    read_submission,
+    read_trajectory,
+    read_update,
 )
 from hacfed.wire.types import (
-    MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Delivery, ErrorCode, ErrorReply, LabReply, RawEnvelope, SubmissionReceipt,
-    SubmissionRefusal, WireError,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    Delivery,
+    ErrorCode,
+    ErrorReply,
+    LabReply,
+    RawEnvelope,
+    SubmissionReceipt,
+    SubmissionRefusal,
+    WireError,
 )
 
 # ---- framing --------------------------------------------------------------------------------------

@@ -229,7 +229,9 @@ def round_update_parts(header: RoundUpdate, items: Sequence[bytes]) -> list[byte
     if not isinstance(header, RoundUpdate):
         raise TypeError(f"splice_round_update: expected a RoundUpdate, got {type(header).__name__}")
     if header.pool:
-        raise ValueError(f"splice_round_update: the header must have an empty pool, got {len(header.pool)} trajectories")
+        raise ValueError(
+            f"splice_round_update: the header must have an empty pool, got {len(header.pool)} trajectories"
+        )
     before, after = pb.RoundUpdate(), pb.RoundUpdate()
     before.run_id = header.run_id
     if header.pool_round is not None:

@@ -178,7 +178,8 @@ class LabReply:
 
 
 def _check_nonce(nonce: object, what: str) -> None:
-    if not (isinstance(nonce, str) and len(nonce) in (0, 2 * NONCE_BYTES) and all(c in "0123456789abcdef" for c in nonce)):
+    hex_digits = "0123456789abcdef"
+    if not (isinstance(nonce, str) and len(nonce) in (0, 2 * NONCE_BYTES) and all(c in hex_digits for c in nonce)):
         raise ValueError(f"{what}.nonce must be empty or {2 * NONCE_BYTES} lowercase hex chars, got {nonce!r}")
 
 

@@ -4,7 +4,8 @@
 
 A one-minute smoke version that leaves docs/ alone:
 
-    hacfed bench modes --matrix bench/smoke.toml --out runs/smoke --results runs/smoke/results.md --img-dir runs/smoke/img
+    hacfed bench modes --matrix bench/smoke.toml --out runs/smoke \\
+        --results runs/smoke/results.md --img-dir runs/smoke/img
 
 Each (setting, mode, seed) is one `hacfed sim` subprocess (`runner.py`); finished runs are kept, so
 an interrupted command resumes where it stopped. The report (`report.py`) replaces the generated
@@ -35,7 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run only this setting (repeatable or comma-separated; the only way to rerun an "
                         "archived one); the report still covers all")
     p.add_argument("--report-only", action="store_true", help="run nothing; rebuild the report from complete runs")
-    p.add_argument("--results", default=DEFAULT_RESULTS, help=f"markdown file for the report (default {DEFAULT_RESULTS})")
+    p.add_argument(
+        "--results", default=DEFAULT_RESULTS, help=f"markdown file for the report (default {DEFAULT_RESULTS})"
+    )
     p.add_argument("--img-dir", default=DEFAULT_IMG_DIR, help=f"directory for the PNGs (default {DEFAULT_IMG_DIR})")
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hacfed.tools.modes import get_mode
 from hacfed.messages import PEER_CHOICES
-from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
 from hacfed.tomlfile import read_toml
+from hacfed.tools.modes import get_mode
+from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
 
 # Keys of [defaults], each also allowed in a setting's table.
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
@@ -213,9 +213,13 @@ def _parse_comparison(raw: Any, index: int, matrix: Matrix, where: str) -> Compa
             raise MatrixError(f"{table}: settings: no setting {name!r}; settings: {', '.join(matrix.names)}")
         setting = matrix.setting(name)
         if agent not in setting.agent_ids:
-            raise MatrixError(f"{table}: agent {agent!r} is not in setting {name!r} (agents: {', '.join(setting.agent_ids)})")
+            raise MatrixError(
+                f"{table}: agent {agent!r} is not in setting {name!r} (agents: {', '.join(setting.agent_ids)})"
+            )
         if mode not in setting.run.modes:
-            raise MatrixError(f"{table}: mode {mode!r} is not run in setting {name!r} (modes: {', '.join(setting.run.modes)})")
+            raise MatrixError(
+                f"{table}: mode {mode!r} is not run in setting {name!r} (modes: {', '.join(setting.run.modes)})"
+            )
     return Comparison(agent, mode, (names[0], names[1]))
 
 

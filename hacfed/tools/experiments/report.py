@@ -225,7 +225,8 @@ def _diagnostics_table(results: SettingResults) -> list[str]:
     for mode in r.modes:
         for agent in s.agent_ids:
             for source, stats in results.cross(mode, agent).items():
-                ratio = "/".join(f"{stats[q]:.2f}" if q in stats else DASH for q in ("ratio_p10", "ratio_p50", "ratio_p90"))
+                quantiles = ("ratio_p10", "ratio_p50", "ratio_p90")
+                ratio = "/".join(f"{stats[q]:.2f}" if q in stats else DASH for q in quantiles)
                 fracs = [f"{stats[k]:.2f}" if k in stats else DASH for k in ("grad_frac", "pos_frac", "grad_pos_frac")]
                 rows.append([mode, agent, source, ratio, *fracs])
     if not rows:

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hacfed.tools.experiments.matrix import Matrix, Setting
 from hacfed.procs import ManagedProcess, ProcessSupervisor
+from hacfed.tools.experiments.matrix import Matrix, Setting
 
 LOG_TAIL_LINES = 20
 
@@ -189,7 +189,8 @@ def run_matrix(
                     else:
                         failed.append(run)
                         why = f"exit {code}" if code else "no final row for every agent"
-                        progress.line(f"FAILED {run.label} ({why}) after {seconds:.0f} s; {progress.settled(seconds, ok)}; "
+                        progress.line(f"FAILED {run.label} ({why}) after {seconds:.0f} s; "
+                                      f"{progress.settled(seconds, ok)}; "
                                       f"log {run.log_path(out)}:\n{_tail(run.log_path(out))}")
     except (KeyboardInterrupt, SystemExit):
         progress.line(f"interrupted: stopped {len(running)} running run(s); rerun the same command to resume")
