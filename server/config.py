@@ -29,8 +29,8 @@ from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
-from hacfed.server.dashboard.bind import DashboardAddress, is_loopback_host, parse_dashboard_address
 from hacfed.server.coordinator.config import CoordinatorConfig, apply_overrides
+from hacfed.server.dashboard.bind import DashboardAddress, is_loopback_host, parse_dashboard_address
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"

@@ -50,12 +50,12 @@ from hacfed.identity import is_participant_id
 from hacfed.server.allocator import keep_freed_memory
 from hacfed.server.answers import AnswerQueue
 from hacfed.server.collector import freeze_startup_objects
+from hacfed.server.config import ServerConfig, read_server_config
+from hacfed.server.console_log import ConsoleLog
 from hacfed.server.coordinator import Coordinator, Journal, load_task_from_config
 from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
-from hacfed.server.console_log import ConsoleLog
-from hacfed.server.config import ServerConfig, read_server_config
 from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, parse_supervisor, supervisor_alive
 from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
@@ -296,9 +296,9 @@ class FederationDriver:
             if self._waiting_since is None:
                 self._waiting_since = now
                 fallback = first and self.cfg.min_participants < needed
+                or_fewer = f" (or {self.cfg.min_participants} after {self.cfg.round_deadline_s:.0f}s)"
                 self.console(f"waiting for participants: {connected} connected, round "
-                             f"{self.coordinator.next_round_id} starts with {needed}"
-                             f"{f' (or {self.cfg.min_participants} after {self.cfg.round_deadline_s:.0f}s)' if fallback else ''}")
+                             f"{self.coordinator.next_round_id} starts with {needed}{or_fewer if fallback else ''}")
             grace_over = first and connected >= self.cfg.min_participants and \
                 now - self._waiting_since >= self.cfg.round_deadline_s
             if not grace_over:

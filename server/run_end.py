@@ -121,7 +121,8 @@ class RunEnd:
         rounds, mode, seed = self._cfg.rounds, self._cfg.hacpo.mode, self._cfg.seed
         _, final_written = rounds_written(self._metrics_out)
         if not final_written:
-            append_rows(self._metrics_out, [final_row(pid, rounds, mode, seed, r) for pid, r in sorted(reports.items())])
+            rows = [final_row(pid, rounds, mode, seed, r) for pid, r in sorted(reports.items())]
+            append_rows(self._metrics_out, rows)
         missing = sorted(active - set(reports))
         write_status(self._state_dir, self._coordinator, self.done)
         done = {"rounds": rounds, "final_reports": sorted(reports), "missing_final_reports": missing,

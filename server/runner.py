@@ -26,9 +26,16 @@ from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
 from hacfed.server.config import ServerConfig, write_server_config
 from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
 from hacfed.server.driver_settings import (
-    CONSOLE_FILE, DONE_FILE, DRIVER_SPEC, SETTINGS_FILE, STATUS_FILE, format_supervisor, this_process,
+    CONSOLE_FILE,
+    DONE_FILE,
+    DRIVER_SPEC,
+    SETTINGS_FILE,
+    STATUS_FILE,
+    format_supervisor,
+    this_process,
 )
-from hacfed.server.node_auth import BINDINGS_FILE, CONNECTION as ADMIN_CONNECTION, FlwrCli, NodeAuthSync
+from hacfed.server.node_auth import BINDINGS_FILE, FlwrCli, NodeAuthSync
+from hacfed.server.node_auth import CONNECTION as ADMIN_CONNECTION
 from hacfed.server.registry import load_registry
 from hacfed.server.superlink import SuperLink, TlsFiles, start_superlink, submit_run, write_connection_config
 

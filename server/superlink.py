@@ -63,16 +63,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hacfed.flower_protocol import (
-    FLOWER_MAX_MESSAGE_BYTES, ConfigValue, cap_flower_messages, check_loopback_address, to_toml,
+    FLOWER_MAX_MESSAGE_BYTES,
+    ConfigValue,
+    cap_flower_messages,
+    check_loopback_address,
+    to_toml,
 )
-from hacfed.procs import (
-    ManagedProcess,
-    ProcessError,
-    ProcessSupervisor,
-    flower_env,
-    wait_for_log_line,
-    wait_for_port,
-)
+from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor, flower_env, wait_for_log_line, wait_for_port
 
 APP_DIR = Path(__file__).resolve().parent / "flower_app"
 DEFAULT_CONNECTION = "hacfed"

@@ -32,8 +32,16 @@ from hacfed.server.coordinator.journal import Journal, SubmissionRecord
 from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.results import Receipt, SubmissionResult
 from hacfed.server.coordinator.validation import (
-    AcceptedTrajectory, Rejection, ValidationLimits, ValidationOutcome, check_report, is_short_id,
-    quick_size_rejection, report_to_dict, start_validation, submission_digest,
+    AcceptedTrajectory,
+    Rejection,
+    ValidationLimits,
+    ValidationOutcome,
+    check_report,
+    is_short_id,
+    quick_size_rejection,
+    report_to_dict,
+    start_validation,
+    submission_digest,
 )
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
@@ -204,7 +212,9 @@ class SubmissionIntake:
         except ValueError as exc:  # an in-process object of types the wire cannot carry
             return Rejection(None, ErrorCode.SCHEMA, str(exc))
         if n_bytes > self.cfg.max_submission_bytes:
-            return Rejection(None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}")
+            return Rejection(
+                None, ErrorCode.SIZE, f"{n_bytes} bytes > max_submission_bytes {self.cfg.max_submission_bytes}"
+            )
         if not admitted and (problem := self.limiter.charge_bytes(pid, round_key, n_bytes)) is not None:
             return problem
         stored = self.journal.stored_result(digest)
@@ -223,14 +233,17 @@ class SubmissionIntake:
             return Rejection(None, ErrorCode.UNKNOWN_ROUND, f"round {sub.round_id} was never opened")
         if record.state != "OPEN":
             latest_closed = self.journal.latest_closed_round()
-            code = ErrorCode.ROUND_CLOSED if latest_closed and latest_closed.round_id == sub.round_id else ErrorCode.STALE_ROUND
+            latest_is_this = latest_closed and latest_closed.round_id == sub.round_id
+            code = ErrorCode.ROUND_CLOSED if latest_is_this else ErrorCode.STALE_ROUND
             return Rejection(None, code, f"round {sub.round_id} is {record.state.lower()}")
         if pid in self._judging:
             detail = f"another submission of {pid} is being judged; resend this one after it"
             return Rejection(None, ErrorCode.DUPLICATE, detail, retry_after_s=JUDGING_RETRY_S)
         seq = self.journal.submission_seq(pid, sub.round_id)
         if seq is not None:
-            return Rejection(None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})")
+            return Rejection(
+                None, ErrorCode.DUPLICATE, f"{pid} already submitted for round {sub.round_id} (receipt seq {seq})"
+            )
         return n_bytes, digest
 
     def _start_judging(self, sub: Submission) -> Callable[[], ValidationOutcome]:
@@ -246,7 +259,9 @@ class SubmissionIntake:
             min_policy_version=self.journal.last_policy_version(pid),
             verify_threads=self.cfg.verify_threads,
         )
-        used = self.journal.used_trajectory_ids(pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)])
+        used = self.journal.used_trajectory_ids(
+            pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)]
+        )
         return start_validation(sub, plan, self.task, limits, used)
 
     def _record(
@@ -266,11 +281,14 @@ class SubmissionIntake:
         accepted_ids = tuple(a.trajectory.trajectory_id for a in outcome.accepted)
 
         def result_for(seq: int) -> SubmissionResult:
-            receipt = Receipt(self.cfg.run_id, round_id, pid, seq, digest, len(accepted_ids), len(rejections), sub.nonce)
+            receipt = Receipt(
+                self.cfg.run_id, round_id, pid, seq, digest, len(accepted_ids), len(rejections), sub.nonce
+            )
             return SubmissionResult(accepted_ids, rejections, receipt)
 
         record = SubmissionRecord(
-            pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine, report_json,
+            pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine,
+            report_json,
         )
         seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
         self._on_committed(round_id, outcome.accepted, _records_by_sample(sub, encoded))  # after the COMMIT
@@ -281,7 +299,9 @@ class SubmissionIntake:
                 "participant %s QUARANTINED: reached %d strikes within %d rounds",
                 pid, self.cfg.max_strikes, self.cfg.strike_window_rounds,
             )
-        log.info("round %d: %s accepted %d, rejected %d (seq %d)", round_id, pid, len(accepted_ids), len(rejections), seq)
+        log.info(
+            "round %d: %s accepted %d, rejected %d (seq %d)", round_id, pid, len(accepted_ids), len(rejections), seq
+        )
         return result_for(seq)
 
     def record_final_report(self, sub: Submission, sender: str | None = None) -> Rejection | None:

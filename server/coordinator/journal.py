@@ -232,8 +232,8 @@ class Journal:
         with self._lock:  # held past the COMMIT until the kept versions are raised
             with self._tx() as db:
                 cur = db.execute(
-                    "INSERT INTO submissions (participant_id, round_id, content_hash, nonce, n_bytes, received_at, result_json) "
-                    "VALUES (?, ?, ?, ?, ?, ?, '')",
+                    "INSERT INTO submissions (participant_id, round_id, content_hash, nonce, n_bytes, received_at, "
+                    "result_json) VALUES (?, ?, ?, ?, ?, ?, '')",
                     (r.participant_id, r.round_id, r.content_hash, r.nonce, r.n_bytes, r.received_at),
                 )
                 seq = int(cur.lastrowid)
@@ -243,8 +243,8 @@ class Journal:
                     [trajectory_row(seq, r.round_id, a, refs[id(a.trajectory.prompt)]) for a in r.accepted],
                 )
                 db.executemany(
-                    "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO rejections (participant_id, round_id, submission_seq, trajectory_id, code, detail, "
+                    "at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [
                         (r.participant_id, r.round_id, seq, x.trajectory_id, x.code.value, x.detail, r.received_at)
                         for x in r.rejections
@@ -263,9 +263,11 @@ class Journal:
                         "UPDATE participants SET quarantined=1, quarantined_round=? WHERE participant_id=?",
                         (r.round_id, r.participant_id),
                     )
-                    _event(db, r.received_at, "quarantine", r.participant_id, r.round_id, f"{len(r.strikes)} new strike(s)")
+                    _event(db, r.received_at, "quarantine", r.participant_id, r.round_id,
+                           f"{len(r.strikes)} new strike(s)")
                 if r.report_json is not None:
-                    db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)", (r.participant_id, r.round_id, r.report_json))
+                    db.execute("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
+                               (r.participant_id, r.round_id, r.report_json))
                 db.execute("UPDATE submissions SET result_json=? WHERE seq=?", (result_for_seq(seq), seq))
                 codes = sorted({x.code.value for x in r.rejections})
                 self._audit(AuditEvent(
@@ -300,7 +302,8 @@ class Journal:
             refs[id(prompt)] = ref
         return refs, added
 
-    def record_rejection(self, participant_id: str | None, round_id: int | None, code: str, detail: str, now: float) -> None:
+    def record_rejection(self, participant_id: str | None, round_id: int | None, code: str, detail: str,
+                         now: float) -> None:
         """A refusal before anything was recorded (wrong run, closed round, ...), kept for the audit."""
         with self._tx() as db:
             db.execute(
@@ -372,7 +375,8 @@ class Journal:
                 "SELECT round_id, COUNT(*) FROM trajectories WHERE participant_id=? AND round_id>=? AND purged=0 "
                 "GROUP BY round_id ORDER BY round_id", (participant_id, from_round),
             )}
-            db.execute("UPDATE trajectories SET purged=1 WHERE participant_id=? AND round_id>=?", (participant_id, from_round))
+            db.execute("UPDATE trajectories SET purged=1 WHERE participant_id=? AND round_id>=?",
+                       (participant_id, from_round))
             db.execute(
                 "UPDATE participants SET quarantined=1, quarantined_round=COALESCE(quarantined_round, ?) "
                 "WHERE participant_id=?", (from_round, participant_id),
@@ -382,7 +386,8 @@ class Journal:
         return withdrawn
 
 
-def _event(db: sqlite3.Connection, at: float, kind: str, participant_id: str | None, round_id: int | None, detail: str) -> None:
+def _event(db: sqlite3.Connection, at: float, kind: str, participant_id: str | None, round_id: int | None,
+           detail: str) -> None:
     db.execute(
         "INSERT INTO events (at, kind, participant_id, round_id, detail) VALUES (?, ?, ?, ?, ?)",
         (at, kind, participant_id, round_id, detail),

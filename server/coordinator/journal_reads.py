@@ -43,7 +43,9 @@ class JournalReads:
 
     def stored_result(self, content_hash: str) -> str | None:
         with self._lock:
-            row = self._db.execute("SELECT result_json FROM submissions WHERE content_hash=?", (content_hash,)).fetchone()
+            row = self._db.execute(
+                "SELECT result_json FROM submissions WHERE content_hash=?", (content_hash,)
+            ).fetchone()
         return row[0] if row else None
 
     def hash_for_nonce(self, participant_id: str, nonce: str) -> str | None:
@@ -114,7 +116,9 @@ class JournalReads:
         for source_id, _, _, tid, prompt_id, version, prompt_json, text, reward, lp, n, finish in rows:
             prompt = parsed.get(prompt_json)
             if prompt is None:
-                prompt = parsed[prompt_json] = tuple(ChatMessage(m["role"], m["content"]) for m in json.loads(prompt_json))
+                prompt = parsed[prompt_json] = tuple(
+                    ChatMessage(m["role"], m["content"]) for m in json.loads(prompt_json)
+                )
             out.append(Trajectory(tid, prompt_id, source_id, version, prompt, text, reward, lp, n, finish))
         return tuple(out)
 
@@ -153,7 +157,8 @@ class JournalReads:
         stats: dict[str, dict[str, Any]] = {}
         with self._lock:
             for pid, n, mean in self._db.execute(
-                "SELECT participant_id, COUNT(*), AVG(reward) FROM trajectories WHERE round_id=? GROUP BY participant_id",
+                "SELECT participant_id, COUNT(*), AVG(reward) FROM trajectories WHERE round_id=? "
+                "GROUP BY participant_id",
                 (round_id,),
             ):
                 stats.setdefault(pid, {}).update(accepted=int(n), reward_mean=float(mean))
@@ -177,7 +182,8 @@ class JournalReads:
             return [dict(r) for r in self._db.execute(query + " ORDER BY id", args)]
 
     def count(self, table: str) -> int:
-        if table not in ("rounds", "participants", "submissions", "trajectories", "rejections", "strikes", "metrics", "events"):
+        tables = ("rounds", "participants", "submissions", "trajectories", "rejections", "strikes", "metrics", "events")
+        if table not in tables:
             raise ValueError(f"unknown journal table {table!r}")
         with self._lock:
             return int(self._db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])

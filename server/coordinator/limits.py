@@ -14,9 +14,9 @@ Three caps, each with its own code and a retry-after hint, all checked BEFORE an
     QUOTA_TRAJECTORIES).
 The Flower driver takes the token and charges the byte quota with the raw envelope size before
 it verifies a signature or parses anything (`Coordinator.admit`); the trajectory quota is charged
-right after decoding, before hashing, validating or verifying. Quotas count what a participant sends, accepted or not, so
-a flood costs the flooder its own quota and nobody else's. "Per organization" is per participant id
-until identities carry an organization (the registry of keys, issue 9 part 1).
+right after decoding, before hashing, validating or verifying. Quotas count what a participant
+sends, accepted or not, so a flood costs the flooder its own quota and nobody else's. "Per
+organization" is per participant id until identities carry an organization (the registry of keys, issue 9 part 1).
 
 State is in memory: a restarted coordinator starts with full buckets and empty quotas, which is
 harmless (a restart is rare and each participant still records one submission per round).

@@ -70,7 +70,9 @@ class RoundSummary:
         """One line per round, e.g. `round 3 closed (quorum): a reward 0.62 eval 0.55 P 0.60 | b ...`."""
         parts = []
         for m in self.participants:
-            text = f"{m.participant_id} reward {_fmt(m.reward_mean)} eval {_fmt(m.eval_accuracy)} P {_fmt(m.capability)}"
+            text = (
+                f"{m.participant_id} reward {_fmt(m.reward_mean)} eval {_fmt(m.eval_accuracy)} P {_fmt(m.capability)}"
+            )
             text += f" acc {m.accepted} rej {m.rejected}"
             if m.quarantined:
                 text += " QUARANTINED"

@@ -21,9 +21,9 @@ import json
 from dataclasses import asdict
 from typing import Any, Mapping
 
-from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, SamplingParams
+from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.tasks.base import Task
 from hacfed.trajectory import ChatMessage
 

@@ -64,7 +64,9 @@ CLOSE_REASONS = ("quorum", "deadline")
 
 
 class Coordinator:
-    def __init__(self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time
+    ) -> None:
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
         self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
         self._lock = threading.RLock()
@@ -292,7 +294,9 @@ class Coordinator:
     def register(self, participant_id: str) -> ParticipantRecord:
         """Join or rejoin (after a crash, or late): idempotent; a quarantined participant stays so."""
         if not is_short_id(participant_id):
-            raise ValueError(f"participant id must be 1-{MAX_ID_CHARS} printable characters, got {safe_text(participant_id)}")
+            raise ValueError(
+                f"participant id must be 1-{MAX_ID_CHARS} printable characters, got {safe_text(participant_id)}"
+            )
         with self._lock, self._fail.audited():
             record = self.journal.upsert_participant(participant_id, self._clock())
             if participant_id not in self._tracker.agent_ids:

@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from hacfed.messages import RoundUpdate, Submission
 from hacfed.server.coordinator.metrics import RoundSummary
 from hacfed.server.coordinator.pool_share import share_salt, shares_of
 from hacfed.server.coordinator.results import RoundClosed, SubmissionResult
 from hacfed.server.coordinator.state import Coordinator
-from hacfed.messages import RoundUpdate, Submission
 
 log = logging.getLogger("hacfed.server.coordinator.transport")
 _MAX_WAITS = 10_000  # a `sleep` that never advances the clock must not hang the caller forever

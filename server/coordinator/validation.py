@@ -29,11 +29,11 @@ import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Collection, Iterable, NamedTuple
 
+from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
 from hacfed.server.coordinator.reward_verification import start_verified_rewards
-from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.tasks.base import Task
 from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire.framing import encode_submission
@@ -145,7 +145,8 @@ def check_report(report: object, participant_id: str, round_id: int) -> Rejectio
         if not is_short_id(key):
             return Rejection(None, ErrorCode.SCHEMA, f"report metric name {safe_text(key)} is not a short text")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return Rejection(None, ErrorCode.SCHEMA, f"report metric {key} must be a finite number, got {safe_text(value)}")
+            return Rejection(None, ErrorCode.SCHEMA,
+                             f"report metric {key} must be a finite number, got {safe_text(value)}")
     return None
 
 
@@ -214,7 +215,8 @@ def start_validation(
             if samples is None:
                 refused.extend(group_rejections)
                 continue
-            group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, [next(verified) for _ in samples])
+            verdicts = [next(verified) for _ in samples]
+            group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, verdicts)
             accepted.extend(group_accepted)
             refused.extend(group_rejections)
         return ValidationOutcome(tuple(accepted), tuple(refused), report_rejection)
@@ -309,7 +311,8 @@ def _cheap_check(
     if tid in seen or tid in used:
         return Rejection(tid, ErrorCode.DUPLICATE, f"trajectory id {tid} already used")
     if t.source_id != participant_id:
-        return Rejection(tid, ErrorCode.SOURCE_MISMATCH, f"source_id {t.source_id} != submitting participant {participant_id}")
+        return Rejection(tid, ErrorCode.SOURCE_MISMATCH,
+                         f"source_id {t.source_id} != submitting participant {participant_id}")
     if t.prompt_id not in planned:
         try:
             task.problem(t.prompt_id)
@@ -324,7 +327,8 @@ def _cheap_check(
 def _check_numbers(t: Trajectory, limits: ValidationLimits) -> Rejection | None:
     tid = t.trajectory_id
     reward = t.reward
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) or not 0 <= reward <= 1:
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) \
+            or not 0 <= reward <= 1:
         return Rejection(tid, ErrorCode.SCHEMA, f"claimed reward {safe_text(reward)} is not a number in [0, 1]")
     if t.finish_reason not in FINISH_REASONS:
         return Rejection(tid, ErrorCode.SCHEMA, f"finish_reason {safe_text(t.finish_reason)} not in {FINISH_REASONS}")
@@ -341,7 +345,8 @@ def _check_numbers(t: Trajectory, limits: ValidationLimits) -> Rejection | None:
     if n == 0 and lp != 0:
         return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"0 tokens with source_logp_sum {lp!r}")
     if n > 0 and lp / n < limits.min_mean_logp:
-        return Rejection(tid, ErrorCode.LOGPROB_RANGE, f"mean log-prob {lp / n:.3f} < min_mean_logp {limits.min_mean_logp}")
+        return Rejection(tid, ErrorCode.LOGPROB_RANGE,
+                         f"mean log-prob {lp / n:.3f} < min_mean_logp {limits.min_mean_logp}")
     if not t.response_text and t.finish_reason != "stop":
         # Nothing a learner can train on. An empty text that stopped (EOS only, or special tokens
         # that decode to nothing) is fine: every learner sees it as its own EOS.
