@@ -209,7 +209,8 @@ def serve_tasks(
 
 
 def start_runner(
-    address: str, app: ClientApp, *, poll_s: float = DEFAULT_POLL_S, on_task: Callable[[TaskOutcome], None] | None = None,
+    address: str, app: ClientApp, *, poll_s: float = DEFAULT_POLL_S,
+    on_task: Callable[[TaskOutcome], None] | None = None,
 ) -> tuple[threading.Thread, threading.Event]:
     """`serve_tasks` on a daemon thread; returns it and the event that stops it."""
     stop = threading.Event()

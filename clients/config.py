@@ -84,7 +84,9 @@ class ClientConfig:
                     _bad(name, value, "a path")
                 object.__setattr__(self, name, Path(value).expanduser().resolve())
         if not self.coordinator_key.is_file():
-            _bad("coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)")
+            _bad(
+                "coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)"
+            )
         try:
             load_public_key(self.coordinator_key)
         except ValueError as exc:
@@ -94,8 +96,8 @@ class ClientConfig:
         if not isinstance(self.insecure, bool) or self.insecure == (self.tls_ca is not None):
             _bad("insecure", self.insecure, "true without tls_ca (plaintext, --insecure) or false with --tls-ca FILE")
         if self.insecure and not is_loopback_host(server_host):
-            _bad("insecure", self.insecure, f"false for the non-loopback server {self.server!r}: plaintext (--insecure) "
-                 f"is a development mode for 127.0.0.1 only; pass --tls-ca with the federation's ca.pem")
+            _bad("insecure", self.insecure, f"false for the non-loopback server {self.server!r}: plaintext "
+                 f"(--insecure) is a development mode for 127.0.0.1 only; pass --tls-ca with the federation's ca.pem")
         if self.tls_ca is not None:
             if not self.tls_ca.is_file():
                 _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
@@ -115,9 +117,11 @@ class ClientConfig:
             _bad("seed", self.seed, "an integer >= 0")
         if not isinstance(self.stay, bool):
             _bad("stay", self.stay, "true or false")
-        if isinstance(self.idle_poll_s, bool) or not isinstance(self.idle_poll_s, (int, float)) or not self.idle_poll_s > 0:
+        poll = self.idle_poll_s
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
-        if isinstance(self.keep_checkpoints, bool) or not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 2:
+        keep = self.keep_checkpoints
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
             _bad("keep_checkpoints", self.keep_checkpoints, "an integer >= 2")
         self._check_metrics_sinks()
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
@@ -146,7 +150,8 @@ class ClientConfig:
 
     def participant_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""
-        out: dict[str, Any] = {"finetune": self.finetune, "device": self.device, "rollout_backend": self.rollout_backend,
+        out: dict[str, Any] = {"finetune": self.finetune, "device": self.device,
+                               "rollout_backend": self.rollout_backend,
                                "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints"),
                                "keep_checkpoints": self.keep_checkpoints, "nproc": self.nproc}
         optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,

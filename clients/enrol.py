@@ -24,7 +24,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacfed.config_values import OneLineArgumentParser
 from hacfed.enrolment import (
-    ENROLMENT_FILE, SUPERNODE_KEY, SUPERNODE_PUB, Enrolment, ensure_supernode_key, load_supernode_private_key,
+    ENROLMENT_FILE,
+    SUPERNODE_KEY,
+    SUPERNODE_PUB,
+    Enrolment,
+    ensure_supernode_key,
+    load_supernode_private_key,
     make_enrolment,
 )
 from hacfed.envelope import write_atomic

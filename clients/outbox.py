@@ -107,7 +107,8 @@ class Outbox:
                 if statement.strip():
                     self._db.execute(statement)
         except (OSError, sqlite3.Error) as exc:
-            hint = " (corrupt: move it away; its unanswered submissions are lost)" if "not a database" in str(exc) else ""
+            corrupt = "not a database" in str(exc)
+            hint = " (corrupt: move it away; its unanswered submissions are lost)" if corrupt else ""
             raise OutboxError(f"outbox {self.path} cannot be used: {exc}{hint}") from None
         self._db.row_factory = sqlite3.Row
 
@@ -127,7 +128,8 @@ class Outbox:
         """Keep a signed submission (pending) before anything that makes it sendable."""
         with self._lock:
             self._db.execute(
-                "INSERT INTO outbox (update_key, run_id, round_id, nonce, envelope, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO outbox (update_key, run_id, round_id, nonce, envelope, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (encode_key(key), key[0], round_id, nonce, envelope, self._clock()),
             )
 
@@ -168,7 +170,8 @@ class Outbox:
             if before is None or before.state != "pending":
                 return before
             self._db.execute(
-                "UPDATE outbox SET state=?, answer=?, code=?, detail=?, answered_at=? WHERE nonce=? AND state='pending'",
+                "UPDATE outbox SET state=?, answer=?, code=?, detail=?, answered_at=? "
+                "WHERE nonce=? AND state='pending'",
                 (state, answer, code, detail, self._clock(), nonce),
             )
             self._prune()
@@ -177,7 +180,9 @@ class Outbox:
     def discard(self, key: UpdateKey) -> None:
         """Drop a pending entry that was never sent (its step failed before the reply left)."""
         with self._lock:
-            self._db.execute("DELETE FROM outbox WHERE update_key=? AND state='pending' AND sends=0", (encode_key(key),))
+            self._db.execute(
+                "DELETE FROM outbox WHERE update_key=? AND state='pending' AND sends=0", (encode_key(key),)
+            )
 
     def discard_uncovered(self, covered: Callable[[UpdateKey], bool]) -> list[UpdateKey]:
         """At start-up: drop pending entries no checkpoint covers (never sent, see the docstring)."""

@@ -150,8 +150,8 @@ def run_replay(cfg: Any, exclude: str, from_round: int, say: Callable[[str], Non
         from hacfed.tasks.registry import load_task
 
         task = load_task(cfg.task, base_dir=cfg.config_dir)
-        participant = Participant.from_spec(ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs()),
-                                            task)
+        spec = ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs())
+        participant = Participant.from_spec(spec, task)
         report = replay(participant, checkpoint_dir, outbox, coordinator_key, exclude, from_round, say)
         if report.checkpoint is None:
             say("nothing changed")

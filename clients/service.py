@@ -31,9 +31,10 @@ losing the round, and one killed before it redoes the step (`Outbox.discard_unco
 Besides deliveries the coordinator may send a hello (a challenge: answered with this participant's
 id and the challenge signed with its key, `hacfed.hello`, at once, even while a step runs; a hello
 inside a delivery carries a notice, e.g. that this lab's id is not registered) and a key request
-(trust on first use: answered with a self-signed key offer). The final acknowledgement (its payload is the run id) arrives once the
-coordinator has recorded the final report: only then may a participant leave, since Flower turns a
-reply that is not yet pulled into a "node unavailable" error when its node goes away.
+(trust on first use: answered with a self-signed key offer). The final acknowledgement (its payload
+is the run id) arrives once the coordinator has recorded the final report: only then may a
+participant leave, since Flower turns a reply that is not yet pulled into a "node unavailable"
+error when its node goes away.
 
 Requests are served one at a time: the participant holds one model.
 """
@@ -61,7 +62,12 @@ from hacfed.keys import FINAL_ACK_TYPE, KEY_OFFER_TYPE, KEY_REQUEST_TYPE, raw_pu
 from hacfed.messages import RoundUpdate, Submission
 from hacfed.tasks.base import Task
 from hacfed.wire import (
-    GRPC_STATUS, MAX_MESSAGE_BYTES, PayloadType, SubmissionReceipt, WireError, decode_round_update,
+    GRPC_STATUS,
+    MAX_MESSAGE_BYTES,
+    PayloadType,
+    SubmissionReceipt,
+    WireError,
+    decode_round_update,
     encode_submission,
 )
 
@@ -83,7 +89,9 @@ class SteppingParticipant(Protocol):
     last_round: int | None
     last_pool_round: int | None
 
-    def step(self, update: RoundUpdate, before_checkpoint: Callable[[Submission], None] | None = None) -> Submission: ...
+    def step(
+        self, update: RoundUpdate, before_checkpoint: Callable[[Submission], None] | None = None
+    ) -> Submission: ...
 
 
 @dataclass(frozen=True)
@@ -255,7 +263,9 @@ class ParticipantService:
             self._notice(f"{where}: REFUSED {answer.code}: {answer.message} (resent in a later reply; retry after "
                          f"{answer.retry_after_ms / 1000:.1f}s)")
             return
-        before = self.outbox.settle(answer.nonce, "refused", data, answer.code, answer.message) if answer.nonce else None
+        before = (
+            self.outbox.settle(answer.nonce, "refused", data, answer.code, answer.message) if answer.nonce else None
+        )
         if before is not None and before.state != "pending":
             return
         self._notice(f"{where}: REFUSED {answer.code}: {answer.message}")

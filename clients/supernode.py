@@ -1,4 +1,4 @@
-"""Start a lab's Flower SuperNode with hacfed's resident ClientApp runner and a shorter idle poll (hacfed-client's process).
+"""Start a lab's Flower SuperNode with hacfed's resident ClientApp runner and a shorter idle poll.
 
 Runs in hacfed-client, which supervises the SuperNode as its child: the child is this module itself
 (`python -m hacfed.clients.supernode hacfed-supernode ...`), which runs the stock SuperNode with

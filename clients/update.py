@@ -29,7 +29,14 @@ from torch import Tensor
 
 from hacfed.algorithm import HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3
 from hacfed.clients.sequence_ratio import (
-    OldSide, learner_norms, needs_own_old, old_side, pad_rows, per_byte, ratio_mask, score_old_logps,
+    OldSide,
+    learner_norms,
+    needs_own_old,
+    old_side,
+    pad_rows,
+    per_byte,
+    ratio_mask,
+    score_old_logps,
 )
 from hacfed.clients.update_metrics import CrossRow, UpdateLog, cross_rows
 from hacfed.rollout.logprobs import sequence_logprobs
@@ -55,7 +62,9 @@ class UpdateSettings:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
 
 
-def order_pool(pool: Sequence[Trajectory], learner: str, agent_order: Sequence[str], cfg: HacpoConfig) -> list[Trajectory]:
+def order_pool(
+    pool: Sequence[Trajectory], learner: str, agent_order: Sequence[str], cfg: HacpoConfig
+) -> list[Trajectory]:
     """Own samples first, then each other source in agent order (docs/hacpo.md §5); gspo drops others."""
     rank = {agent: i for i, agent in enumerate(agent_order)}
     own = [t for t in pool if t.source_id == learner]
@@ -135,7 +144,9 @@ class RowSplit(Protocol):
     defers_first_minibatch: bool
 
     def wrap(self, model: Any) -> Any: ...
-    def score_old(self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int) -> dict[int, Tensor]: ...
+    def score_old(
+        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
+    ) -> dict[int, Tensor]: ...
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]: ...
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]: ...
@@ -155,7 +166,9 @@ class OneProcess:
     def wrap(self, model: Any) -> Any:
         return model
 
-    def score_old(self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int) -> dict[int, Tensor]:
+    def score_old(
+        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
+    ) -> dict[int, Tensor]:
         return score_old_logps(model, views, wanted, pad_id)
 
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]:
@@ -201,7 +214,9 @@ def hacpo_update(
         rewards, [v.prompt_id for v in views], [v.source_id for v in views], learner, capabilities, cfg
     )
     # Mechanism 2 (§4): each cross sample's objective is scaled by ω = ratio(source, learner).
-    omega = torch.tensor([capability_ratio(capabilities, v.source_id, learner, cfg) for v in views], dtype=torch.float32)
+    omega = torch.tensor(
+        [capability_ratio(capabilities, v.source_id, learner, cfg) for v in views], dtype=torch.float32
+    )
     # The old side of each ratio (§5): a peer's sample against its source's summary, an own sample
     # against the learner's pre-update log-probs, scored before the first optimizer step.
     batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, settings, split)

@@ -38,7 +38,9 @@ class DataParallel:
     def wrap(self, model: Any) -> Any:
         return self.shards.wrap(model)  # DDP averages the gradients in backward
 
-    def score_old(self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int) -> dict[int, Tensor]:
+    def score_old(
+        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
+    ) -> dict[int, Tensor]:
         lo, hi = self.shards.bounds(len(wanted))
         mine = score_old_logps(model, views, wanted[lo:hi], pad_id) if hi > lo else {}
         out: dict[int, Tensor] = {}
