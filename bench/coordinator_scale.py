@@ -67,9 +67,14 @@ GROUPS = {"decode": ("decode",), "verify": ("validate", "reward"), "journal": ("
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coordinator_scale_labs import ScaleConfig, generate, lab_ids  # noqa: E402  (the labs' side)
 from coordinator_scale_probes import (  # noqa: E402  (timers and meters)
-    PHASES, PhaseClock, RssSampler, instrumented, reference_work_s, workers_cpu, workers_rss,
+    PHASES,
+    PhaseClock,
+    RssSampler,
+    instrumented,
+    reference_work_s,
+    workers_cpu,
+    workers_rss,
 )
-
 
 # ---- the coordinator's side, timed -------------------------------------------------------------------
 
@@ -175,7 +180,8 @@ def summarize(cfg: ScaleConfig, generated: dict[str, Any], measured: dict[str, A
         "round_cpu_s": cpu, "round_worker_cpu_s": worker_cpu, "round_all_cpu_s": all_cpu,
         "reference_s": reference, "round_per_reference": total / reference if reference > 0 else None,
         "worker_rss_mib": max(r.get("rss_workers_bytes", 0) for r in measured["rounds"]) / 2**20,
-        "load_average": statistics.median(r.get("load_average", 0.0) for r in timed), "sandbox_calls": measured["sandbox_calls"],
+        "load_average": statistics.median(r.get("load_average", 0.0) for r in timed),
+        "sandbox_calls": measured["sandbox_calls"],
         "phases_s": phases, "groups_s": {g: sum(phases[p] for p in ps) for g, ps in GROUPS.items()},
         "us_per_trajectory": total / per_round * 1e6,
         "rss_baseline_mib": measured["rss_baseline_bytes"] / 2**20, "rss_peak_mib": measured["rss_peak_bytes"] / 2**20,
@@ -217,7 +223,8 @@ def growth(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(points: list[dict[str, Any]]) -> str:
     head = (f"{'labs':>5} {'traj/round':>10} {'round s':>8} {'CPU s':>6} {'+wrk s':>6} {'us/traj':>8} " +
-            " ".join(f"{p:>8}" for p in PHASES) + f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8} {'load':>5}"
+            " ".join(f"{p:>8}" for p in PHASES) +
+            f" {'RSS MiB':>8} {'+MiB/lab':>8} {'update MiB':>10} {'sent MiB':>8} {'load':>5}"
             f" {'ref s':>6} {'round/ref':>9}")
     lines = [head]
     for p in points:

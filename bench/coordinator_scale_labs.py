@@ -93,8 +93,8 @@ def generate(cfg: ScaleConfig, work: Path) -> dict[str, Any]:
     from hacfed.exchange import seal_lab_reply
     from hacfed.keys import ensure_key_pair
     from hacfed.messages import StepReport, Submission
-    from hacfed.server.coordinator import CoordinatorConfig, load_task_from_config, make_plan
     from hacfed.server.config import ServerConfig, ServerSettings, write_server_config
+    from hacfed.server.coordinator import CoordinatorConfig, load_task_from_config, make_plan
     from hacfed.trajectory import Trajectory
     from hacfed.wire import PayloadType, encode_submission
 

@@ -106,13 +106,16 @@ class ServerCpu:
 def run_demo(args: argparse.Namespace, dashboard: bool) -> tuple[list[float], Poller | None, float]:
     with tempfile.TemporaryDirectory(prefix="hacfed-bench-dash-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
-        cmd = [str(Path(sys.executable).parent / "hacfed"), "demo", "--agents", args.agents, "--rounds", str(args.rounds),
+        cmd = [str(Path(sys.executable).parent / "hacfed"), "demo", "--agents", args.agents,
+               "--rounds", str(args.rounds),
                "--prompts-per-round", str(args.prompts), "--group-size", str(args.group), "--eval-every",
                str(args.eval_every), "--seed", str(args.seed), "--state-dir", str(Path(tmp) / "state"),
                "--metrics-out", str(metrics), "--plot", str(Path(tmp) / "plot.png")]
         if dashboard:
             cmd += ["--dashboard", "127.0.0.1:0"]
-        demo = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        demo = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         lines: list[str] = []
         poller = None
         cpu = ServerCpu(demo.pid)
@@ -178,7 +181,8 @@ def main() -> int:
     print(f"median round time with it open:          {with_:.3f} s ({len(times[True])} rounds; "
           f"{args.pollers} tab(s) polling /api/state every {args.poll_s:g} s)")
     print(f"ratio with / without: {with_ / without:.3f} (goal <= 1.05)")
-    print(f"hacfed-server CPU per run: without {statistics.mean(cpu[False]):.2f} s, with {statistics.mean(cpu[True]):.2f} s "
+    print(f"hacfed-server CPU per run: without {statistics.mean(cpu[False]):.2f} s, "
+          f"with {statistics.mean(cpu[True]):.2f} s "
           f"(the dashboard's share: {statistics.mean(cpu[True]) - statistics.mean(cpu[False]):+.2f} s per run)")
     if latencies:
         print(f"/api/state: {len(latencies)} polls answered, median {1000 * statistics.median(latencies):.1f} ms, "

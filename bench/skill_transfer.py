@@ -49,11 +49,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="chain-llama-add", help="a built zoo preset (default: %(default)s)")
     parser.add_argument("--learn", default="sub", choices=OPERATIONS + NOTATIONS,
                         help="the half to learn: an operation, or a notation of the prompts (default: %(default)s)")
-    parser.add_argument("--data", default="other", choices=("other", "mix"), help="training data (default: %(default)s)")
+    parser.add_argument(
+        "--data", default="other", choices=("other", "mix"), help="training data (default: %(default)s)"
+    )
     parser.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (default: %(default)s)")
     parser.add_argument("--batch", type=int, default=16, help="examples per step (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=320, help="optimizer steps (default: %(default)s)")
-    parser.add_argument("--problems", type=int, default=200, help="validation problems per score (default: %(default)s)")
+    parser.add_argument(
+        "--problems", type=int, default=200, help="validation problems per score (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="data order seed (default: %(default)s)")
     parser.add_argument("--out", type=Path, help="write the scores as JSON here")
     args = parser.parse_args(argv)

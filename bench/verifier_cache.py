@@ -111,7 +111,8 @@ def main() -> None:
             print(f"  {mode:>11}: {row['worker_calls']} worker calls, {row['wall_s']:.2f} s wall, "
                   f"{row['cpu_s']:.2f} s CPU here + {row['worker_cpu_s']:.2f} s in the worker, "
                   f"load {row['load_1min']:.2f}", flush=True)
-    summary = {mode: {key: statistics.median(r[key] for r in rows) for key in ("worker_calls", "wall_s", "cpu_s", "worker_cpu_s")}
+    keys = ("worker_calls", "wall_s", "cpu_s", "worker_cpu_s")
+    summary = {mode: {key: statistics.median(r[key] for r in rows) for key in keys}
                for mode, rows in runs.items()}
     for mode, med in summary.items():
         med["wall_ratio_vs_before"] = summary["before"]["wall_s"] / med["wall_s"]
