@@ -7,14 +7,7 @@ import math
 import pytest
 import torch
 
-from hacfed.algorithm import (
-    HacpoConfig,
-    capability_ratio,
-    cross_clip_lower,
-    hacpo_advantages,
-    hacpo_policy_loss,
-    kl_k3,
-)
+from hacfed.algorithm import HacpoConfig, capability_ratio, cross_clip_lower, hacpo_advantages, hacpo_policy_loss, kl_k3
 
 CFG = HacpoConfig()
 F64 = torch.float64
@@ -256,7 +249,8 @@ def test_ablations_static_bound_and_no_clip_and_no_omega():
 def test_naive_mode_clips_every_sample_like_own():
     # cross sample s = .904837 < 1 - 3e-4, A = .5: min(.452419, .9997 · .5 = .49985) = .452419; no ω, no α
     lp = t([-1.1], grad=True)
-    loss, _, _ = hacpo_policy_loss(lp, t([-1.0]), t([0.5]), torch.tensor([False]), t([5.0]), 0, HacpoConfig(mode="naive"))
+    naive = HacpoConfig(mode="naive")
+    loss, _, _ = hacpo_policy_loss(lp, t([-1.0]), t([0.5]), torch.tensor([False]), t([5.0]), 0, naive)
     assert loss.item() == pytest.approx(-math.exp(-0.1) * 0.5, abs=1e-9)
     loss.backward()
     assert lp.grad.item() == pytest.approx(-math.exp(-0.1) * 0.5, abs=1e-9)

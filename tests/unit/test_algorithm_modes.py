@@ -105,8 +105,9 @@ def test_per_byte_ratio_cancels_tokenization_granularity():
     assert byte_src.item() == pytest.approx(-0.5)
     view_bpe = _view("bpe-lab", "char-lab", range(6), 6, -3.0, 6)
     object.__setattr__(view_bpe, "source_mean_logp", -1.5)  # the BPE source's own mean: 2 tokens
-    assert math.exp(per_token.item() - old_side([view_bpe], {}, torch.tensor([False]), []).norm.item()) == pytest.approx(math.e)
-    assert math.exp(per_byte.item() - old_side([view_bpe], {}, torch.tensor([True]), []).norm.item()) == pytest.approx(1.0)
+    own_norm, peer_norm = (old_side([view_bpe], {}, torch.tensor([own]), []).norm.item() for own in (False, True))
+    assert math.exp(per_token.item() - own_norm) == pytest.approx(math.e)
+    assert math.exp(per_byte.item() - peer_norm) == pytest.approx(1.0)
 
 
 # --- naive: a forged source log-prob cannot scale a gradient ----------------------------------
@@ -127,7 +128,9 @@ def test_naive_bounds_a_forged_low_source_logprob():
 def test_naive_own_samples_keep_the_plain_gspo_objective():
     # An own sample is not a claim by anyone else: min(s·A, clip(s)·A) unchanged (s = e^.5, A = -1).
     x = t([-0.5], grad=True)
-    loss, _, _ = hacpo_policy_loss(x, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="naive"))
+    loss, _, _ = hacpo_policy_loss(
+        x, t([-1.0]), t([-1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="naive")
+    )
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(0.5))
     assert x.grad.item() == pytest.approx(math.exp(0.5))
@@ -187,7 +190,9 @@ def test_grpo_and_gspo_ignore_other_agents():
 
 def test_cross_lower_bound_is_only_reported_where_cross_samples_are():
     x = t([-1.0], grad=True)
-    _, metrics, _ = hacpo_policy_loss(x, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="gspo"))
+    _, metrics, _ = hacpo_policy_loss(
+        x, t([-1.0]), t([1.0]), torch.tensor([True]), t([1.0]), 0, HacpoConfig(mode="gspo")
+    )
     assert math.isnan(metrics["cross_lower_bound"])
     _, _, metrics = cross_loss(-1.0, -1.0, 1.0, HacpoConfig(), m=2)
     assert metrics["cross_lower_bound"] == pytest.approx(0.85)  # 0.8 + 2 · 0.025

@@ -55,7 +55,9 @@ def test_groups_are_independent(groups, caps):
             rewards.append(r), prompts.append(f"p{g}"), sources.append(src)
     full = hacpo_advantages(torch.tensor(rewards, dtype=torch.float64), prompts, sources, "a", caps, cfg)
     first = len(groups[0])
-    alone = hacpo_advantages(torch.tensor(rewards[:first], dtype=torch.float64), prompts[:first], sources[:first], "a", caps, cfg)
+    alone = hacpo_advantages(
+        torch.tensor(rewards[:first], dtype=torch.float64), prompts[:first], sources[:first], "a", caps, cfg
+    )
     assert torch.allclose(full[:first], alone, atol=1e-12)
 
 
@@ -71,7 +73,9 @@ def test_cross_samples_weight_bounded_by_omega(log_ratios, advs, m):
     lp = torch.tensor(log_ratios, dtype=torch.float64)
     adv = torch.tensor(advs[:n], dtype=torch.float64)
     omega = torch.full((n,), 2.0, dtype=torch.float64)
-    loss, _, _ = hacpo_policy_loss(lp, torch.zeros(n, dtype=torch.float64), adv, torch.zeros(n, dtype=torch.bool), omega, m, HacpoConfig())
+    loss, _, _ = hacpo_policy_loss(
+        lp, torch.zeros(n, dtype=torch.float64), adv, torch.zeros(n, dtype=torch.bool), omega, m, HacpoConfig()
+    )
     assert torch.isfinite(loss)
     assert abs(loss.item()) <= (omega * adv.abs()).mean().item() + 1e-9
 

@@ -91,7 +91,8 @@ def test_every_accept_and_reject_writes_one_line(tmp_path):
     assert coord.submit(scripted_submission(plan, "b")).refusal == ErrorCode.UNKNOWN_PARTICIPANT
     assert coord.submit(scripted_submission(plan, "a", nonce="1" * 32)).refusal == ErrorCode.DUPLICATE
     coord.close_round("quorum")
-    kinds = [(r["kind"], r["participant"], r["code"]) for r in map(json.loads, coord.cfg.audit_path.read_text().splitlines())]
+    records = map(json.loads, coord.cfg.audit_path.read_text().splitlines())
+    kinds = [(r["kind"], r["participant"], r["code"]) for r in records]
     assert kinds == [("join", "a", "OK"), ("round_open", None, "OK"), ("accept", "a", "OK"),
                      ("reject", "b", "HACFED-E-UNKNOWN-PARTICIPANT"), ("reject", "a", "HACFED-E-DUPLICATE"),
                      ("round_close", None, "quorum")]

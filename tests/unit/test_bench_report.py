@@ -8,7 +8,6 @@ from hacfed.tools.experiments.report import BEGIN, END, ReportPaths, replace_sec
 from hacfed.tools.experiments.runner import plan_runs, runs_of
 from tests.unit.test_bench_modes import DEFAULTS, _matrix, _rows, _write_complete
 
-
 FINALS = {  # (mode, seed) -> final greedy accuracy of m1, m2
     ("naive", 0): (0.50, 0.30), ("naive", 1): (0.52, 0.30), ("naive", 2): (0.54, 0.36),
     ("gspo2", 0): (0.40, 0.32), ("gspo2", 1): (0.44, 0.31), ("gspo2", 2): (0.48, 0.30),
@@ -179,7 +178,8 @@ def test_halves_of_the_mix_are_tabled_per_agent_with_paired_differences(tmp_path
         rows = _rows(["m1", "m2"], run.mode, run.seed, {"m1": 0.5, "m2": 0.4})
         for row in rows:
             if row.get("final"):  # naive: m1 reads "word" 0.3 better than gspo2 does, on both seeds
-                row.update({"eval_greedy/sym": 0.6, "eval_greedy/word": 0.5 if run.mode == "naive" else 0.2 + 0.1 * run.seed})
+                word = 0.5 if run.mode == "naive" else 0.2 + 0.1 * run.seed
+                row.update({"eval_greedy/sym": 0.6, "eval_greedy/word": word})
             elif row["round"] == 0 and "eval_accuracy" in row:
                 row.update({"eval_greedy/sym": 0.4, "eval_greedy/word": 0.1})
         _write_complete(run, out, rows)
@@ -191,4 +191,5 @@ def test_halves_of_the_mix_are_tabled_per_agent_with_paired_differences(tmp_path
     assert "| mode | m1: sym | m1: word | m2: sym | m2: word |" in text
     assert "| start (round 0) | 0.400 | 0.100 | 0.400 | 0.100 |" in text
     # word: naive 0.5 on both seeds, the baseline gspo2 0.2 and 0.3 -> +0.25 paired, for m1 and m2
-    assert "| naive − gspo2 | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) |" in text
+    assert ("| naive − gspo2 | +0.000 ± 0.000 (0/2) | +0.250 ± 0.635 (2/2) | +0.000 ± 0.000 (0/2) "
+            "| +0.250 ± 0.635 (2/2) |") in text

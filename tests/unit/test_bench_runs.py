@@ -32,7 +32,8 @@ def test_sim_command_line_of_a_run():
     )
     assert run.metrics_path(Path("o")) == Path("o/pair/naive/seed-0.jsonl")
     # A setting's minibatch size reaches `hacfed sim`; without one, the command line is as before.
-    fixed = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"]}, "three": {"agents": ["m1", "m2", "m3"], "minibatch_size": 96}}))
+    fixed = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"]},
+                               "three": {"agents": ["m1", "m2", "m3"], "minibatch_size": 96}}))
     assert [r.sim_args[-2:] for r in fixed if r.setting == "three"] == [("--minibatch-size", "96")] * 6
     assert all("--minibatch-size" not in r.sim_args for r in fixed if r.setting == "pair")
     # So does a setting's peers per prompt (what each lab is sent, hacfed sim --peers-per-prompt).
@@ -41,10 +42,12 @@ def test_sim_command_line_of_a_run():
     with pytest.raises(MatrixError, match=r"\[settings.three\]: peers_per_prompt must be an int >= 1, got 0"):
         _matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 0}})
     # And which peers (hacfed sim --peer-choice), refused by name when it is not a known choice.
-    chosen = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 1, "peer_choice": "successes"}}))
+    chosen = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "peers_per_prompt": 1,
+                                          "peer_choice": "successes"}}))
     assert [r.sim_args[-4:] for r in chosen] == [("--peers-per-prompt", "1", "--peer-choice", "successes")] * 6
     assert all("--peer-choice" not in r.sim_args for r in shared)
-    with pytest.raises(MatrixError, match=r"\[settings.three\]: peer_choice must be one of drawn, successes, got 'best'"):
+    with pytest.raises(MatrixError,
+                       match=r"\[settings.three\]: peer_choice must be one of drawn, successes, got 'best'"):
         _matrix({"three": {"agents": ["m1", "m2", "m3"], "peer_choice": "best"}})
 
 

@@ -19,7 +19,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from hacfed.certs import (
-    check_ca_cert, check_hosts, check_server_tls, init_federation_certs, load_cert, make_ca, make_server_cert,
+    check_ca_cert,
+    check_hosts,
+    check_server_tls,
+    init_federation_certs,
+    load_cert,
+    make_ca,
+    make_server_cert,
 )
 
 YEAR_AGO = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=400)

@@ -163,7 +163,7 @@ def test_client_corrupt_outbox_is_one_line_before_the_model_loads(tmp_path):
 
 def _read_only(directory: Path, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """Run argv with `directory` bind-mounted read-only in a private mount namespace (needs root)."""
-    script = f'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
     return _run(["unshare", "-m", "sh", "-c", script, str(directory), *argv], cwd)
 
 

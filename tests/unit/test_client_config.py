@@ -137,9 +137,8 @@ def test_main_reports_config_errors_without_a_traceback(flags: dict, capsys: pyt
 
 
 def test_progress_lines_say_what_the_step_did() -> None:
-    from tests.unit.test_coordinator_fakes import TASK, make_config
     from hacfed.server.coordinator.plan import make_plan
-    from tests.unit.test_coordinator_fakes import scripted_trajectories
+    from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_trajectories
 
     plan = make_plan(make_config(Path("/tmp")), TASK, 1)
     pool = tuple(scripted_trajectories(plan, "lab-a") + scripted_trajectories(plan, "lab-b"))
@@ -152,7 +151,8 @@ def test_progress_lines_say_what_the_step_did() -> None:
     assert "cached reply" in describe_answer(Answered(update, None, 0.0, True), "lab-a")
     assert "cut at" not in line
     cut = Submission("test-run", "lab-a", 1, pool[:6], StepReport("lab-a", 1, {"rollout_truncated_frac": 0.5}, None))
-    assert "claimed reward 0.33, 50% cut at the response budget" in describe_answer(Answered(update, cut, 2.0, False), "lab-a")
+    described = describe_answer(Answered(update, cut, 2.0, False), "lab-a")
+    assert "claimed reward 0.33, 50% cut at the response budget" in described
 
 
 def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict, tmp_path: Path) -> None:

@@ -55,7 +55,8 @@ def federation(tmp_path_factory):
                                  state / "service")
     pool, pool_round = (), None
     for r in range(4):
-        update = RoundUpdate("run", pool_round, pool, {"lab-a": 0.5, "lab-b": 0.5, "lab-x": 1.0}, plan(r, n=2, g=2), IDS)
+        caps = {"lab-a": 0.5, "lab-b": 0.5, "lab-x": 1.0}
+        update = RoundUpdate("run", pool_round, pool, caps, plan(r, n=2, g=2), IDS)
         request = seal(encode_round_update(update), PayloadType.ROUND_UPDATE, key, DOMAIN_UPDATE)
         service.handle(seal_delivery((), request, key))
         assert service.outbox.entries()[-1].round_id == r
@@ -139,7 +140,8 @@ def test_cli_replay_runs_from_the_labs_usual_flags(federation, tmp_path, capsys)
     assert "rolled back to ckpt-000001" in out and "without lab-x's samples (8 left out)" in out
     assert "saved ckpt-000003-replay" in out
     assert client_main([*argv[:-1], "9"]) == 0  # nothing after round 9: nothing to replay
-    assert client_main(["replay", "--model", str(model_dir), "--participant-id", "lab-a", "--state-dir", str(tmp_path / "none"),
+    assert client_main(["replay", "--model", str(model_dir), "--participant-id", "lab-a",
+                        "--state-dir", str(tmp_path / "none"),
                         "--coordinator-key", str(state.parent / "server" / "coordinator.pub"), "--insecure",
                         "--exclude", "lab-x", "--from-round", "1"]) == 2
     assert "holds no outbox or checkpoint of a lab" in capsys.readouterr().err

@@ -82,7 +82,8 @@ def test_a_lab_that_finished_its_run_exits_in_one_line(tmp_path):
     done = _run_client(["--model", "tiny-llama", "--server", f"127.0.0.1:{port}", "--participant-id", "lab-a",
                         "--state-dir", str(state), "--coordinator-key", str(key), "--insecure"])
     assert done.returncode == 0 and done.stderr == "", done.stdout + done.stderr
-    assert done.stdout == (f"hacfed-client: this lab already finished run demo-run (the coordinator acknowledged its final "
+    assert done.stdout == (f"hacfed-client: this lab already finished run demo-run (the coordinator "
+                   f"acknowledged its final "
                    f"report; the state dir {state} belongs to that run): nothing to do. To join a new run, use a "
                    "fresh --state-dir\n")
     assert not (state / "supernode").exists()

@@ -122,7 +122,9 @@ class ScriptedEndpoint:
             return Submission(update.run_id, self.participant_id, update.pool_round + 1, (),
                               StepReport(self.participant_id, update.pool_round + 1, {"loss": 0.1}, 0.9))
         falsify = self.falsify if self.behavior == "cheat" else 0
-        return scripted_submission(plan, self.participant_id, falsify=falsify, eval_accuracy=0.5 if plan.evaluate else None)
+        return scripted_submission(
+            plan, self.participant_id, falsify=falsify, eval_accuracy=0.5 if plan.evaluate else None
+        )
 
 
 def test_scripted_submission_is_honest_and_verifiable(tmp_path):

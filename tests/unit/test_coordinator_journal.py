@@ -34,7 +34,8 @@ def test_journal_is_bound_to_one_run_and_its_plan_settings(tmp_path):
     cfg = make_config(tmp_path)
     with Journal(cfg.journal_path) as journal:
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
-        journal.bind_run(cfg.run_id, cfg.with_overrides({"round_deadline_s": 5}).plan_fingerprint())  # operational: fine
+        fingerprint = cfg.with_overrides({"round_deadline_s": 5}).plan_fingerprint()
+        journal.bind_run(cfg.run_id, fingerprint)  # operational: fine
         with pytest.raises(JournalError, match="belongs to run 'test-run'"):
             journal.bind_run("other", cfg.plan_fingerprint())
         with pytest.raises(JournalError, match=r"different \['group_size'\]"):
@@ -104,7 +105,8 @@ def test_previous_release_journal_opens_and_migrates(tmp_path):
     path = tmp_path / "journal.sqlite"
     shutil.copy(FIXTURES / "journal-v2.sqlite", path)
     with sqlite3.connect(path) as db:
-        before = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("rounds", "submissions", "trajectories")}
+        tables = ("rounds", "submissions", "trajectories")
+        before = {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
         old_pool = db.execute("SELECT trajectory_id, participant_id, reward FROM trajectories ORDER BY 2, 1").fetchall()
         old_prompts = db.execute("SELECT trajectory_id, prompt_json FROM trajectories ORDER BY 1").fetchall()
     assert before == {"rounds": 2, "submissions": 4, "trajectories": 24}

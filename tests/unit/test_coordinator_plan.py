@@ -81,4 +81,5 @@ def test_plan_json_round_trip(tmp_path):
     plan = make_plan(make_config(tmp_path), TASK, 2)
     data = json.loads(json.dumps(plan_to_dict(plan)))
     assert plan_from_dict(data) == plan
-    assert plan_from_dict({**data, "evaluate": not plan.evaluate}) == dataclasses.replace(plan, evaluate=not plan.evaluate)
+    flipped = dataclasses.replace(plan, evaluate=not plan.evaluate)
+    assert plan_from_dict({**data, "evaluate": not plan.evaluate}) == flipped

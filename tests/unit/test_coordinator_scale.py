@@ -67,7 +67,8 @@ def test_tiny_run_journals_exactly_the_submitted_trajectories_and_sane_numbers(b
     double = dict(point, config=dict(point["config"], labs=4), round_total_s=2 * total,
                   us_per_trajectory=point["us_per_trajectory"], rss_growth_mib_per_lab=point["rss_growth_mib_per_lab"])
     (ratio,) = bench.growth([point, double])
-    assert ratio["labs_ratio"] == 2 and ratio["time_ratio"] == pytest.approx(2) and ratio["us_per_trajectory_ratio"] == 1
+    assert ratio["labs_ratio"] == 2 and ratio["time_ratio"] == pytest.approx(2)
+    assert ratio["us_per_trajectory_ratio"] == 1
 
 
 def test_bad_sizes_are_refused_with_the_name_of_the_setting(bench) -> None:
@@ -126,7 +127,8 @@ def test_pool_rows_share_each_prompt_and_equal_fresh_parses(tmp_path: Path) -> N
     pool = coord.journal.pool(0)
     coord.journal._db.row_factory = sqlite3.Row
     rows = coord.journal._db.execute(
-        "SELECT * FROM trajectory_rows WHERE round_id=0 AND purged=0 ORDER BY participant_id, prompt_pos, idx").fetchall()
+        "SELECT * FROM trajectory_rows WHERE round_id=0 AND purged=0 "
+        "ORDER BY participant_id, prompt_pos, idx").fetchall()
     assert pool == tuple(trajectory_of_row(r) for r in rows) and len(pool) == 9
     assert len({id(t.prompt) for t in pool}) == len({t.prompt_id for t in pool}) == 2  # one tuple per prompt
     assert [t.source_id for t in coord.journal.pool(1)] == ["a"] * 6  # the purge still applies
@@ -137,9 +139,9 @@ def test_trajectory_rows_name_their_prompt_stored_as_before() -> None:
     import json
 
     from hacfed.server.coordinator.journal_schema import prompt_json, trajectory_row
+    from hacfed.server.coordinator.plan import make_plan
     from hacfed.server.coordinator.validation import AcceptedTrajectory
     from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_trajectories
-    from hacfed.server.coordinator.plan import make_plan
 
     plan = make_plan(make_config(Path("unused")), TASK, 0)
     accepted = [AcceptedTrajectory(t, t.reward, i // 3, i % 3) for i, t in enumerate(scripted_trajectories(plan, "a"))]
@@ -159,7 +161,8 @@ def test_an_accepted_claim_is_kept_only_when_it_already_is_the_verified_float() 
     assert _with_reward(t, 1.0) is t
     for claim, verified in ((1, 1.0), (-0.0, 0.0), (0.9999999, 1.0)):
         out = _with_reward(dataclasses.replace(t, reward=claim), verified)
-        assert type(out.reward) is float and repr(out.reward) == repr(verified) and out == dataclasses.replace(t, reward=verified)
+        assert type(out.reward) is float and repr(out.reward) == repr(verified)
+        assert out == dataclasses.replace(t, reward=verified)
 
 
 def test_the_coordinator_keeps_only_the_latest_pool_in_memory(tmp_path: Path) -> None:

@@ -65,7 +65,8 @@ def trajectories(draw: Any) -> Any:
         trajectory_id=draw(texts.filter(bool)), prompt_id=draw(texts.filter(bool)), source_id=draw(texts.filter(bool)),
         policy_version=draw(st.integers(min_value=0, max_value=2**64)), prompt=prompt, response_text=draw(texts),
         reward=draw(st.sampled_from([0.0, 1.0, 0.5, -0.0])), source_logp_sum=-draw(st.floats(0, 1e6)),
-        source_token_count=draw(st.integers(min_value=1, max_value=2**64)), finish_reason=draw(st.sampled_from(["stop", "length"])),
+        source_token_count=draw(st.integers(min_value=1, max_value=2**64)),
+        finish_reason=draw(st.sampled_from(["stop", "length"])),
     )
     kind = draw(st.sampled_from(["valid"] * 4 + ["field", "prompt", "message", "subclass", "other"]))
     if kind == "field":
@@ -122,7 +123,9 @@ def test_the_digest_is_the_sha256_of_the_wire_bytes_the_lab_signed() -> None:
     expected = (len(body), hashlib.sha256(body).hexdigest())
     # as received (the bytes hashed as they are), decoded without its bytes, and the lab's own object
     assert submission_digest(decoded, body) == submission_digest(decoded) == submission_digest(sub) == expected
-    with_ids = dataclasses.replace(sub, trajectories=tuple(dataclasses.replace(t, response_token_ids=tuple(range(20))) for t in ts))
+    with_ids = dataclasses.replace(
+        sub, trajectories=tuple(dataclasses.replace(t, response_token_ids=tuple(range(20))) for t in ts)
+    )
     assert submission_digest(with_ids) == expected  # local-only token ids are not on the wire
     changed = dataclasses.replace(sub, trajectories=ts[:-1] + (dataclasses.replace(ts[-1], response_text="47"),))
     assert submission_digest(changed)[1] != expected[1]

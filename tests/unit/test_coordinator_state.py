@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.server.coordinator import (
-    Coordinator, CoordinatorStateError, ErrorCode, Journal, append_jsonl,
-)
+from hacfed.server.coordinator import Coordinator, CoordinatorStateError, ErrorCode, Journal, append_jsonl
 from tests.unit.test_coordinator_fakes import (
     TASK, FakeClock, make_config, make_coordinator, replace_at, scripted_submission, scripted_trajectories,
 )
@@ -112,7 +110,8 @@ def test_a_gate_refusal_is_journaled_and_audited_under_the_authenticated_sender(
     assert coord.submit("not a submission", sender="b").refusal == ErrorCode.SCHEMA  # type: ignore[arg-type]
     assert coord.submit(dataclasses.replace(claims_a, run_id="other-run")).refusal == ErrorCode.WRONG_RUN  # no sender
     with coord.journal._lock:
-        rows = [tuple(r) for r in coord.journal._db.execute("SELECT participant_id, code FROM rejections ORDER BY rowid")]
+        query = "SELECT participant_id, code FROM rejections ORDER BY rowid"
+        rows = [tuple(r) for r in coord.journal._db.execute(query)]
     assert rows == [("b", ErrorCode.IDENTITY_MISMATCH.value), ("b", ErrorCode.SCHEMA.value),
                     ("a", ErrorCode.WRONG_RUN.value)]  # unauthenticated (in-process): the claimed id
     lines = [json.loads(x) for x in coord.cfg.audit_path.read_text().splitlines()]

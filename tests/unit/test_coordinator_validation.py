@@ -68,7 +68,7 @@ def test_honest_submission_is_accepted_with_verified_rewards(plan):
 def test_falsified_reward_rejects_the_group_and_is_a_strike(plan):
     trajectories = scripted_trajectories(plan, "a", falsify=1)  # sample 1 of prompt 0 claims 1.0
     outcome = judge(plan, trajectories)
-    liar, sibling0, sibling2 = trajectories[1].trajectory_id, trajectories[0].trajectory_id, trajectories[2].trajectory_id
+    liar, sibling0, sibling2 = (trajectories[i].trajectory_id for i in (1, 0, 2))
     assert codes(outcome) == {
         (liar, ErrorCode.REWARD_MISMATCH), (sibling0, ErrorCode.GROUP_REJECTED), (sibling2, ErrorCode.GROUP_REJECTED),
     }
@@ -97,7 +97,8 @@ def test_accepted_reward_is_the_verifiers_not_the_claim(plan):
         (1, dict(trajectory_id="x" * 200), ErrorCode.SCHEMA),
         (1, dict(trajectory_id="forged\nlog line"), ErrorCode.SCHEMA),
         # an empty text that did not stop gives a learner nothing to train on
-        (1, dict(response_text="", finish_reason="length", source_token_count=3, source_logp_sum=-1.0), ErrorCode.SCHEMA),
+        (1, dict(response_text="", finish_reason="length", source_token_count=3, source_logp_sum=-1.0),
+         ErrorCode.SCHEMA),
     ],
 )
 def test_cheap_check_failures_reject_the_whole_group_without_verifying(plan, index, changes, code):
@@ -149,7 +150,9 @@ def test_missing_prompt_is_reported_without_an_id(plan):
 def test_unassigned_and_unknown_prompts(plan):
     trajectories = scripted_trajectories(plan, "a")
     other = next(p for p in TASK.train_problems() if p.prompt_id not in plan.prompt_ids)
-    unassigned = dataclasses.replace(trajectories[0], trajectory_id="u", prompt_id=other.prompt_id, prompt=other.messages)
+    unassigned = dataclasses.replace(
+        trajectories[0], trajectory_id="u", prompt_id=other.prompt_id, prompt=other.messages
+    )
     unknown = dataclasses.replace(trajectories[0], trajectory_id="k", prompt_id="add2:1000+1")
     outcome = judge(plan, trajectories + [unassigned, unknown])
     assert len(outcome.accepted) == 2 * G  # the planned groups are unaffected

@@ -150,7 +150,8 @@ def test_the_snapshot_shows_participants_round_curves_counts_and_times(federatio
     times = state["times"]
     assert times["rounds"] == [0, 1] and times["slowest"] == ["lab-a", "lab-a"]
     split = split_round(4.0, 0.3, {"lab-a": StepTimes(0.5, 1.0, 0.2, 0.1, 3.0)})
-    assert times["training"][0] == pytest.approx(split.training_s) and times["exchange"][0] == pytest.approx(split.exchange_s)
+    assert times["training"][0] == pytest.approx(split.training_s)
+    assert times["exchange"][0] == pytest.approx(split.exchange_s)
     total = sum(times[p][0] for p in ("rollout", "training", "eval", "exchange", "coordinator"))
     assert total == pytest.approx(times["wall"][0])
 

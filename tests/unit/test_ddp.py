@@ -14,10 +14,10 @@ import signal
 
 import pytest
 import torch
+
 from hacfed.clients.distributed import RankFailure, start_ranks
 from hacfed.clients.participant import Participant, ParticipantConfig
 from hacfed.clients.shards import global_scale, rollout_seed, shard_bounds, sub_plan
-
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
 from hacfed.models.zoo import build_untrained
@@ -28,7 +28,8 @@ TASK = ArithmeticTask(digits=2, num_train=200, num_eval=20)
 
 def plan(round_id: int, n: int = 4, g: int = 4, mode: str = "hacpo") -> RoundPlan:
     problems = TASK.train_problems()[round_id * n:(round_id + 1) * n]
-    return RoundPlan(run_id="run", round_id=round_id, prompts=tuple(PlannedPrompt(p.prompt_id, p.messages) for p in problems),
+    return RoundPlan(run_id="run", round_id=round_id,
+                     prompts=tuple(PlannedPrompt(p.prompt_id, p.messages) for p in problems),
                      group_size=g, sampling=SamplingParams(max_new_tokens=6), hacpo=HacpoConfig(mode=mode))
 
 
@@ -77,7 +78,6 @@ def test_nproc_is_checked() -> None:
 def test_client_nproc_flag_reaches_the_participant_and_bad_values_exit_2(tmp_path, capsys) -> None:
     from hacfed.clients.config import load_client_config
     from hacfed.clients.main import main
-
     from hacfed.keys import ensure_key_pair
 
     key = ensure_key_pair(tmp_path / "server", "coordinator").public
@@ -111,7 +111,8 @@ def mixed_pool(mode: str, finetune: str = "full"):
     a, b = make("a", "tiny-llama", finetune=finetune), make("b", "tiny-gpt2")
     first = RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0, mode=mode), ("a", "b"))
     sa, sb = a.step(first), b.step(first)
-    pool = [type(t)(**{**t.__dict__, "reward": float((i * 7) % 3 == 0)}) for i, t in enumerate(sa.trajectories + sb.trajectories)]
+    both = sa.trajectories + sb.trajectories
+    pool = [type(t)(**{**t.__dict__, "reward": float((i * 7) % 3 == 0)}) for i, t in enumerate(both)]
     return a, tuple(pool)
 
 

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from hacfed.tools.demo import DEMO_MODE, write_server_config
 from hacfed.hacpo_config import HacpoConfig
-from hacfed.tools.modes import MODE_NAMES, hacpo_config_for
 from hacfed.server.coordinator.config import load_coordinator_config
+from hacfed.tools.demo import DEMO_MODE, write_server_config
+from hacfed.tools.modes import MODE_NAMES, hacpo_config_for
 
 
 @pytest.mark.parametrize("mode", MODE_NAMES)

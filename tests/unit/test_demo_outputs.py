@@ -5,6 +5,7 @@ names the files its resumed run goes on writing."""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from hacfed.tools.demo import OUTPUTS_FILE, demo_outputs

@@ -87,7 +87,8 @@ def test_coordinator_toml_agrees_with_the_defaults_and_runs_the_recommended_mode
     from hacfed.messages import SamplingParams
     from hacfed.server.config import ServerSettings
     from hacfed.server.coordinator import CoordinatorConfig
-    from hacfed.tools.modes import MODES as NAMED_MODES, RECOMMENDED
+    from hacfed.tools.modes import MODES as NAMED_MODES
+    from hacfed.tools.modes import RECOMMENDED
 
     text = (DEPLOY / "coordinator.toml").read_text(encoding="utf-8")
     data = tomllib.loads(text)

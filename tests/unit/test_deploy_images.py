@@ -17,9 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.unit.deploy_files import (
-    BIN, DEPLOY, REPO, check_cli, dockerfile_instructions, flag_value, image_entrypoint, shell_hacfed_commands,
+    BIN,
+    DEPLOY,
+    REPO,
+    check_cli,
+    dockerfile_instructions,
+    flag_value,
+    image_entrypoint,
+    shell_hacfed_commands,
 )
-
 
 # ----------------------------------------------------------------------------------------------
 # Dockerfiles, Slurm, make-secrets.sh.
@@ -96,7 +102,8 @@ def test_make_secrets_creates_what_compose_mounts_and_is_idempotent(tmp_path: Pa
 
     first = run()
     assert {"certs/server.pem", "certs/server.key", "certs/ca.pem", "public/ca.pem", "public/coordinator.pub",
-            "coordinator/coordinator.key", "labs/lab-a/lab/participant.key", "labs/lab-b/lab/supernode.key"} <= set(first)
+            "coordinator/coordinator.key", "labs/lab-a/lab/participant.key",
+            "labs/lab-b/lab/supernode.key"} <= set(first)
     assert [p for p in first if p.endswith("ca.key")] == ["operator/ca.key"]  # the CA key stays with the operator
     assert not any(p.endswith(".key") for p in first if p.startswith("public/"))
     assert first["public/coordinator.pub"] == first["coordinator/coordinator.pub"]
@@ -107,7 +114,8 @@ def test_make_secrets_creates_what_compose_mounts_and_is_idempotent(tmp_path: Pa
     assert labs.returncode == 0 and "lab-a" in labs.stdout and "lab-b" in labs.stdout, labs.stdout + labs.stderr
     second = run()
     changed = sorted(p for p in first if first[p] != second.get(p))
-    assert changed == [] or all(p.endswith("enrolment.txt") or p.startswith("coordinator/audit") for p in changed), changed
+    expected = all(p.endswith("enrolment.txt") or p.startswith("coordinator/audit") for p in changed)
+    assert changed == [] or expected, changed
     assert {p: v for p, v in second.items() if p.endswith((".key", ".pem", ".pub"))} == \
            {p: v for p, v in first.items() if p.endswith((".key", ".pem", ".pub"))}
 
@@ -117,7 +125,8 @@ def lab_torch_step(**build_args: str) -> subprocess.CompletedProcess[str]:
     `pip` replaced by a function that prints its arguments (nothing is installed)."""
     instructions = dockerfile_instructions(DEPLOY / "lab.Dockerfile")
     [step] = [rest for ins, rest in instructions if ins == "RUN" and "VARIANT" in rest]
-    args = dict(rest.split("=", 1) for ins, rest in instructions if ins == "ARG" and rest != "PYTHON_IMAGE=python:3.11-slim-bookworm")
+    base = "PYTHON_IMAGE=python:3.11-slim-bookworm"
+    args = dict(rest.split("=", 1) for ins, rest in instructions if ins == "ARG" and rest != base)
     env = {**os.environ, **args, **build_args}
     return subprocess.run(["sh", "-c", f'pip() {{ echo "pip $*"; }}; {step}'], env=env, capture_output=True, text=True)
 

@@ -16,10 +16,19 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from tests.unit.deploy_files import (
-    DEPLOY, IMAGE_DOCKERFILE, K8S, REPO, check_cli, container_argv, containers, flag_value, k8s_object,
-    k8s_objects, pod_specs, yaml_docs,
+    DEPLOY,
+    IMAGE_DOCKERFILE,
+    K8S,
+    REPO,
+    check_cli,
+    container_argv,
+    containers,
+    flag_value,
+    k8s_object,
+    k8s_objects,
+    pod_specs,
+    yaml_docs,
 )
-
 
 # ----------------------------------------------------------------------------------------------
 # The checker itself: it must fail on a renamed flag, or every test below that uses it is vacuous.
@@ -111,7 +120,8 @@ def test_k8s_secret_and_configmap_are_templates_without_keys() -> None:
 def mount_of(container: dict, spec: dict, path: str) -> tuple[dict, dict]:
     """The volume mount (and its volume) that holds `path`: the longest mountPath above it."""
     mounts = [m for m in container["volumeMounts"]
-              if PurePosixPath(path) == PurePosixPath(m["mountPath"]) or PurePosixPath(m["mountPath"]) in PurePosixPath(path).parents]
+              if PurePosixPath(path) == PurePosixPath(m["mountPath"])
+              or PurePosixPath(m["mountPath"]) in PurePosixPath(path).parents]
     assert mounts, f"{path} is on no volume of {container['name']}"
     mount = max(mounts, key=lambda m: len(m["mountPath"]))
     [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
@@ -237,7 +247,8 @@ def test_compose_command_lines_and_paths_agree() -> None:
         argv = [*service["entrypoint"], *service["command"]]
         check_cli(argv)
         assert flag_value(argv, "--participant-id") == lab
-        assert flag_value(argv, "--server") == f"coordinator:{port}" and "coordinator" in env["COORDINATOR_HOSTS"].split(",")
+        assert flag_value(argv, "--server") == f"coordinator:{port}"
+        assert "coordinator" in env["COORDINATOR_HOSTS"].split(",")
         for flag in ("--coordinator-key", "--tls-ca"):
             volume, _, ro = compose_volume_at(service, flag_value(argv, flag))
             assert volume == public_volume and ro, (lab, flag)

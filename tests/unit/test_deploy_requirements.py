@@ -19,7 +19,6 @@ from packaging.utils import canonicalize_name
 
 from tests.unit.deploy_files import DEPLOY, REPO
 
-
 # ----------------------------------------------------------------------------------------------
 # deploy/coordinator-requirements.txt: the coordinator image's dependencies.
 

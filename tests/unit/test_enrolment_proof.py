@@ -10,8 +10,15 @@ import pytest
 
 from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.enrolment import (
-    ENROLMENT_FILE, ENROLMENT_TAG, ENROLMENT_TYPE, SUPERNODE_KEY, _payload, load_supernode_private_key,
-    make_enrolment, parse_enrolment, supernode_public_text,
+    ENROLMENT_FILE,
+    ENROLMENT_TAG,
+    ENROLMENT_TYPE,
+    SUPERNODE_KEY,
+    _payload,
+    load_supernode_private_key,
+    make_enrolment,
+    parse_enrolment,
+    supernode_public_text,
 )
 from hacfed.envelope import DOMAIN_ENROLMENT, generate_key, signed_message
 from hacfed.keys import raw_public_bytes

@@ -16,8 +16,20 @@ from hypothesis import strategies as st
 
 from hacfed import wire
 from hacfed.envelope import (
-    DOMAIN_RECEIPT, DOMAIN_SUBMIT, DOMAIN_UPDATE, EnvelopeError, generate_key, key_id, load_key_registry,
-    load_private_key, load_public_key, open_envelope, save_private_key, save_public_key, seal, signed_message,
+    DOMAIN_RECEIPT,
+    DOMAIN_SUBMIT,
+    DOMAIN_UPDATE,
+    EnvelopeError,
+    generate_key,
+    key_id,
+    load_key_registry,
+    load_private_key,
+    load_public_key,
+    open_envelope,
+    save_private_key,
+    save_public_key,
+    seal,
+    signed_message,
 )
 from hacfed.messages import Submission
 from hacfed.trajectory import ChatMessage, Trajectory
@@ -175,7 +187,9 @@ def test_loose_permissions_and_wrong_key_types_are_refused(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="Ed25519"):
         load_private_key(other)
     pub = tmp_path / "x.pub"
-    pub.write_bytes(x.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    pub.write_bytes(
+        x.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     with pytest.raises(ValueError, match="Ed25519"):
         load_public_key(pub)
 

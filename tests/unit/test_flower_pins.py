@@ -105,8 +105,8 @@ def test_content_pulls_of_supernode_and_serverapp_get_the_short_first_retry(monk
     import functools
 
     import pytest
-    from flwr.superlink.grid import grpc_grid
     from flwr.supercore.inflatable import inflatable_utils
+    from flwr.superlink.grid import grpc_grid
 
     from hacfed.flower_pulls import FIRST_RETRY_S, MAX_RETRY_WAIT_S, shorten_pull_retries
 

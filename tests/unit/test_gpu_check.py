@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hacfed.tools import gpu_check as gc
 from hacfed.rollout import vllm_backend
+from hacfed.tools import gpu_check as gc
 from hacfed.trajectory import ChatMessage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,8 +22,8 @@ from hacfed.clients.relay import serve_participant
 from hacfed.clients.service import ParticipantService
 from hacfed.envelope import save_public_key
 from hacfed.keys import ensure_key_pair
-from hacfed.server.driver import FederationDriver
 from hacfed.server.config import ServerConfig, ServerSettings
+from hacfed.server.driver import FederationDriver
 from hacfed.server.serverapp import HELLO_TYPE, LoopTiming, RoundLoop
 from tests.integration.test_flower_transport import FakeGrid
 from tests.unit.test_coordinator_fakes import TASK, make_config

@@ -76,7 +76,8 @@ def test_repeated_pairs_go_to_the_worker_once(cached: MathVerifier) -> None:
     first = cached.verify("72", "So the answer is \\boxed{72\\text{ dollars}}.")
     assert first == Verdict(1.0, "equivalent (math-verify)") and cached.worker_calls == 1
     # Other text, same extracted answer: the same request, so a cache hit.
-    for response in ("\\boxed{72\\text{ dollars}}", "Therefore \\boxed{ 72\\text{ dollars} }.", "Let me see. \\boxed{72\\text{ dollars}}"):
+    for response in ("\\boxed{72\\text{ dollars}}", "Therefore \\boxed{ 72\\text{ dollars} }.",
+                     "Let me see. \\boxed{72\\text{ dollars}}"):
         assert cached.verify(" 72 ", response) == first
     assert (cached.worker_calls, cached.cache_hits, cached.cached_verdicts) == (1, 3, 1)
     # The gold is part of the key: a cached 1.0 for ("72", "\$72") is no 1.0 for gold 73.
@@ -85,7 +86,8 @@ def test_repeated_pairs_go_to_the_worker_once(cached: MathVerifier) -> None:
 
 
 def test_verify_many_sends_each_distinct_miss_once(cached: MathVerifier) -> None:
-    pairs = [("72", "\\boxed{72\\text{ dollars}}"), ("72", "\\boxed{72\\%}"), ("72", "x \\boxed{72\\text{ dollars}}"), ("72", "\\boxed{72}")] * 5
+    pairs = [("72", "\\boxed{72\\text{ dollars}}"), ("72", "\\boxed{72\\%}"), ("72", "x \\boxed{72\\text{ dollars}}"),
+             ("72", "\\boxed{72}")] * 5
     verdicts = cached.verify_many(pairs)
     assert cached.worker_calls == 2  # \$72 and 72\%; the plain 72 never needs the worker
     equivalent, numeric = Verdict(1.0, "equivalent (math-verify)"), Verdict(1.0, "numeric match")
@@ -120,7 +122,8 @@ def test_the_bound_holds_and_evicted_pairs_are_asked_again() -> None:
             assert verifier.cached_verdicts == min(n, 3)
         assert verifier.worker_calls == 6
         assert verifier.verify("6", "\\boxed{6\\text{ dollars}}").reward == 1.0 and verifier.worker_calls == 6  # kept
-        assert verifier.verify("1", "\\boxed{1\\text{ dollars}}").reward == 1.0 and verifier.worker_calls == 7  # evicted
+        assert verifier.verify("1", "\\boxed{1\\text{ dollars}}").reward == 1.0
+        assert verifier.worker_calls == 7  # evicted
         assert verifier.cached_verdicts == 3
 
 
@@ -171,7 +174,8 @@ def test_verify_concurrently_asks_from_helper_threads_at_once(monkeypatch: pytes
     pairs = [("72", "\\boxed{72\\text{ dollars}}"), ("5", "\\boxed{5}"), ("18", "\\boxed{18\\%}")]
     try:
         assert verifier.verify_concurrently(pairs) == [
-            Verdict(1.0, "equivalent (math-verify)"), Verdict(1.0, "numeric match"), Verdict(1.0, "equivalent (math-verify)")]
+            Verdict(1.0, "equivalent (math-verify)"), Verdict(1.0, "numeric match"),
+            Verdict(1.0, "equivalent (math-verify)")]
     finally:
         verifier.close()
     assert len(askers) == 2 and all(name.startswith("hacfed-verifier") for name in askers)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed.tools import cli
 from hacfed.models import store
 from hacfed.models.zoo import preset_recipe
+from hacfed.tools import cli
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,9 @@ def test_build_reports_a_cached_preset(capsys):
         (out / "config.json").write_text("{}")
         return {"heldout_accuracy": 0.4, "warmup_steps": 200, "task": "arith-add2", "parameters": 817280}
 
-    path = store.ensure_built("tiny-llama", builder=fake, expected_hash=store.recipe_hash(preset_recipe("tiny-llama", 0)))
+    path = store.ensure_built(
+        "tiny-llama", builder=fake, expected_hash=store.recipe_hash(preset_recipe("tiny-llama", 0))
+    )
     assert cli.main(["models", "build", "tiny-llama"]) == 0  # current cache: nothing to train
     out = capsys.readouterr().out
     assert str(path) in out and "held-out accuracy 0.4" in out and "200 warm-up steps" in out

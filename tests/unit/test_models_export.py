@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hacfed.models.export import export_model, is_quantized
 from hacfed.models import store
+from hacfed.models.export import export_model, is_quantized
 from hacfed.models.loading import load_model
 from hacfed.models.zoo import build_untrained, preset_recipe
 from hacfed.tools.cli import main
@@ -60,7 +60,9 @@ def test_hacfed_loads_the_exported_directory_as_a_local_model(exported):
     assert loaded.source == "local" and loaded.tokenizer.chat_template
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is the bench extra (pip install -e '.[bench]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="TRL is the bench extra (pip install -e '.[bench]')"
+)
 def test_trl_grpo_trainer_accepts_the_exported_directory(exported, tmp_path):
     import trl
     from datasets import Dataset

@@ -63,7 +63,9 @@ def test_special_tokens(toks):
 
 
 def test_chat_templates_render_and_differ(toks):
-    rendered = {kind: tok.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True) for kind, tok in toks.items()}
+    rendered = {
+        kind: tok.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True) for kind, tok in toks.items()
+    }
     assert rendered["byte"] == "User: 12+34=\nAssistant: "
     assert rendered["char"] == "<s><|user|>\n12+34=</s>\n<|assistant|>\n"
     assert rendered["bpe"] == "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"

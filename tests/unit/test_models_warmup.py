@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from hacfed.models.warmup import (
-    IGNORE_INDEX, WarmupConfig, collate, encode_example, lr_factor, teacher_forced_exact_match, warm_up,
+    IGNORE_INDEX,
+    WarmupConfig,
+    collate,
+    encode_example,
+    lr_factor,
+    teacher_forced_exact_match,
+    warm_up,
 )
 from hacfed.models.zoo import build_untrained
 from hacfed.tasks.arithmetic import ArithmeticTask

@@ -7,7 +7,13 @@ import torch
 
 from hacfed.models.warmup import WarmupConfig
 from hacfed.models.zoo import (
-    GPT2_DROPOUTS, PRESETS, Preset, build_untrained, get_preset, parameter_count, preset_recipe,
+    GPT2_DROPOUTS,
+    PRESETS,
+    Preset,
+    build_untrained,
+    get_preset,
+    parameter_count,
+    preset_recipe,
 )
 from hacfed.trajectory import ChatMessage, render_prompt_ids
 

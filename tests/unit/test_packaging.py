@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_console_scripts_declared():
-    scripts = {ep.name: ep.value for ep in md.entry_points(group="console_scripts") if ep.dist and ep.dist.name == "hacfed"}
+    scripts = {
+        ep.name: ep.value for ep in md.entry_points(group="console_scripts") if ep.dist and ep.dist.name == "hacfed"
+    }
     assert scripts == {
         "hacfed": "hacfed.tools.cli:main",
         "hacfed-server": "hacfed.server.main:main",
@@ -89,7 +91,8 @@ def test_wheel_builds_without_warnings_and_carries_the_data_and_licences(tmp_pat
     (wheel,) = out.glob("hacfed-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("hacfed/data/gsm8k/train.jsonl", "hacfed/data/gsm8k/test.jsonl", "hacfed/data/gsm8k/LICENSE",
-                 "hacfed/data/gsm8k/README.md", "hacfed/server/flower_app/pyproject.toml", "hacfed/proto/hacfed_v1.proto"):
+                 "hacfed/data/gsm8k/README.md", "hacfed/server/flower_app/pyproject.toml",
+                 "hacfed/proto/hacfed_v1.proto"):
         assert name in names, name
     licences = {n.split("/licenses/", 1)[1] for n in names if "/licenses/" in n}
     assert licences == {"LICENSE", "hacfed/data/gsm8k/LICENSE"}

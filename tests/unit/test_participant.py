@@ -87,15 +87,17 @@ def test_own_samples_first_then_agent_order(two_rollouts):
 
 def test_own_sample_ratio_starts_at_one():
     # The log-prob summary of our own rollout equals the teacher-forced recomputation.
+    from hacfed.clients.update import UpdateSettings, build_views
     from hacfed.rollout.logprobs import sequence_logprobs
-    from hacfed.clients.update import build_views, UpdateSettings
 
     p = make("a", "tiny-qwen2")
     sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0, n=2, g=3), ("a",)))
     own = [p._own[t.trajectory_id] for t in sub.trajectories if t.source_token_count > 0]
     views, skipped = build_views(own, "a", p.tokenizer, UpdateSettings(8))
     assert skipped == 0
-    logp, _ = sequence_logprobs(p.model, [v.prompt_ids for v in views], [v.response_ids for v in views], p.tokenizer.pad_token_id)
+    logp, _ = sequence_logprobs(
+        p.model, [v.prompt_ids for v in views], [v.response_ids for v in views], p.tokenizer.pad_token_id
+    )
     learner = mean_logp_over_ratio_tokens(logp, views)
     source = torch.tensor([v.source_mean_logp for v in views])
     assert torch.allclose(learner.double(), source.double(), atol=1e-4)
@@ -138,14 +140,16 @@ def test_config_validation():
 
 @pytest.mark.parametrize("limits, long_chars, skipped", [
     ({"max_response_len": 64}, 200, {"skipped_views": 1, "skipped_context": 0}),  # over the set limit
-    ({}, 500, {"skipped_views": 0, "skipped_context": 1}),  # unset limits: prompt + response past the 512-position context
+    # unset limits: prompt + response past the 512-position context
+    ({}, 500, {"skipped_views": 0, "skipped_context": 1}),
 ])
 def test_mixed_minibatches_with_kl_and_oversized_cross_samples(two_rollouts, limits, long_chars, skipped):
     # minibatch 3 mixes own and other samples of different lengths; the KL must still line up.
     _, _, sa, sb = two_rollouts
     long_other = type(sb.trajectories[0])(**{**sb.trajectories[0].__dict__, "trajectory_id": "long",
                                              "response_text": "9" * long_chars, "source_token_count": 6})
-    pool = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(sa.trajectories[:4] + sb.trajectories[:4])]
+    both = sa.trajectories[:4] + sb.trajectories[:4]
+    pool = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(both)]
     p = make("a", "tiny-llama", minibatch_size=3, **limits)
     p.step(RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0), ("a", "b")))  # so "a" has own ids
     own = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(p._own.values())][:4]
@@ -161,7 +165,8 @@ def test_a_prompt_that_fills_the_context_gets_cut_answers_that_are_not_trained_o
     p = make("a", "tiny-llama")
     long_prompt = (ChatMessage("user", "7" * 600),)
     problems = TASK.train_problems()[:2]
-    prompts = (PlannedPrompt(problems[0].prompt_id, problems[0].messages), PlannedPrompt(problems[1].prompt_id, long_prompt))
+    prompts = (PlannedPrompt(problems[0].prompt_id, problems[0].messages),
+               PlannedPrompt(problems[1].prompt_id, long_prompt))
     first = RoundPlan(run_id="run", round_id=0, prompts=prompts, group_size=2,
                       sampling=SamplingParams(max_new_tokens=6), hacpo=HacpoConfig())
     sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, first, ("a",)))
@@ -175,7 +180,8 @@ def test_truncated_fraction_counts_length_finishes(two_rollouts):
     from hacfed.clients.participant import truncated_fraction
 
     _, _, sa, _ = two_rollouts
-    ts = [type(t)(**{**t.__dict__, "finish_reason": reason}) for t, reason in zip(sa.trajectories, ["length", "stop", "stop", "stop"])]
+    reasons = ["length", "stop", "stop", "stop"]
+    ts = [type(t)(**{**t.__dict__, "finish_reason": reason}) for t, reason in zip(sa.trajectories, reasons)]
     assert truncated_fraction(ts) == 0.25 and truncated_fraction([]) == 0.0
 
 
@@ -190,7 +196,8 @@ def test_evaluation_scores_each_half_of_a_mix_and_reports_it():
         "add": 1.0, "sub": 0.5}
     # No halves: a task without half_of, a one-half task, or problems all from one half.
     assert scores_by_half(TASK, TASK.eval_problems()[:2], [1, 0]) == {}
-    assert scores_by_half(ChainTask(operations=("add",), num_train=40, num_validation=8, num_eval=8), problems[:1], [1]) == {}
+    task = ChainTask(operations=("add",), num_train=40, num_validation=8, num_eval=8)
+    assert scores_by_half(task, problems[:1], [1]) == {}
     assert scores_by_half(mix, problems[:2], [1, 0]) == {}
     # The halves' scores are means over the same greedy completions as the whole score.
     model, tok = build_untrained("tiny-llama", seed=1)

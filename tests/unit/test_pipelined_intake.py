@@ -65,7 +65,8 @@ def test_a_begun_submission_is_journaled_only_when_finished_and_blocks_its_lab_u
     assert result_a.receipt is not None and len(result_a.accepted_ids) == 6
     assert [r.code for r in result_a.rejected].count(ErrorCode.REWARD_MISMATCH) == 1
     result_b = finish_b()
-    assert result_b.receipt is not None and len(result_b.accepted_ids) == 8 and result_b.receipt.seq > result_a.receipt.seq
+    assert result_b.receipt is not None and len(result_b.accepted_ids) == 8
+    assert result_b.receipt.seq > result_a.receipt.seq
     assert coord.submit(sub_a).replayed  # finished: an identical resend gets the stored result
     assert coord.poll() == "quorum"
 

@@ -23,7 +23,9 @@ PROMPT = (ChatMessage("system", "Solve it."), ChatMessage("user", "Wie viel ist 
 def protobuf_record(t: Trajectory) -> bytes:
     m = pb.Trajectory()
     fill_trajectory(m, t)
-    return length_delimited(pb.RoundUpdate.DESCRIPTOR.fields_by_name["pool"].number, m.SerializeToString(deterministic=True))
+    return length_delimited(
+        pb.RoundUpdate.DESCRIPTOR.fields_by_name["pool"].number, m.SerializeToString(deterministic=True)
+    )
 
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)

@@ -1,5 +1,6 @@
-"""Which part of a round's pool each lab is sent (hacfed.server.coordinator.pool_share, hacfed.server.round_updates),
-and that the driver really sends it: own samples always, at most K peers per prompt, the whole pool for <= K + 1 labs."""
+"""Which part of a round's pool each lab is sent (hacfed.server.coordinator.pool_share,
+hacfed.server.round_updates), and that the driver really sends it: own samples always, at most K
+peers per prompt, the whole pool for <= K + 1 labs."""
 
 from __future__ import annotations
 
@@ -166,7 +167,8 @@ def test_round_updates_send_the_successes_choice() -> None:
     rewards = {(lab, p): [float(lab == 2 and p != 1), 0.0] for lab in range(4) for p in range(3)}
     pool = scored_pool(rewards)
     update = RoundUpdate("run", 4, pool, {}, None)
-    got = opened(RoundUpdates(update, key, peers_per_prompt=1, salt="s", peer_choice="successes").for_lab("lab-00"), key)
+    updates = RoundUpdates(update, key, peers_per_prompt=1, salt="s", peer_choice="successes")
+    got = opened(updates.for_lab("lab-00"), key)
     assert got.pool == tuple(pool[i] for i in PoolShares(pool, 1, "s", "successes").indices_for("lab-00"))
     sent = sources_per_prompt(got.pool, range(len(got.pool)))
     assert sent["p0"] == sent["p2"] == {"lab-00", "lab-02"}

@@ -10,11 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hacfed import wire
-from hacfed.messages import RoundUpdate
+from hacfed.messages import RoundUpdate, StepReport, Submission
 from hacfed.wire.pool_splice import encode_pool_items, header_of, splice_round_update, submission_pool_records
 from tests.unit.test_wire import UINT64, hacpo_configs, ident, plans, trajectories
-
-from hacfed.messages import StepReport, Submission
 
 
 @settings(max_examples=60, deadline=None)

@@ -85,7 +85,9 @@ def test_privacy_check_catches_a_forbidden_field() -> None:
     proto = descriptor_pb2.FileDescriptorProto(name="leaky.proto", package="leaky", syntax="proto3")
     msg = proto.message_type.add(name="Leaky")
     msg.field.add(name="per_token", number=1, type=FieldDescriptor.TYPE_DOUBLE, label=FieldDescriptor.LABEL_REPEATED)
-    msg.field.add(name="prompt_logprob_sum", number=2, type=FieldDescriptor.TYPE_DOUBLE, label=FieldDescriptor.LABEL_OPTIONAL)
+    msg.field.add(
+        name="prompt_logprob_sum", number=2, type=FieldDescriptor.TYPE_DOUBLE, label=FieldDescriptor.LABEL_OPTIONAL
+    )
     leaky = descriptor_pool.DescriptorPool().Add(proto)
     found = privacy_violations(_all_messages(leaky))
     assert any("per_token" in v for v in found) and any("prompt_logprob_sum" in v for v in found)

@@ -39,7 +39,8 @@ def test_purge_withdraws_samples_quarantines_and_lists_each_lab(tmp_path, capsys
     # lab-a and lab-b reported training on pools 0, 1 and 2 (their round-1, round-2 and final reports)
     for lab in ("lab-a", "lab-b"):
         assert f"{lab} trained on affected pools [1, 2]: it must roll back and replay without lab-x" in out
-    assert "hacfed-client replay --state-dir <lab-a's state dir> --model <its model> --exclude lab-x --from-round 1" in out
+    assert ("hacfed-client replay --state-dir <lab-a's state dir> --model <its model> --exclude lab-x "
+            "--from-round 1") in out
     with Journal(cfg.journal_path) as journal:
         assert {t.source_id for t in journal.pool(0)} == {"lab-a", "lab-b", "lab-x"}  # before R: kept
         assert {t.source_id for t in journal.pool(1)} == {"lab-a", "lab-b"}

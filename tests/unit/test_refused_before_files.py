@@ -48,7 +48,8 @@ def _client_argv(lab: dict[str, Path], **changes: str) -> list[str]:
     ],
 )
 def test_client_refuses_before_creating_anything(lab: dict[str, Path], changes: dict[str, str], message: str,
-                                                 capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                 capsys: pytest.CaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(lab["state"].parent / "hub"))

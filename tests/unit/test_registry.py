@@ -15,9 +15,7 @@ import pytest
 
 from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.clients.main import main as client_main
-from hacfed.enrolment import (
-    ENROLMENT_FILE, SUPERNODE_KEY, load_supernode_private_key, make_enrolment, parse_enrolment,
-)
+from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY, load_supernode_private_key, make_enrolment, parse_enrolment
 from hacfed.envelope import generate_key, key_id, save_public_key
 from hacfed.server.main import main as server_main
 from hacfed.server.registry import REVOKED_DIR, load_registry, register, register_signing_key, revoke
@@ -102,7 +100,8 @@ def test_register_refuses_to_rebind_an_id_or_share_a_key(tmp_path: Path) -> None
     ("edit", "message"),
     [
         (lambda line: line.replace("lab-b", "lab-c", 1), "not signed by its own signing key"),
-        (lambda line: line[:-6] + ("AAAAAA" if not line.endswith("AAAAAA") else "BBBBBB"), "signing key or signature|not signed"),
+        (lambda line: line[:-6] + ("AAAAAA" if not line.endswith("AAAAAA") else "BBBBBB"),
+         "signing key or signature|not signed"),
         (lambda line: line.replace("lab-b", "../../x", 1), "participant id must be 1-63 characters"),
         (lambda line: line.replace("lab-b", "lab\nb", 1), "not a hacfed-enrolment/v1 line|must be 1-63"),
         (lambda line: "hello world", "not a hacfed-enrolment/v1 line"),

@@ -10,12 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.tools.cli import main
-from hacfed.tools.run_report import (
-    NoMetrics, capability_ratios, find_sources, load_run, ratio_quantile_samples, read_rows, totals,
-)
 from hacfed.server.coordinator.journal import Journal
 from hacfed.server.reporting import append_rows
+from hacfed.tools.cli import main
+from hacfed.tools.run_report import (
+    NoMetrics,
+    capability_ratios,
+    find_sources,
+    load_run,
+    ratio_quantile_samples,
+    read_rows,
+    totals,
+)
 
 AGENTS = ("lab-a", "lab-b")
 CAPS = {"lab-a": [0.2, 0.4, 0.5], "lab-b": [0.4, 0.4, 0.01]}

@@ -13,11 +13,15 @@ from typing import Iterator
 
 import pytest
 
+from hacfed.tasks import sandbox
 from hacfed.tasks.math_answers import (
-    extract_answer, extract_boxed, extract_last_number, nesting_depth, parse_plain_number,
+    extract_answer,
+    extract_boxed,
+    extract_last_number,
+    nesting_depth,
+    parse_plain_number,
 )
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
-from hacfed.tasks import sandbox
 from hacfed.tasks.sandbox import (
     VERIFIER_ABORT,
     SandboxedWorker,
@@ -228,10 +232,13 @@ def test_hacfed_server_refuses_to_start_where_unshare_fails(tmp_path: Path) -> N
     with a sandboxed task prints one line naming the opt-out and creates nothing."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "unshare").write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    (fake_bin / "unshare").write_text(
+        "#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n"
+    )
     (fake_bin / "unshare").chmod(0o755)
     config = tmp_path / "coordinator.toml"
-    config.write_text(BASE.format(state=tmp_path / "state").replace('kind = "arithmetic"\ndigits = 2', 'kind = "gsm8k"'))
+    gsm8k = BASE.format(state=tmp_path / "state").replace('kind = "arithmetic"\ndigits = 2', 'kind = "gsm8k"')
+    config.write_text(gsm8k)
     env = {**os.environ, "PATH": f"{fake_bin}{os.pathsep}{os.environ.get('PATH', os.defpath)}", "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen([sys.executable, "-m", "hacfed.server.main", "--config", str(config), "--listen",
                                "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

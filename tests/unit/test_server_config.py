@@ -68,7 +68,8 @@ def test_file_then_sets_then_flags(config_file: Path, tmp_path: Path) -> None:
         ([], {"listen": "0.0.0.0:9092"}, "server.listen: --insecure binds loopback only"),
         ([], {"listen": "10.1.2.3:9092"}, "server.listen: --insecure binds loopback only"),
         (["server.insecure=false"], {}, "pass --insecure .* or all of --tls-cert, --tls-key and --tls-ca"),
-        ([], {"tls_cert": "missing.pem", "tls_key": "k", "tls_ca": "c"}, "server.tls_cert: .*missing.pem is not a file"),
+        ([], {"tls_cert": "missing.pem", "tls_key": "k", "tls_ca": "c"},
+         "server.tls_cert: .*missing.pem is not a file"),
         (["server.insecure=false"], {"trust_on_first_use": True, "tls_cert": __file__, "tls_key": __file__,
                                      "tls_ca": __file__}, "trust_on_first_use .* only with --insecure"),
     ],
@@ -147,7 +148,8 @@ def test_insecure_flag_replaces_the_files_tls_settings(tmp_path):
 
 def test_the_serverapp_reads_back_the_config_hacfed_server_loaded(config_file: Path, tmp_path: Path) -> None:
     certs = init_federation_certs(tmp_path / "certs", [])
-    cfg = load_server_config(config_file, ["rounds=7", "task.digits=3", "hacpo.mode=naive", "server.dashboard=127.0.0.1:0"],
+    cfg = load_server_config(config_file,
+                             ["rounds=7", "task.digits=3", "hacpo.mode=naive", "server.dashboard=127.0.0.1:0"],
                              {"insecure": False, "tls_cert": str(certs.server_cert), "tls_key": str(certs.server_key),
                               "tls_ca": str(certs.ca_cert), "metrics_out": "m.jsonl"})
     path = write_server_config(cfg, tmp_path / "state" / "driver-settings.json")

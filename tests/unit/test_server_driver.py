@@ -21,8 +21,8 @@ from hacfed.clients.service import ParticipantService
 from hacfed.envelope import save_public_key
 from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
-from hacfed.server.driver import FederationDriver
 from hacfed.server.config import ServerConfig, ServerSettings
+from hacfed.server.driver import FederationDriver
 from hacfed.server.driver_settings import CONSOLE_FILE, DONE_FILE
 from tests.lying_lab import LyingParticipant
 from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_config, scripted_submission
@@ -49,7 +49,8 @@ class ScriptedParticipant:
             self.last_round = plan.round_id
             sub = scripted_submission(plan, pid, eval_accuracy=0.5 if plan.evaluate else None,
                                       nonce=secrets.token_hex(16))
-            sub = dataclasses.replace(sub, report=dataclasses.replace(sub.report, metrics={"num_cross": 1.0, **STEP_TIMES}))
+            metrics = {"num_cross": 1.0, **STEP_TIMES}
+            sub = dataclasses.replace(sub, report=dataclasses.replace(sub.report, metrics=metrics))
         self.last_pool_round = update.pool_round
         if before_checkpoint is not None:
             before_checkpoint(sub)  # then the (here: in-memory) checkpoint
@@ -146,7 +147,8 @@ def test_two_honest_participants_run_to_the_end_with_final_reports(tmp_path: Pat
     assert {t.source_id for t in a.updates[1].pool} == {"lab-a", "lab-b"}
     rows = fed.rows()
     per_round = [r for r in rows if not r.get("final")]
-    assert sorted((r["round"], r["agent"]) for r in per_round) == [(0, "lab-a"), (0, "lab-b"), (1, "lab-a"), (1, "lab-b")]
+    assert sorted((r["round"], r["agent"]) for r in per_round) == [
+        (0, "lab-a"), (0, "lab-b"), (1, "lab-a"), (1, "lab-b")]
     first = per_round[0]
     for key in ("reward_mean", "accepted", "rejected", "capability", "mode", "seed", "train/num_cross",
                 "time_round_s", "time_coordinator_s", "time_rollout_s", "time_training_s", "time_exchange_s"):
@@ -359,7 +361,9 @@ def test_receipt_is_signed_only_after_the_journal_commit(tmp_path: Path, monkeyp
 
     seal_answer = answers_module.seal_answer
     monkeypatch.setattr(journal, "record_submission", logged_record)
-    monkeypatch.setattr(answers_module, "seal_answer", lambda answer, key: calls.append("receipt") or seal_answer(answer, key))
+    monkeypatch.setattr(
+        answers_module, "seal_answer", lambda answer, key: calls.append("receipt") or seal_answer(answer, key)
+    )
     fed.add(1, "lab-a")
     fed.exchange()
     assert calls == ["commit:start", "commit:done", "receipt"]

@@ -20,9 +20,9 @@ from typing import Iterator
 
 import pytest
 
+from hacfed.messages import Submission
 from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.server.coordinator.errors import ErrorCode
-from hacfed.messages import Submission
 from hacfed.tasks.plugin import PluginTask
 from hacfed.tasks.plugin_worker import call_reward, load_problems
 from hacfed.tasks.registry import TASK_KINDS, load_task
@@ -58,7 +58,9 @@ def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     install_fakes(tmp_path / "site")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for name, rows in (("train.jsonl", GOOD_DATA), ("eval.jsonl", EVAL_DATA)):
-        (tmp_path / name).write_text("".join(f'{{"question": "{r["question"]}", "answer": "{r["answer"]}"}}\n' for r in rows))
+        (tmp_path / name).write_text(
+            "".join(f'{{"question": "{r["question"]}", "answer": "{r["answer"]}"}}\n' for r in rows)
+        )
     return tmp_path
 
 
@@ -125,7 +127,8 @@ def test_the_example_lab_config_has_the_coordinators_task(tmp_path: Path) -> Non
 
     key = ensure_key_pair(tmp_path, "coordinator").public
     lab = load_client_config(EXAMPLE / "participant.toml", {
-        "model": "tiny-llama", "server": "127.0.0.1:9092", "participant_id": "lab-a", "state_dir": str(tmp_path / "lab"),
+        "model": "tiny-llama", "server": "127.0.0.1:9092", "participant_id": "lab-a",
+        "state_dir": str(tmp_path / "lab"),
         "coordinator_key": str(key), "insecure": True})
     assert lab.task == dict(load_coordinator_config(EXAMPLE / "coordinator.toml").task)
     assert lab.config_dir == EXAMPLE  # so both resolve data/... to the same files
@@ -199,7 +202,8 @@ def test_config_mistakes_are_one_line(spec, words: str) -> None:
 @pytest.mark.parametrize(
     ("name", "files", "words"),
     [
-        ("fake-import-error", True, "task plugin 'fake-import-error' failed to load (tests.plugin_fakes_missing_module): "
+        ("fake-import-error", True, "task plugin 'fake-import-error' failed to load "
+                                    "(tests.plugin_fakes_missing_module): "
                                     "ModuleNotFoundError"),
         ("fake-no-reward", True, "task plugin 'fake-no-reward' failed to load (tests.plugin_fakes:NoReward): "
                                  "TypeError: <class 'tests.plugin_fakes.NoReward'> has no reward(problem, response)"),
@@ -223,13 +227,15 @@ def test_a_broken_plugin_is_refused_in_one_line_naming_it(fakes: Path, name: str
 
 @pytest.mark.parametrize(("plugin", "words"), [
     ("not-installed-anywhere", "task plugin 'not-installed-anywhere' is not installed"),
-    ("fake-range", "task plugin 'fake-range' reward failed on the first train problem: reward returned a value outside"),
+    ("fake-range",
+     "task plugin 'fake-range' reward failed on the first train problem: reward returned a value outside"),
 ])
 def test_hacfed_server_refuses_a_bad_plugin_in_one_line_before_writing(fakes: Path, plugin: str, words: str) -> None:
     (fakes / "coordinator.toml").write_text(
         'run_id = "x"\nrounds = 1\nprompts_per_round = 1\ngroup_size = 1\nexpected_participants = 1\n'
         'min_participants = 1\nround_deadline_s = 10\nstate_dir = "state"\n[task]\nkind = "plugin"\n'
-        f'plugin = "{plugin}"\ntrain_files = "train.jsonl"\neval_files = "eval.jsonl"\ncache_dir = "{CACHE["cache_dir"]}"\n')
+        f'plugin = "{plugin}"\ntrain_files = "train.jsonl"\neval_files = "eval.jsonl"\n'
+        f'cache_dir = "{CACHE["cache_dir"]}"\n')
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fakes / "site"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([str(Path(sys.executable).parent / "hacfed-server"), "--config", "coordinator.toml",
                            "--insecure"], cwd=fakes, env=env, capture_output=True, text=True, timeout=300)
@@ -241,7 +247,8 @@ def test_hacfed_server_refuses_a_bad_plugin_in_one_line_before_writing(fakes: Pa
 def test_a_plugin_installed_twice_is_refused(fakes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_fakes(fakes / "other", "other-plugins", {"fake-int": "tests.plugin_fakes:exact"})
     monkeypatch.syspath_prepend(str(fakes / "other"))
-    assert "task plugin 'fake-int' is provided by more than one installed package" in refusal(lambda: fake("fake-int", fakes))
+    refused = refusal(lambda: fake("fake-int", fakes))
+    assert "task plugin 'fake-int' is provided by more than one installed package" in refused
 
 
 def test_a_plain_function_entry_point_is_the_reward(fakes: Path) -> None:
@@ -262,7 +269,8 @@ def test_plugin_problems_and_template(fakes: Path) -> None:
         task.close()
 
 
-def test_a_reward_that_fails_on_a_sample_gives_zero_and_a_warning(fakes: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_reward_that_fails_on_a_sample_gives_zero_and_a_warning(
+        fakes: Path, caplog: pytest.LogCaptureFixture) -> None:
     task = fake("fake-picky", fakes)
     problem = task.train_problems()[0]
     try:

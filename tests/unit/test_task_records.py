@@ -36,7 +36,9 @@ def _write_words(tmp_path: Path, fmt: str) -> str:
         (tmp_path / "d.csv").write_text("word,backwards\napple,elppa\nriver,revir\n")
         return "d.csv"
     if fmt == "json":
-        (tmp_path / "d.json").write_text('[{"word": "apple", "backwards": "elppa"}, {"word": "river", "backwards": "revir"}]')
+        (tmp_path / "d.json").write_text(
+            '[{"word": "apple", "backwards": "elppa"}, {"word": "river", "backwards": "revir"}]'
+        )
         return "d.json"
     if fmt == "parquet":
         datasets.Dataset.from_dict(rows).to_parquet(str(tmp_path / "d.parquet"))

@@ -30,7 +30,8 @@ def files(tmp_path: Path) -> dict[str, str]:
     train.append({"question": "What is 1 plus 1?", "answer": "#### 999"})  # repeated question: first record wins
     train.append({"question": "Held out?", "answer": "#### 5"})  # also in eval: dropped from train
     held_out = [{"question": "Held out?", "answer": "#### 5"}, {"question": "Half of 1?", "answer": "#### 0.5"}]
-    return {"train": _write_jsonl(tmp_path / "train.jsonl", train), "eval": _write_jsonl(tmp_path / "test.jsonl", held_out),
+    return {"train": _write_jsonl(tmp_path / "train.jsonl", train),
+            "eval": _write_jsonl(tmp_path / "test.jsonl", held_out),
             "cache": str(tmp_path / "cache")}
 
 
@@ -86,7 +87,8 @@ def test_parquet_with_custom_fields_and_boxed_answers(tmp_path: Path) -> None:
             {"problem": "1+1?", "solution": "It is \\boxed{2}."}]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
     datasets.Dataset.from_list(rows[1:]).to_parquet(str(tmp_path / "test.parquet"))
-    task = load_task({"kind": "parquet", "name": "mathy", "train_files": ["train.parquet"], "eval_files": ["test.parquet"],
+    task = load_task({"kind": "parquet", "name": "mathy", "train_files": ["train.parquet"],
+                      "eval_files": ["test.parquet"],
                       "question_field": "problem", "answer_field": "solution", "answer_format": "boxed",
                       "cache_dir": str(tmp_path / "cache")}, base_dir=tmp_path)
     assert isinstance(task, MathDataTask)
@@ -133,10 +135,12 @@ def test_bad_options_are_clear_value_errors(files: dict[str, str], kwargs: dict[
         _task(files, **kwargs)
 
 
-def test_missing_field_unextractable_answer_and_bad_json_name_the_file_and_record(tmp_path: Path, files: dict[str, str]) -> None:
+def test_missing_field_unextractable_answer_and_bad_json_name_the_file_and_record(
+        tmp_path: Path, files: dict[str, str]) -> None:
     with pytest.raises(ValueError, match=r"missing field\(s\) \['prompt'\]"):
         _task(files, question_field="prompt").train_problems()
-    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "a?", "answer": "#### 1"}, {"question": "b?", "answer": "no marker"}])
+    bad = _write_jsonl(tmp_path / "bad.jsonl",
+                       [{"question": "a?", "answer": "#### 1"}, {"question": "b?", "answer": "no marker"}])
     with pytest.raises(ValueError, match=r"bad\.jsonl, record 2: cannot extract an answer from field 'answer'"):
         _task(files, train_files=(bad,)).train_problems()
     nulls = _write_jsonl(tmp_path / "nulls.jsonl", [{"question": "a?", "answer": None}])
@@ -165,7 +169,8 @@ def test_registry_builds_arithmetic_and_rejects_unknowns(files: dict[str, str]) 
     with pytest.raises(ValueError, match="'digits' must be int"):
         load_task({"kind": "arithmetic", "digits": "2"})
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['question_key'\]"):
-        load_task({"kind": "jsonl", "train_files": [files["train"]], "eval_files": [files["eval"]], "question_key": "q"})
+        load_task({"kind": "jsonl", "train_files": [files["train"]], "eval_files": [files["eval"]],
+                   "question_key": "q"})
     with pytest.raises(ValueError, match="'eval_files' is required"):
         load_task({"kind": "jsonl", "train_files": [files["train"]]})
     with pytest.raises(ValueError, match=r"verifier.sandbox'?: unknown key\(s\) \['timeout'\]"):

@@ -18,7 +18,8 @@ ROWS = [
     {"round": 0, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.25, "accepted": 16, "rejected": 0,
      "capability": 0.25, "eval_accuracy": 0.4, "train/time_rollout_s": 0.5},
     {"round": 1, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5, "accepted": 14, "rejected": 2,
-     "capability": 0.375, "train/loss": -0.125, "train/cross/lab-b/ratio_p50": 0.875, "train/cross/lab-b/grad_frac": 1.0},
+     "capability": 0.375, "train/loss": -0.125, "train/cross/lab-b/ratio_p50": 0.875,
+     "train/cross/lab-b/grad_frac": 1.0},
     {"round": 2, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "final": True, "eval_accuracy": 0.5},
 ]
 
@@ -107,7 +108,8 @@ def test_wandb_is_refused_in_one_line_when_not_installed(monkeypatch: pytest.Mon
 
 @pytest.mark.parametrize("flag, package", [("--wandb", "wandb"), ("--tensorboard", "tensorboard")])
 def test_client_flag_without_its_package_exits_2_before_any_file(
-        flag: str, package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+        flag: str, package: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
     from hacfed.clients.main import main
     from hacfed.keys import ensure_key_pair
 

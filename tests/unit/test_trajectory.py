@@ -20,7 +20,8 @@ def _char_tokenizer() -> PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    fast.chat_template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}[assistant]{% endif %}")
     return fast
 
 
@@ -30,7 +31,8 @@ def _byte_tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", pad_token="<|pad|>")
     fast.add_special_tokens({"eos_token": "<|end|>", "pad_token": "<|pad|>"})
-    fast.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    fast.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     return fast
 
 
@@ -69,7 +71,9 @@ def test_cross_view_is_retokenized_with_learners_template(char_tok, byte_tok):
     t = traj(source_id="b", response_text="46")
     view = build_training_view(t, "a", char_tok, max_prompt_len=64, max_response_len=8)
     assert char_tok.decode(list(view.prompt_ids)) == "[user]12+34=\n[assistant]"
-    assert view.response_ids == (char_tok.convert_tokens_to_ids("4"), char_tok.convert_tokens_to_ids("6"), char_tok.eos_token_id)
+    assert view.response_ids == (
+        char_tok.convert_tokens_to_ids("4"), char_tok.convert_tokens_to_ids("6"), char_tok.eos_token_id
+    )
     assert view.ratio_token_count == 2 and not view.is_self
     assert view.source_mean_logp == pytest.approx(-0.25)
     byte_view = build_training_view(t, "c", byte_tok, max_prompt_len=64, max_response_len=8)

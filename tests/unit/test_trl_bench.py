@@ -143,7 +143,9 @@ def test_local_step_scores_old_logprobs_ahead_only_for_later_minibatches(monkeyp
     plan = RoundPlan("run", 0, tuple(PlannedPrompt(q.prompt_id, q.messages) for q in problems), 4,
                      SamplingParams(max_new_tokens=6), hacpo)
     trajectories = p.rollout(plan)
-    pool = tuple(type(t)(**{**t.without_local_ids().__dict__, "reward": float(i % 2)}) for i, t in enumerate(trajectories))
+    pool = tuple(
+        type(t)(**{**t.without_local_ids().__dict__, "reward": float(i % 2)}) for i, t in enumerate(trajectories)
+    )
     calls = []
     real = update.sequence_logprobs
 

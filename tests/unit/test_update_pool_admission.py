@@ -13,7 +13,13 @@ import dataclasses
 
 from hacfed.server.coordinator import ErrorCode
 from hacfed.trajectory import ChatMessage
-from tests.unit.test_coordinator_fakes import TASK, FakeClock, make_coordinator, scripted_submission, scripted_trajectories
+from tests.unit.test_coordinator_fakes import (
+    TASK,
+    FakeClock,
+    make_coordinator,
+    scripted_submission,
+    scripted_trajectories,
+)
 
 G = 3
 

@@ -69,7 +69,8 @@ def plans(draw: st.DrawFn) -> RoundPlan:
     return RoundPlan(
         run_id=draw(ident), round_id=draw(st.integers(0, UINT64)),
         prompts=tuple(PlannedPrompt(i, draw(prompt)) for i in ids), group_size=draw(st.integers(1, 64)),
-        sampling=SamplingParams(draw(st.floats(0.01, 2.0)), draw(st.sampled_from([1.0, 0.5])), draw(st.integers(1, 4096))),
+        sampling=SamplingParams(draw(st.floats(0.01, 2.0)), draw(st.sampled_from([1.0, 0.5])),
+                                draw(st.integers(1, 4096))),
         hacpo=draw(hacpo_configs), evaluate=draw(st.booleans()),
     )
 
@@ -227,8 +228,10 @@ def test_generated_relay_service_interoperates_with_a_raw_bytes_handler() -> Non
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            request = wire.encode_envelope(wire.RawEnvelope(b"payload", b"\x01" * 64, b"\x02" * 32, "hacfed.v1.Submission"))
-            reply = hacfed_v1_pb2_grpc.ParticipantRelayStub(channel).Exchange(pb.Envelope.FromString(request), timeout=10)
+            envelope = wire.RawEnvelope(b"payload", b"\x01" * 64, b"\x02" * 32, "hacfed.v1.Submission")
+            request = wire.encode_envelope(envelope)
+            stub = hacfed_v1_pb2_grpc.ParticipantRelayStub(channel)
+            reply = stub.Exchange(pb.Envelope.FromString(request), timeout=10)
             assert seen == [request]
             assert reply.payload == b"daolyap" and reply.payload_type == "hacfed.v1.ErrorReply"
             assert f"/{service}/Exchange" == "/hacfed.v1.ParticipantRelay/Exchange"  # the relay's fixed path

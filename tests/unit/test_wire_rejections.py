@@ -98,7 +98,8 @@ def test_unknown_role_and_missing_settings_are_rejected() -> None:
     frame = pb.WireMessage.FromString(wire.encode_trajectory(T))
     frame.trajectory.prompt[0].role = 9
     assert _code(wire.decode_trajectory, frame.SerializeToString()) == ErrorCode.SCHEMA
-    plan = RoundPlan("run-1", 0, (PlannedPrompt("p1", (ChatMessage("user", "hi"),)),), 4, SamplingParams(), HacpoConfig())
+    prompts = (PlannedPrompt("p1", (ChatMessage("user", "hi"),)),)
+    plan = RoundPlan("run-1", 0, prompts, 4, SamplingParams(), HacpoConfig())
     for clear in ("hacpo.alpha", "hacpo.stepwise_clip", "sampling.top_p", "sampling", "hacpo"):
         frame = pb.WireMessage.FromString(wire.encode_round_plan(plan))
         *parents, leaf = clear.split(".")

@@ -30,4 +30,6 @@ def test_problems_match_the_data_files() -> None:
 
 def test_the_entry_point_is_installed() -> None:
     found = list(entry_points(group="hacfed.tasks", name="reverse-word"))
-    assert [ep.value for ep in found] == ["hacfed_task_example"], "pip install --no-deps -e examples/hacfed-task-example"
+    assert [ep.value for ep in found] == ["hacfed_task_example"], (
+        "pip install --no-deps -e examples/hacfed-task-example"
+    )
