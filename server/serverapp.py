@@ -36,13 +36,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from hacfed.flower_protocol import (
-    ERROR_KEY,
-    PARTICIPANT_ID_KEY,
-    PAYLOAD_KEY,
-    RECORD_NAME,
-    TORCH_LOADED_KEY,
-)
+from hacfed.flower_protocol import ERROR_KEY, PARTICIPANT_ID_KEY, PAYLOAD_KEY, RECORD_NAME, TORCH_LOADED_KEY
 from hacfed.identity import printable
 
 HELLO_TYPE = "query.hello"
