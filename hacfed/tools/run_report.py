@@ -149,6 +149,20 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
+# What the charts draw: beyond these, matplotlib's tick and transform code fails ("Singular matrix",
+# "arange: cannot compute length") on values a lab can log. Ratios span many decades legitimately.
+PLOT_MAX_ABS = 1e12
+PLOT_LOG_RANGE = (1e-30, 1e30)
+
+
+def plottable(points: Sequence[tuple[int, float]], *, log: bool) -> tuple[list[tuple[int, float]], int]:
+    """The points a chart can draw (finite, within PLOT_MAX_ABS, or PLOT_LOG_RANGE on a log axis)
+    and how many were left out."""
+    low, high = PLOT_LOG_RANGE if log else (-PLOT_MAX_ABS, PLOT_MAX_ABS)
+    kept = [(x, y) for x, y in points if math.isfinite(y) and low <= y <= high]
+    return kept, len(points) - len(kept)
+
+
 def series(rows: Sequence[Mapping[str, Any]], agent: str, key: str, *, final: bool = False) -> list[tuple[int, float]]:
     """(round, value) of `key` for `agent`; the final row (after the last pool) only with final=True."""
     out = []

@@ -12,7 +12,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from hacfed.tools.run_report import QUANTILES, RunData, capability_ratios, cross_stats, ratio_quantile_samples, series
+from hacfed.tools.run_report import (
+    PLOT_LOG_RANGE,
+    PLOT_MAX_ABS,
+    QUANTILES,
+    RunData,
+    capability_ratios,
+    cross_stats,
+    plottable,
+    ratio_quantile_samples,
+    series,
+)
 
 Draw = Callable[[Any], None]  # draws on one matplotlib Axes
 
@@ -27,8 +37,18 @@ class Chart:
 LEGEND_ROWS = 12  # entries per legend column; more go to a second column
 
 
-def _finish(ax: Any, title: str, xlabel: str, ylabel: str, legend: bool = True) -> None:
+def text(value: object) -> str:
+    """A name from the data (lab id, source, code) as matplotlib shows it verbatim: a `$` would start
+    mathtext, and a lab-chosen `$\\frac{$` would fail the whole report."""
+    return str(value).replace("$", r"\$")
+
+
+def _finish(ax: Any, title: str, xlabel: str, ylabel: str, legend: bool = True, left_out: int = 0) -> None:
     ax.set_title(title, fontsize=10)
+    if left_out:
+        low, high = PLOT_LOG_RANGE
+        xlabel += (f"\n({left_out} values not finite or beyond ±{PLOT_MAX_ABS:.0e} "
+                   f"(log axes: outside [{low:.0e}, {high:.0e}]) left out)")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -40,63 +60,74 @@ def _finish(ax: Any, title: str, xlabel: str, ylabel: str, legend: bool = True) 
                   ncol=math.ceil(entries / LEGEND_ROWS))
 
 
-def _plot_series(ax: Any, points: list[tuple[int, float]], **style: Any) -> None:
+def _plot_series(ax: Any, points: list[tuple[int, float]], log: bool = False, **style: Any) -> int:
+    """Draws what `plottable` keeps; returns how many points it left out."""
+    points, left_out = plottable(points, log=log)
     if points:
         ax.plot([p[0] for p in points], [p[1] for p in points], **style)
+    return left_out
 
 
 def draw_metric(data: RunData, key: str, ylabel: str, final: bool) -> Draw:
     def draw(ax: Any) -> None:
-        for agent in data.agents:
-            _plot_series(ax, series(data.rows, agent, key, final=final), marker="o", markersize=3, label=agent)
-        _finish(ax, ylabel + " per lab", "round", ylabel)
+        left_out = sum(_plot_series(ax, series(data.rows, agent, key, final=final), marker="o", markersize=3,
+                                    label=text(agent)) for agent in data.agents)
+        _finish(ax, ylabel + " per lab", "round", ylabel, left_out=left_out)
     return draw
 
 
 def draw_lab_curves(data: RunData, agent: str) -> Draw:
     def draw(ax: Any) -> None:
-        _plot_series(ax, series(data.rows, agent, "eval_accuracy", final=True), marker="o", label="held-out accuracy")
-        _plot_series(ax, series(data.rows, agent, "eval_pass1", final=True), marker="s", label="sampled pass@1")
-        _plot_series(ax, series(data.rows, agent, "reward_mean"), marker=".", alpha=0.8, label="mean reward")
-        _plot_series(ax, series(data.rows, agent, "capability"), linestyle="--", label="capability P̂")
-        _finish(ax, f"{agent}: accuracy, reward and P̂", "round", "value")
+        left_out = (
+            _plot_series(ax, series(data.rows, agent, "eval_accuracy", final=True), marker="o",
+                         label="held-out accuracy")
+            + _plot_series(ax, series(data.rows, agent, "eval_pass1", final=True), marker="s", label="sampled pass@1")
+            + _plot_series(ax, series(data.rows, agent, "reward_mean"), marker=".", alpha=0.8, label="mean reward")
+            + _plot_series(ax, series(data.rows, agent, "capability"), linestyle="--", label="capability P̂"))
+        _finish(ax, f"{text(agent)}: accuracy, reward and P̂", "round", "value", left_out=left_out)
     return draw
 
 
 def draw_omega(data: RunData) -> Draw:
     def draw(ax: Any) -> None:
-        for (learner, source), points in sorted(capability_ratios(data.rows, data.agents).items()):
-            _plot_series(ax, points, marker=".", label=f"{learner} ← {source}")
+        left_out = sum(_plot_series(ax, points, log=True, marker=".", label=f"{text(learner)} ← {text(source)}")
+                       for (learner, source), points in sorted(capability_ratios(data.rows, data.agents).items()))
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_yscale("log")
-        _finish(ax, "capability ratio ω = P̂_source / P̂_learner", "round", "ω (log scale)")
+        _finish(ax, "capability ratio ω = P̂_source / P̂_learner", "round", "ω (log scale)", left_out=left_out)
     return draw
 
 
 def draw_cross_over_time(data: RunData, agent: str) -> Draw:
     def draw(ax: Any) -> None:
+        left_out = 0
         for source, stats in sorted(cross_stats(data.rows, agent).items()):
-            mid = stats.get("ratio_p50", [])
+            parts = {q: plottable(stats.get(q, []), log=True) for q in ("ratio_p50", "ratio_p10", "ratio_p90")}
+            left_out += sum(n for _, n in parts.values())
+            mid = parts["ratio_p50"][0]
             if not mid:
                 continue
-            (line,) = ax.plot([p[0] for p in mid], [p[1] for p in mid], marker=".", label=f"{source} p50")
-            low, high = dict(stats.get("ratio_p10", [])), dict(stats.get("ratio_p90", []))
+            (line,) = ax.plot([p[0] for p in mid], [p[1] for p in mid], marker=".", label=f"{text(source)} p50")
+            low, high = dict(parts["ratio_p10"][0]), dict(parts["ratio_p90"][0])
             band = [r for r, _ in mid if r in low and r in high]
             if band:
                 ax.fill_between(band, [low[r] for r in band], [high[r] for r in band], color=line.get_color(),
-                                alpha=0.2, label=f"{source} p10–p90")
+                                alpha=0.2, label=f"{text(source)} p10–p90")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_yscale("log")
-        _finish(ax, f"{agent}: importance ratio of each source's samples", "round", "ratio (log scale)")
+        _finish(ax, f"{text(agent)}: importance ratio of each source's samples", "round", "ratio (log scale)",
+                left_out=left_out)
     return draw
 
 
 def draw_cross_hist(data: RunData, agents: list[str]) -> Draw:
     def draw(ax: Any) -> None:
-        groups = [(f"{agent} ← {source} {q.removeprefix('ratio_')}", values)
+        groups = [(f"{text(agent)} ← {text(source)} {q.removeprefix('ratio_')}", values)
                   for agent in agents for source, by_q in sorted(ratio_quantile_samples(data.rows, agent).items())
                   for q, values in by_q.items() if q in QUANTILES]
-        logs = [[math.log10(v) for v in values if v > 0] for _, values in groups]
+        kept = [plottable(list(enumerate(values)), log=True) for _, values in groups]
+        left_out = sum(n for _, n in kept)
+        logs = [[math.log10(v) for _, v in points] for points, _ in kept]
         every = [v for vs in logs for v in vs]
         if every:
             lo, hi = min(every), max(every)
@@ -104,7 +135,7 @@ def draw_cross_hist(data: RunData, agents: list[str]) -> Draw:
             for (label, _), values in zip(groups, logs):
                 ax.hist(values, bins=bins, histtype="step", linewidth=1.4, label=label)
         ax.axvline(0.0, color="grey", linewidth=0.8)
-        _finish(ax, "cross-sample ratios: per-round p10 / p50 / p90", "log10 ratio", "rounds")
+        _finish(ax, "cross-sample ratios: per-round p10 / p50 / p90", "log10 ratio", "rounds", left_out=left_out)
     return draw
 
 
@@ -114,7 +145,7 @@ def draw_codes(data: RunData) -> Draw:
         for kind, table in (("rejected", data.rejections), ("refused", data.refusals)):
             for agent in sorted(table):
                 for code, n in sorted(table[agent].items()):
-                    labels.append(f"{agent} {kind} {code.removeprefix('HACFED-E-')}")
+                    labels.append(text(f"{agent} {kind} {code.removeprefix('HACFED-E-')}"))
                     counts.append(n)
         ax.barh(range(len(counts)), counts, color="tab:red")
         ax.set_yticks(range(len(counts)), labels, fontsize=7)
@@ -125,12 +156,14 @@ def draw_codes(data: RunData) -> Draw:
 
 def draw_accepted(data: RunData) -> Draw:
     def draw(ax: Any) -> None:
+        left_out = 0
         for agent in data.agents:
-            _plot_series(ax, series(data.rows, agent, "accepted"), marker=".", label=f"{agent} accepted")
+            accepted = series(data.rows, agent, "accepted")
+            left_out += _plot_series(ax, accepted, marker=".", label=f"{text(agent)} accepted")
             rejected = series(data.rows, agent, "rejected")
             if any(v for _, v in rejected):
-                _plot_series(ax, rejected, marker="x", linestyle=":", label=f"{agent} rejected")
-        _finish(ax, "trajectories accepted / rejected per round", "round", "trajectories")
+                left_out += _plot_series(ax, rejected, marker="x", linestyle=":", label=f"{text(agent)} rejected")
+        _finish(ax, "trajectories accepted / rejected per round", "round", "trajectories", left_out=left_out)
     return draw
 
 

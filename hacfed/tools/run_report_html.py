@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from hacfed.envelope import write_atomic
 from hacfed.tools.run_report import NoMetrics, RunData, accuracy_change, load_run, totals
-from hacfed.tools.run_report_charts import Chart, lab_charts, overview_charts
+from hacfed.tools.run_report_charts import Chart, lab_charts, overview_charts, text
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em}
@@ -136,7 +136,7 @@ def render_png(data: RunData, path: Path, title: str) -> int:
             chart.draw(ax)
         for ax in list(axes.flat)[len(charts):]:
             ax.axis("off")
-        fig.suptitle(title)
+        fig.suptitle(text(title))  # the run directory's name, shown verbatim
         fig.tight_layout()
         _atomic_write(path, lambda fh: fig.savefig(fh, format="png", dpi=90))
     finally:
