@@ -16,7 +16,8 @@ The enrolment line carries the participant id and both public keys, signed with 
 private keys over the same content (so the two keys are bound to each other and to the id by their
 holder):
 
-    hacfed-enrolment/v1 lab-b ed25519:<base64 raw key> ecdsa-sha2-nistp384:<base64 OpenSSH blob> sig:<base64> nodesig:<base64>
+    hacfed-enrolment/v1 lab-b ed25519:<base64 raw key> ecdsa-sha2-nistp384:<base64 OpenSSH blob> \
+        sig:<base64> nodesig:<base64>      (one line; folded here)
 
 `sig` is the participant key's Ed25519 signature, `nodesig` the SuperNode key's deterministic ECDSA
 signature (DER; SHA-256/384/512 for P-256/384/521). Without `nodesig`, a lab could enrol with
@@ -41,7 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from hacfed.envelope import DOMAIN_ENROLMENT, write_atomic, signed_message
+from hacfed.envelope import DOMAIN_ENROLMENT, signed_message, write_atomic
 from hacfed.identity import check_participant_id, printable
 from hacfed.keys import fingerprint, raw_public_bytes
 
@@ -142,7 +143,9 @@ def _node_signature_algorithm(key: ec.EllipticCurvePublicKey | ec.EllipticCurveP
     return ec.ECDSA(_CURVE_HASHES[key.curve.name](), deterministic_signing=True)
 
 
-def make_enrolment(participant_id: str, signing_key: Ed25519PrivateKey, supernode_key: ec.EllipticCurvePrivateKey) -> str:
+def make_enrolment(
+    participant_id: str, signing_key: Ed25519PrivateKey, supernode_key: ec.EllipticCurvePrivateKey
+) -> str:
     """The one-line enrolment of a lab, signed with both of its private keys (module docstring).
     The same keys always give the same line (both signatures are deterministic)."""
     check_participant_id(participant_id)

@@ -3,37 +3,33 @@
     run config: driver = "hacfed.server.driver:make_driver", driver-config = <state>/driver-settings.json
 
 hacfed-server writes its `ServerConfig` there and submits the run; the SuperLink starts the ServerApp, whose
-`RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error,
-and tells it when an exchange ends. The driver owns a `Coordinator` over the journal in the server's
-state dir, so a restarted ServerApp (or hacfed-server) resumes where the journal stands.
+`RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error, and tells it
+when an exchange ends. The driver owns a `Coordinator` over the journal in the server's state dir, so a
+restarted ServerApp (or hacfed-server) resumes where the journal stands.
 
-One coordinator round may take several exchanges: a participant whose exchange failed (down,
-unreachable, timed out) is sent the same round again after `retry_interval_s` until it submits or
-the round closes (quorum, or the deadline with its extensions: Coordinator.poll). Rounds open when
-enough registered participants are connected: the first round waits up to one deadline for
-`expected_participants`, later rounds start with `min_participants`; whoever is late joins the open
-round or the next one. After the last round a plan-less update collects the final reports
-(`hacfed.server.run_end`).
+One coordinator round may take several exchanges: a participant whose exchange failed (down, unreachable, timed
+out) is sent the same round again after `retry_interval_s` until it submits or the round closes (quorum, or the
+deadline with its extensions: Coordinator.poll). Rounds open when enough registered participants are connected:
+the first round waits up to one deadline for `expected_participants`, later rounds start with
+`min_participants`; whoever is late joins the open round or the next one. After the last round a plan-less
+update collects the final reports (`hacfed.server.run_end`). The driver owns the rounds (opening, closing, what
+each lab is sent); its collaborators own the rest: `Deliveries` (in flight, retry times, sealing), `Hellos`
+(which lab a node is), `LabReplies` (judging replies), `RunEnd` (final reports and acknowledgements),
+`SealedUpdates`.
 
-The driver owns the rounds (opening, closing, what each lab is sent); its collaborators own the
-rest: `Deliveries` (in flight, retry times, sealing), `Hellos` (which lab a node is), `LabReplies`
-(judging replies), `RunEnd` (final reports and acknowledgements), `SealedUpdates`.
+Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier submissions
+(`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal with its code) plus
+this exchange's request. A lab replies with a `LabReply`: its submission and the unacknowledged ones of its
+outbox, each judged by `LabReplies` (caps first, `Coordinator.admit`, then the signature, then
+`Coordinator.submit`) and answered. A lab whose answers wait while it has nothing else to do gets them in an
+answers-only delivery.
 
-Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier
-submissions (`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal
-with its code) plus this exchange's request. A lab replies with a `LabReply`: its submission and the
-unacknowledged ones of its outbox, each judged by `LabReplies` (caps first, `Coordinator.admit`,
-then the signature, then `Coordinator.submit`) and answered. A lab whose answers wait while it has nothing
-else to do gets them in an answers-only delivery.
-
-A Flower node takes part only once its hello proved which registered lab it is (`hello` /
-`identify`, `hacfed.server.hellos`); a node whose hello claims an id that is not registered is
-left out, and its next hello (the loop asks again after hello_timeout_s) tells it so
-(HACFED-E-UNKNOWN-PARTICIPANT, at most every NOTICE_INTERVAL_S). The registry is re-read before
-each round and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop
-waiting for it.
-
-Never imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
+A Flower node takes part only once its hello proved which registered lab it is (`hello` / `identify`,
+`hacfed.server.hellos`); a node whose hello claims an id that is not registered is left out, and its next hello
+(the loop asks again after hello_timeout_s) tells it so (HACFED-E-UNKNOWN-PARTICIPANT, at most every
+NOTICE_INTERVAL_S). The registry is re-read before each round and reply: a revoked lab is sent nothing more, its
+reply is refused, rounds stop waiting for it. Never imports torch (docs/design.md): `driver-status.json` records
+`'torch' in sys.modules`.
 """
 
 from __future__ import annotations
@@ -56,13 +52,19 @@ from hacfed.server.coordinator import Coordinator, Journal, load_task_from_confi
 from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
-from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, parse_supervisor, supervisor_alive
+from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, SupervisorGone, parse_supervisor, supervisor_alive
 from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
 from hacfed.server.replies import LabReplies
 from hacfed.server.reporting import (
-    StepTimes, append_rows, participant_lines, round_line, round_rows, rounds_written, split_round,
+    StepTimes,
+    append_rows,
+    participant_lines,
+    round_line,
+    round_rows,
+    rounds_written,
+    split_round,
 )
 from hacfed.server.round_updates import SealedUpdates
 from hacfed.server.round_waiting import WaitingLine
@@ -70,10 +72,6 @@ from hacfed.server.run_end import RunEnd, write_status
 from hacfed.server.serverapp import LoopTiming
 
 log = logging.getLogger("hacfed.server.driver")
-
-
-class SupervisorGone(RuntimeError):
-    """hacfed-server died (e.g. SIGKILL): this orphaned ServerApp must not drive rounds."""
 
 
 class FailedClosed(RuntimeError):

@@ -22,6 +22,10 @@ STATUS_FILE = "driver-status.json"
 Supervisor = tuple[int, int]  # hacfed-server's (pid, start time in clock ticks)
 
 
+class SupervisorGone(RuntimeError):
+    """hacfed-server died (e.g. SIGKILL): this orphaned ServerApp must not drive rounds."""
+
+
 def this_process() -> Supervisor:
     """The calling process as a `Supervisor` (the run config carries it as `format_supervisor`)."""
     pid = os.getpid()

@@ -35,7 +35,6 @@ from hacfed.server.node_auth import Binding, read_bindings
 from hacfed.server.registry import Registry, load_registry, register_signing_key, signature
 from hacfed.wire import ErrorCode, WireError, decode_envelope
 
-
 NOT_REGISTERED = ("not registered (HACFED-E-UNKNOWN-PARTICIPANT); the operator registers a lab with "
                   "hacfed-server register <its enrolment.txt>")
 
@@ -172,7 +171,8 @@ def read_key_offer(data: bytes) -> Ed25519PublicKey:
     except WireError as exc:
         raise EnvelopeError(exc.code, f"not a key offer: {exc.message}") from None
     if raw.payload_type != KEY_OFFER_TYPE or len(raw.payload) != RAW_PUBLIC_KEY_BYTES:
-        raise EnvelopeError(ErrorCode.PAYLOAD_TYPE, f"expected a {KEY_OFFER_TYPE} of 32 bytes, got {raw.payload_type!r}")
+        raise EnvelopeError(ErrorCode.PAYLOAD_TYPE,
+                            f"expected a {KEY_OFFER_TYPE} of 32 bytes, got {raw.payload_type!r}")
     try:
         public_key = Ed25519PublicKey.from_public_bytes(raw.payload)
     except ValueError as exc:

@@ -39,7 +39,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from hacfed.enrolment import (
-    Enrolment, load_supernode_public_text, supernode_fingerprint, supernode_key_hash, supernode_public_text,
+    Enrolment,
+    load_supernode_public_text,
+    supernode_fingerprint,
+    supernode_key_hash,
+    supernode_public_text,
 )
 from hacfed.envelope import EnvelopeError, key_id, load_public_key, save_public_key, write_atomic
 from hacfed.identity import check_participant_id, is_participant_id, printable
@@ -125,7 +129,8 @@ def load_registry(keys_dir: Path) -> Registry:
     for path in _pub_files(keys_dir / SUPERNODES_DIR):
         pid = path.name[: -len(SUFFIX)]
         if not is_participant_id(pid):
-            problems.append(f"ignored {printable(path.name)} in {keys_dir / SUPERNODES_DIR}: not a valid participant id")
+            problems.append(f"ignored {printable(path.name)} in {keys_dir / SUPERNODES_DIR}: "
+                            "not a valid participant id")
             continue
         try:
             supernode[pid] = (load_supernode_public_text(path.read_text(encoding="ascii"), str(path)), path)
@@ -182,7 +187,8 @@ def register(keys_dir: Path, enrolment: Enrolment) -> Entry:
     for other in registry.entries.values():
         if key_id(other.signing_key) == kid or other.supernode_hash == node_hash:
             raise ValueError(f"a key of this enrolment is already registered for {other.participant_id}")
-    rotate = f"the lab must create new keys (hacfed-client keys --state-dir DIR --participant-id {pid} --rotate) and enrol again"
+    rotate = (f"the lab must create new keys (hacfed-client keys --state-dir DIR --participant-id {pid} --rotate) "
+              "and enrol again")
     revoked_signing, revoked_nodes = _key_hashes(keys_dir, REVOKED_DIR)
     if kid in revoked_signing or node_hash in revoked_nodes:
         raise ValueError(f"a key of this enrolment was revoked before; {rotate}")
@@ -208,7 +214,8 @@ def _record_enrolment(keys_dir: Path, enrolment: Enrolment) -> None:
     if (folder / "signing.pub").exists() and (folder / "supernode.pub").exists():
         return
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / "supernode.pub", (supernode_public_text(enrolment.supernode_key) + "\n").encode("ascii"), 0o644)
+    supernode_text = supernode_public_text(enrolment.supernode_key) + "\n"
+    write_atomic(folder / "supernode.pub", supernode_text.encode("ascii"), 0o644)
     save_public_key(enrolment.signing_key, folder / "signing.pub")
     _fsync_dir(folder.parent)
 
@@ -216,7 +223,8 @@ def _record_enrolment(keys_dir: Path, enrolment: Enrolment) -> None:
 def unregister(keys_dir: Path, entry: Entry) -> None:
     """Undo a `register` that just happened (its audit line could not be written): files and record."""
     keys_dir = Path(keys_dir)
-    for path in (keys_dir / f"{entry.participant_id}{SUFFIX}", keys_dir / SUPERNODES_DIR / f"{entry.participant_id}{SUFFIX}"):
+    name = f"{entry.participant_id}{SUFFIX}"
+    for path in (keys_dir / name, keys_dir / SUPERNODES_DIR / name):
         path.unlink(missing_ok=True)
     shutil.rmtree(_enrolled_folder(keys_dir, entry.participant_id, entry.signing_key), ignore_errors=True)
 
@@ -260,7 +268,8 @@ def _revoke_deleted(keys_dir: Path, pid: str, target: Path) -> Path:
     pending = []
     for folder in sorted((keys_dir / ENROLLED_DIR).glob(f"{pid}-*")):
         try:
-            if folder.name.rsplit("-", 1)[0] == pid and key_id(load_public_key(folder / "signing.pub")) not in revoked_signing:
+            same_lab = folder.name.rsplit("-", 1)[0] == pid
+            if same_lab and key_id(load_public_key(folder / "signing.pub")) not in revoked_signing:
                 pending.append(folder)
         except (OSError, ValueError):
             continue

@@ -24,11 +24,7 @@ import pytest
 
 from hacfed.procs import ProcessSupervisor
 from tests.confine import hacfed_confine
-from tests.confine.hacfed_confine import (  # noqa: F401 - pytest hooks
-    pytest_runtest_teardown,
-    pytest_sessionfinish,
-    pytest_terminal_summary,
-)
+from tests.confine.hacfed_confine import pytest_runtest_teardown, pytest_sessionfinish, pytest_terminal_summary  # noqa: F401 - pytest hooks
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_S = 3600.0  # two chain-* presets take about 6 minutes on 2 idle cores

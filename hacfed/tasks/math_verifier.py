@@ -49,7 +49,6 @@ at 64 labs, 1,305 items per round need the worker and 814 of them are distinct.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,9 +56,17 @@ from typing import Callable, Iterable
 
 from hacfed.tasks.base import Verdict
 from hacfed.tasks.math_answers import (
-    ANSWER_MODES, DOLLAR, AnswerMode, dollar_amount, extract_answer, nesting_depth, plain_answer, plain_gold,
+    ANSWER_MODES,
+    DOLLAR,
+    AnswerMode,
+    dollar_amount,
+    extract_answer,
+    nesting_depth,
+    plain_answer,
+    plain_gold,
 )
 from hacfed.tasks.sandbox import VERIFIER_ABORT, SandboxAbort, SandboxedWorker, SandboxLimits
+from hacfed.tasks.verdict_cache import VerdictCache, WorkerKey
 
 WORKER_FACTORY = "hacfed.tasks.math_worker:worker_handler"  # what the sandboxed worker runs
 MAX_PARALLEL_WORKERS = 8
@@ -120,40 +127,6 @@ def precheck_response(response: object, config: MathVerifierConfig) -> str | Non
 
 
 # ----------------------------------------------------------------------------- caller side
-
-WorkerKey = tuple[str, str]  # (gold, answer) exactly as sent to the worker
-
-
-class VerdictCache:
-    """A bounded LRU map from a worker request (gold, answer) to its Verdict; thread-safe.
-
-    `max_entries` 0 stores nothing. Lookups refresh an entry; a store past the bound evicts the
-    least recently used one, so `len` never exceeds `max_entries`."""
-
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self._entries: OrderedDict[WorkerKey, Verdict] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: WorkerKey) -> Verdict | None:
-        with self._lock:
-            verdict = self._entries.get(key)
-            if verdict is not None:
-                self._entries.move_to_end(key)
-            return verdict
-
-    def put(self, key: WorkerKey, verdict: Verdict) -> None:
-        if self.max_entries == 0:
-            return
-        with self._lock:
-            self._entries[key] = verdict
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
 
 class MathVerifier:
     """Scores responses against gold answers; hostile input gives reward 0 with a reason, never an exception.

@@ -99,7 +99,8 @@ class SandboxLimits:
     max_reply_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and 0 < self.timeout_s <= 600):
+        timeout = self.timeout_s
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and 0 < timeout <= 600):
             raise ValueError(f"SandboxLimits.timeout_s must be in (0, 600], got {self.timeout_s!r}")
         if self.cpu_s_per_item is not None and (not isinstance(self.cpu_s_per_item, int) or self.cpu_s_per_item < 1):
             raise ValueError(f"SandboxLimits.cpu_s_per_item must be an int >= 1 or None, got {self.cpu_s_per_item!r}")
@@ -260,7 +261,8 @@ class _WorkerProcess:
         config = {"cpu_s_per_item": limits.item_cpu_s, "cpu_s_lifetime": limits.cpu_s_lifetime,
                   "memory_bytes": limits.memory_bytes, "max_processes": limits.max_processes,
                   "self_timeout_s": 0.8 * limits.timeout_s, "factory_argument": argument}
-        bootstrap = "import sys; sys.path.insert(0, sys.argv[1]); from hacfed.tasks.sandbox_worker import child_main; child_main(sys.argv[2:])"
+        bootstrap = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                     "from hacfed.tasks.sandbox_worker import child_main; child_main(sys.argv[2:])")
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         argv = [*prefix, sys.executable, "-I", "-B", "-c", bootstrap, package_root, factory, json.dumps(config)]

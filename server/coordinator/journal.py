@@ -1,26 +1,24 @@
 """The coordinator's durable journal: one SQLite file, WAL, `synchronous=FULL` (security.md §3.3).
 
-Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
-starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server also opens it
-before it starts anything, to refuse a journal of another run.
+Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink starts, through
+`hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server also opens it before it starts anything, to
+refuse a journal of another run.
 
-Accepted ⇔ ACKed ⇔ durable: `record_submission` writes a submission's accepted trajectories, its
-rejections, strikes and metrics in ONE transaction and returns only after the commit, so a receipt
-built from its return value never precedes durability. The round state machine lives in the same
-file (OPEN -> CLOSED(quorum|deadline) -> PUBLISHED) together with the capability tracker's state at
-each close, so a restarted coordinator replays exactly what was decided and counts nothing twice.
+Accepted ⇔ ACKed ⇔ durable: `record_submission` writes a submission's accepted trajectories, its rejections,
+strikes and metrics in ONE transaction and returns only after the commit, so a receipt built from its return value
+never precedes durability. The round state machine lives in the same file (OPEN -> CLOSED(quorum|deadline) ->
+PUBLISHED) together with the capability tracker's state at each close, so a restarted coordinator replays exactly
+what was decided and counts nothing twice.
 
-Uniqueness the schema enforces (T4): one recorded submission per (participant, round) and per
-content hash, one per (participant, nonce) when a nonce is set, one row per (participant,
-trajectory id) and per (participant, round, prompt, sample index). Each distinct prompt is stored
-once (`prompts`, schema 3) and named by its trajectories.
+Uniqueness the schema enforces (T4): one recorded submission per (participant, round) and per content hash, one per
+(participant, nonce) when a nonce is set, one row per (participant, trajectory id) and per (participant, round,
+prompt, sample index). Each distinct prompt is stored once (`prompts`, schema 3) and named by its trajectories.
 
-Audit (security.md S10): with an `AuditLog`, every write that decides something (a submission
-accepted or refused, a participant joining or quarantined, a round opened, extended or closed, a
-final report, a purge) appends one hash-chained line INSIDE its transaction, before COMMIT. A line
-that cannot be written raises `AuditError` and rolls the decision back: nothing is decided that is
-not audited. (A crash between the line and the COMMIT leaves a line for a decision that did not
-happen; it is never the other way round.)
+Audit (security.md S10): with an `AuditLog`, every write that decides something (a submission accepted or refused,
+a participant joining or quarantined, a round opened, extended or closed, a final report, a purge) appends one
+hash-chained line INSIDE its transaction, before COMMIT. A line that cannot be written raises `AuditError` and
+rolls the decision back: nothing is decided that is not audited. (A crash between the line and the COMMIT leaves a
+line for a decision that did not happen; it is never the other way round.)
 """
 
 from __future__ import annotations
@@ -37,8 +35,15 @@ from hacfed.server.coordinator.audit import AuditEvent, AuditLog
 from hacfed.server.coordinator.errors import JournalError
 from hacfed.server.coordinator.journal_reads import JournalReads
 from hacfed.server.coordinator.journal_schema import (
-    SCHEMA_VERSION, ParticipantRecord, RoundRecord, SubmissionRecord, open_journal_db, participant_record,
-    prompt_json, round_record, trajectory_row,
+    SCHEMA_VERSION,
+    ParticipantRecord,
+    RoundRecord,
+    SubmissionRecord,
+    open_journal_db,
+    participant_record,
+    prompt_json,
+    round_record,
+    trajectory_row,
 )
 from hacfed.trajectory import Trajectory
 

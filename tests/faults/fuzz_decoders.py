@@ -41,7 +41,10 @@ with atheris.instrument_imports(include=["hacfed"]):
     from hacfed.server.coordinator.config import CoordinatorConfig
     from hacfed.server.coordinator.plan import make_plan
     from hacfed.server.coordinator.validation import (
-        ValidationLimits, check_report, submission_digest, validate_submission,
+        ValidationLimits,
+        check_report,
+        submission_digest,
+        validate_submission,
     )
     from hacfed.tasks.arithmetic import ArithmeticTask
     from hacfed.trajectory import Trajectory
@@ -178,7 +181,8 @@ def seeds() -> dict[str, bytes]:
                                      3, "00" * 32, "ab" * 16)
     refusal = wire.SubmissionRefusal("fuzz", 0, "lab", "ab" * 16, "HACFED-E-RATE-LIMITED", "slow down", 1500)
     answer = seal_answer(receipt, COORDINATOR_KEY)
-    update = RoundUpdate("fuzz", 0, sub.trajectories, {"lab": 0.5, "other": 0.25}, PLAN, ("lab", "other"), HacpoConfig())
+    caps = {"lab": 0.5, "other": 0.25}
+    update = RoundUpdate("fuzz", 0, sub.trajectories, caps, PLAN, ("lab", "other"), HacpoConfig())
     by_target = {
         "envelope": sealed_sub,
         "submission": sub_bytes,

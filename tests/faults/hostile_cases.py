@@ -17,9 +17,8 @@ from hacfed.envelope import DOMAIN_UPDATE
 from hacfed.proto import hacfed_v1_pb2 as pb  # only to craft hostile frames
 from hacfed.trajectory import ChatMessage, Trajectory
 from hacfed.wire import PayloadType, RawEnvelope, decode_envelope, encode_envelope, encode_submission
-from tests.faults.hostile_lab import E, W, Attack, Case, Ctx, items, outer
+from tests.faults.hostile_lab import Attack, Case, Ctx, E, W, items, outer
 from tests.unit.test_coordinator_fakes import TASK
-
 
 # ---- how the cases build their bytes ---------------------------------------------------------------
 

@@ -19,20 +19,32 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacfed.clients.service import ParticipantService
 from hacfed.envelope import (
-    DOMAIN_SUBMIT, DOMAIN_UPDATE, generate_key, key_id, open_envelope, save_public_key, signed_message,
+    DOMAIN_SUBMIT,
+    DOMAIN_UPDATE,
+    generate_key,
+    key_id,
+    open_envelope,
+    save_public_key,
+    signed_message,
 )
 from hacfed.exchange import open_answer, open_delivery, seal_lab_reply
 from hacfed.hello import HELLO_REQUEST_TYPE, prove_identity
 from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.proto import hacfed_v1_pb2 as pb  # only to craft hostile frames
+from hacfed.server.config import ServerConfig, ServerSettings
 from hacfed.server.coordinator.errors import ErrorCode
 from hacfed.server.driver import FederationDriver
-from hacfed.server.config import ServerConfig, ServerSettings
 from hacfed.trajectory import Trajectory
+from hacfed.wire import ErrorCode as WireCode
 from hacfed.wire import (
-    ErrorCode as WireCode, PayloadType, RawEnvelope, SubmissionReceipt, SubmissionRefusal, decode_round_update,
-    encode_envelope, encode_submission,
+    PayloadType,
+    RawEnvelope,
+    SubmissionReceipt,
+    SubmissionRefusal,
+    decode_round_update,
+    encode_envelope,
+    encode_submission,
 )
 from tests.unit.test_coordinator_fakes import FakeClock, make_config, scripted_submission, scripted_trajectories
 

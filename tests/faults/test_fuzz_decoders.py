@@ -46,7 +46,8 @@ def _run(argv: list[str], cwd: Path, limit_s: float) -> tuple[int, str]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            pytest.fail(f"the fuzzer ran past {limit_s:.0f}s and was killed:\n{log.read_text(errors='replace')[-3000:]}")
+            tail = log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"the fuzzer ran past {limit_s:.0f}s and was killed:\n{tail}")
     return rc, log.read_text(errors="replace")
 
 

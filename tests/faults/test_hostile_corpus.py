@@ -37,7 +37,7 @@ from hacfed.messages import RoundPlan
 from hacfed.server.coordinator.audit import verify_audit_log
 from hacfed.wire import SubmissionReceipt, SubmissionRefusal
 from tests.faults.hostile_cases import CORPUS, EDGES, many_trajectories
-from tests.faults.hostile_lab import CLOSED_CODES, E, W, Attack, Case, Ctx, DriverHarness, HonestParticipant
+from tests.faults.hostile_lab import CLOSED_CODES, Attack, Case, Ctx, DriverHarness, E, HonestParticipant, W
 from tests.unit.test_coordinator_fakes import TASK, scripted_trajectories
 
 pytestmark = pytest.mark.slow
@@ -167,7 +167,8 @@ def test_hostile_corpus_through_the_round_driver(tmp_path: Path) -> None:
     journal = harness.driver.journal
     assert journal.round(0).state != "OPEN"
     pool = journal.pool(0)
-    honest = {t.trajectory_id: t for pid in pids if pid.startswith("hostile-") for t in scripted_trajectories(plan, pid)}
+    hostile = [pid for pid in pids if pid.startswith("hostile-")]
+    honest = {t.trajectory_id: t for pid in hostile for t in scripted_trajectories(plan, pid)}
     assert {t.source_id for t in pool} >= {"lab-a"} | {p for p in pids if p.startswith("edge-")}
     replayers = {pid for c, pid in zip(cases, pids[1:], strict=True) if c.setup is not None}  # honest first
     for t in pool:  # what a hostile lab got into the pool is exactly its honest, untouched group
@@ -217,7 +218,8 @@ def test_the_hostile_corpus_in_one_pull_is_answered_as_case_by_case(tmp_path: Pa
     [receipt] = answers["lab-a"]
     assert isinstance(receipt, SubmissionReceipt) and not receipt.rejections
     assert len(receipt.accepted_trajectory_ids) == len(plan.prompts) * plan.group_size
-    assert not harness.driver.replies.unfinished and not harness.driver.coordinator.intake.judging  # nothing left half-judged
+    # nothing left half-judged
+    assert not harness.driver.replies.unfinished and not harness.driver.coordinator.intake.judging
     assert verify_audit_log(harness.cfg.audit_path).ok
     with sqlite3.connect(harness.cfg.journal_path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

@@ -159,7 +159,8 @@ def _stranger_flwr_stop(tmp_path: Path, server_dir: Path, address: str, server: 
     home.mkdir()
     (home / "config.toml").write_text(f'[superlink]\ndefault = "target"\n\n[superlink.target]\n'
                                       f'address = "{address}"\ninsecure = true\n')
-    return subprocess.run([str(BIN / "flwr"), "stop", run_id(), "target"], env=flower_env(home), capture_output=True, text=True,
+    return subprocess.run([str(BIN / "flwr"), "stop", run_id(), "target"], env=flower_env(home), capture_output=True,
+                          text=True,
                           timeout=180, cwd=home, start_new_session=True, check=False)
 
 

@@ -50,7 +50,8 @@ def test_smoke_matrix_runs_resumes_after_ctrl_c_and_reports(tmp_path, zoo_preset
     out, results, img = tmp_path / "runs", tmp_path / "results.md", tmp_path / "img"
     env = {**os.environ, "HACFED_HOME": os.environ.get("HACFED_HOME", str(ROOT / ".hacfed-home")),
            "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "hacfed.tools.cli", "bench", "modes", "--matrix", str(ROOT / "bench" / "smoke.toml"),
+    command = [sys.executable, "-m", "hacfed.tools.cli", "bench", "modes",
+               "--matrix", str(ROOT / "bench" / "smoke.toml"),
                "--out", str(out), "--results", str(results), "--img-dir", str(img), "--jobs", "2"]
 
     # 1. one setting alone

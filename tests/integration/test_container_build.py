@@ -89,7 +89,9 @@ def container(image: str) -> Iterator[str]:
     buildah("rm", name, check=False)
 
 
-def run_in(container: str, *argv: str, mounts: tuple[str, ...] = (), timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_in(
+    container: str, *argv: str, mounts: tuple[str, ...] = (), timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     volumes = [a for m in mounts for a in ("-v", m)]
     return buildah("run", "--isolation", "chroot", *volumes, container, "--", *argv, timeout=timeout, check=False)
 

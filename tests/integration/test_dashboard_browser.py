@@ -87,7 +87,8 @@ class DevTools:
 
     def call(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
         self._id += 1
-        message = {"id": self._id, "method": method, "params": params or {}, **({"sessionId": session} if session else {})}
+        message = {"id": self._id, "method": method, "params": params or {},
+                   **({"sessionId": session} if session else {})}
         os.write(self._commands, json.dumps(message).encode() + b"\0")
         while True:
             while b"\0" not in self._buffer:
@@ -125,7 +126,8 @@ class DevTools:
 
 
 CHART_EDGES = """JSON.stringify({viewport: document.documentElement.clientWidth, drawn: document.querySelectorAll(
-    '.uplot').length, right: [...document.querySelectorAll('.chart, .uplot')].map(e => e.getBoundingClientRect().right)})"""
+    '.uplot').length,
+    right: [...document.querySelectorAll('.chart, .uplot')].map(e => e.getBoundingClientRect().right)})"""
 
 
 def _chart_edges_at(tmp: Path, url: str, width: int) -> dict:
@@ -186,7 +188,8 @@ def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
         shown = re.search(r'<body[^>]*data-round="(\d+)"', html)
         assert shown and int(shown.group(1)) >= 1, html[:2000]
         assert html.count('class="uplot') >= 4  # the four charts were drawn
-        points = {m.group(1): int(m.group(2)) for m in re.finditer(r'id="(chart-[a-z]+)"[^>]*data-points="(\d+)"', html)}
+        found = re.finditer(r'id="(chart-[a-z]+)"[^>]*data-points="(\d+)"', html)
+        points = {m.group(1): int(m.group(2)) for m in found}
         assert set(points) == {"chart-reward", "chart-capability", "chart-eval", "chart-times"}, points
         assert all(n >= 2 for n in points.values()), points
         assert "poll failed" not in html

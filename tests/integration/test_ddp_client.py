@@ -19,11 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.test_federation_flower import (
-    Proc,
-    _running_descendants,
-    _still_running,
-)
+from tests.integration.test_federation_flower import Proc, _running_descendants, _still_running
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -91,7 +87,8 @@ def test_a_lab_with_two_ranks_finishes_a_federation(tmp_path: Path, zoo_presets:
         os.kill(rank_pid, signal.SIGKILL)  # a rank dies while the lab is idle
         assert lab_a.exit_code(60) == 1, lab_a.text()[-5000:]  # SIGTERM path, exit 1: the lab failed
         assert re.search(rf"hacfed-client: error: data-parallel training failed while waiting for the next round: "
-                         rf"rank 1 \(pid {rank_pid}\) exited with code -9; stopping the lab", lab_a.text()), lab_a.text()[-3000:]
+                         rf"rank 1 \(pid {rank_pid}\) exited with code -9; stopping the lab", lab_a.text()), \
+        lab_a.text()[-3000:]
     finally:
         for proc in reversed(procs):
             proc.stop()

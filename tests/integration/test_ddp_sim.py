@@ -24,7 +24,8 @@ def test_sim_with_two_ranks_per_agent(tmp_path):
         # for exactly the planned prompts, so every prompt came back once with its 4 samples
         assert all(r["accepted"] == 5 * 4 and r["rejected"] == 0 for r in mine)
         trained = [r for r in mine if "train/num_updates" in r]
-        assert trained and all(r["train/num_samples"] + r["train/skipped_views"] == 2 * 5 * 4 for r in trained)  # own + peer
+        # own + peer
+        assert trained and all(r["train/num_samples"] + r["train/skipped_views"] == 2 * 5 * 4 for r in trained)
         assert any(r.get("final") and r["agent"] == agent for r in rows)
 
 

@@ -76,7 +76,8 @@ class Proc:
             if match:
                 return match
             if self.popen.poll() is not None:
-                raise AssertionError(f"{self.name} exited ({self.popen.returncode}) before /{pattern}/:\n{self.text()[-5000:]}")
+                raise AssertionError(f"{self.name} exited ({self.popen.returncode}) before /{pattern}/:\n"
+                                     f"{self.text()[-5000:]}")
             time.sleep(0.2)
         raise AssertionError(f"{self.name}: no /{pattern}/ within {timeout}s:\n{self.text()[-5000:]}")
 
@@ -193,7 +194,8 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
         line = (tmp_path / pid / "enrolment.txt").read_text().strip()
         assert line.startswith(f"hacfed-enrolment/v1 {pid} ") and f"\n{line}\n" in proc.text()
     assert re.search(r"hacfed-client: the federation is done: the coordinator closed run it-federation for lab-b; "
-                     r"final held-out accuracy \d\.\d{3}; checkpoints in \S+lab-b\. Exiting\.", lab_b.text()), lab_b.text()
+                     r"final held-out accuracy \d\.\d{3}; checkpoints in \S+lab-b\. Exiting\.", lab_b.text()), \
+        lab_b.text()
     assert re.search(r"the coordinator closed run it-federation for lab-c; checkpoints in \S+\. Exiting\.",
                      cheater.text()), cheater.text()[-3000:]
     assert re.search(r"closed run it-federation for lab-a; final held-out accuracy \d\.\d{3}; --stay: still serving",

@@ -54,7 +54,8 @@ def test_warm_up_lands_in_band_caches_and_reloads_identically(zoo_presets):
 
     loaded = load_model(name)
     held_out = warmup_task.validation_problems()  # the warm-up checks its band there, never on test
-    assert evaluate_accuracy(loaded.model, loaded.tokenizer, warmup_task, held_out, max_new_tokens=8) == meta["heldout_accuracy"]
+    accuracy = evaluate_accuracy(loaded.model, loaded.tokenizer, warmup_task, held_out, max_new_tokens=8)
+    assert accuracy == meta["heldout_accuracy"]
     # The same recipe in memory (deterministic in the seed) gives the same model as the cached one.
     model, tokenizer, result = warm_up_preset(name, 0, progress=False)
     assert result.steps == meta["warmup_steps"] and result.accuracy == meta["heldout_accuracy"]
@@ -85,7 +86,8 @@ def test_smollm2_gguf_loads_and_answers_a_gsm8k_prompt():
 
     question = json.loads((GSM8K / "test.jsonl").read_text().splitlines()[0])["question"]
     prompt = [ChatMessage("user", question)]
-    assert "<|im_start|>assistant\n" in tok.apply_chat_template([m.as_dict() for m in prompt], tokenize=False, add_generation_prompt=True)
+    rendered = tok.apply_chat_template([m.as_dict() for m in prompt], tokenize=False, add_generation_prompt=True)
+    assert "<|im_start|>assistant\n" in rendered
     first = generate(loaded.model, tok, [prompt], greedy=True, max_new_tokens=12)[0][0]
     again = generate(loaded.model, tok, [prompt], greedy=True, max_new_tokens=12)[0][0]
     print(f"smollm2 greedy: {first.text!r}")

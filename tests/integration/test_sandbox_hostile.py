@@ -154,7 +154,9 @@ def test_fork_is_refused(worker: SandboxedWorker) -> None:
     assert worker.call({"action": "fork"}) == {"forked": False, "errno": errno.EAGAIN}
 
 
-def test_math_verifier_hostile_corpus_within_timeout_plus_one_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_math_verifier_hostile_corpus_within_timeout_plus_one_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     timeout_s = 3.0
     corpus = [

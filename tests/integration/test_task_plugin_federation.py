@@ -74,7 +74,8 @@ def _wait_for_the_run(server: Proc, labs: list[Proc], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while server.popen.poll() is None:
         for lab in labs:
-            assert lab.popen.poll() in (None, 0), f"{lab.name} exited with {lab.popen.returncode}:\n{lab.text()[-3000:]}"
+            assert lab.popen.poll() in (None, 0), \
+                f"{lab.name} exited with {lab.popen.returncode}:\n{lab.text()[-3000:]}"
         assert time.monotonic() < deadline, f"the run did not end within {timeout}s:\n{server.text()[-5000:]}"
         time.sleep(0.5)
 

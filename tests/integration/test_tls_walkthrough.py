@@ -203,7 +203,8 @@ def test_a_lab_revoked_mid_run_submits_nothing_more_and_is_not_waited_for(walkth
     assert re.search(r"unregistered the SuperNode of lab-b \(node \d+\): revoked", server), server[-3000:]
     assert "revoked: lab-b is no longer registered" in server
     opened = walkthrough.open_round_at_revoke
-    later = walkthrough.journal(f"SELECT COUNT(*) FROM trajectories WHERE participant_id = 'lab-b' AND round_id > {opened}")
+    later = walkthrough.journal("SELECT COUNT(*) FROM trajectories "
+                                f"WHERE participant_id = 'lab-b' AND round_id > {opened}")
     assert later == [(0,)]
     # rounds after the revocation close at quorum with lab-a alone, not at their 600 s deadline
     reasons = walkthrough.journal(f"SELECT round_id, close_reason FROM rounds WHERE round_id > {opened}")
