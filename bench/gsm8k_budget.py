@@ -4,10 +4,11 @@
 
 Samples one answer per validation question (the built-in gsm8k task's split and prompt, or
 `--template`) at the federation's rollout settings (temperature 1, no top-k/top-p, the model's chat
-template; `--temperature` to compare), or greedily (as evaluation does) with `--greedy`, then prints the answer-length percentiles, the fraction each candidate budget
-would cut (answers still running at `--budget` count as longer than every candidate), the accuracy
-under the task's verifier and the wall time. `hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS` was
-chosen from this script's output for SmolLM2-135M-Instruct.
+template; `--temperature` to compare), or greedily (as evaluation does) with `--greedy`, then prints
+the answer-length percentiles, the fraction each candidate budget would cut (answers still running
+at `--budget` count as longer than every candidate), the accuracy under the task's verifier and the
+wall time. `hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS` was chosen from this script's output for
+SmolLM2-135M-Instruct.
 """
 
 from __future__ import annotations

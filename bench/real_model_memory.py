@@ -54,7 +54,7 @@ def run_one(model_dir: str, setting: dict, rows: int) -> dict:
     from hacfed.models.loading import load_model
     from hacfed.models.memory import MemoryPlan, apply_memory_plan
     from hacfed.tasks.registry import load_task
-    from hacfed.trajectory import ChatMessage, render_prompt_ids
+    from hacfed.trajectory import render_prompt_ids
 
     torch.manual_seed(0)
     loaded = load_model(model_dir, progress=False)

@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-
 TASKS = ("add2", "chain")
 
 
@@ -158,7 +157,8 @@ def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any) ->
         ("max tokens fit (hacfed)", participant.max_response_len >= s.max_new_tokens + 1, True),
         ("learning rate (hacfed)", participant.learning_rate, s.learning_rate),
         ("learning rate (TRL)", trl_args.learning_rate, s.learning_rate),
-        ("constant lr (TRL)", str(getattr(trl_args.lr_scheduler_type, "value", trl_args.lr_scheduler_type)), "constant"),
+        ("constant lr (TRL)", str(getattr(trl_args.lr_scheduler_type, "value", trl_args.lr_scheduler_type)),
+         "constant"),
         ("grad clip (hacfed)", participant.max_grad_norm, s.max_grad_norm),
         ("grad clip (TRL)", trl_args.max_grad_norm, s.max_grad_norm),
         ("temperature (TRL)", trl_args.temperature, 1.0),

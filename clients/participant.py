@@ -177,7 +177,8 @@ class Participant:
             metrics.update(self.train_on_pool(update))
             self.timings.training_s = time.perf_counter() - t0
         plan = update.next_plan
-        if self._explicit_response_len and plan is not None and plan.sampling.max_new_tokens + 1 > self.cfg.max_response_len:
+        budget = None if plan is None else plan.sampling.max_new_tokens
+        if self._explicit_response_len and budget is not None and budget + 1 > self.cfg.max_response_len:
             raise ValueError(
                 f"the plan asks for up to {plan.sampling.max_new_tokens} new tokens but max_response_len is "
                 f"{self.cfg.max_response_len}: raise max_response_len to at least {plan.sampling.max_new_tokens + 1}, "

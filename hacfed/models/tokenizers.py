@@ -4,10 +4,11 @@ HACPO's point is collaboration across *heterogeneous* agents: other agents' text
 with the learner's own tokenizer and chat template. So the zoo's tokenizers differ in vocabulary,
 granularity and chat format, exactly like real labs' models do:
 
-    kind   vocabulary                                   chat format (generation prompt)
-    byte   256 byte tokens + <|endoftext|>, <|pad|>      "User: 12+34=\\nAssistant: "       (GPT-2 style)
-    char   97 printable-ASCII characters + specials      "<s><|user|>\\n12+34=</s>\\n<|assistant|>\\n"  (Zephyr/Llama style)
-    bpe    byte-level BPE trained here on task text      "<|im_start|>user\\n12+34=<|im_end|>\\n<|im_start|>assistant\\n"  (ChatML/Qwen2)
+    kind  vocabulary                                chat format (generation prompt)
+    byte  256 byte tokens + <|endoftext|>, <|pad|>   "User: 12+34=\\nAssistant: "  (GPT-2 style)
+    char  97 printable-ASCII characters + specials   "<s><|user|>\\n12+34=</s>\\n<|assistant|>\\n"  (Zephyr/Llama)
+    bpe   byte-level BPE trained here on task text   "<|im_start|>user\\n12+34=<|im_end|>\\n<|im_start|>assistant\\n"
+                                                     (ChatML/Qwen2 style)
 
 Every tokenizer is a `transformers.PreTrainedTokenizerFast` with pad and eos (and bos for the
 char/Llama one), `clean_up_tokenization_spaces=False` (so decode(encode(text)) == text for text in

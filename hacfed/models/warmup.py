@@ -177,7 +177,8 @@ def warm_up(
     """
     start = time.monotonic()
     if len(task.train_problems()) < config.batch_size:
-        raise ValueError(f"task {task.name} has {len(task.train_problems())} train problems < batch_size {config.batch_size}")
+        raise ValueError(f"task {task.name} has {len(task.train_problems())} train problems "
+                         f"< batch_size {config.batch_size}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train = [encode_example(tokenizer, p) for p in task.train_problems()]
     # Stop on the validation split when the task has one, so no choice ever looks at the test split.

@@ -17,8 +17,14 @@ from typing import Any, Literal, Mapping, get_args
 
 import torch
 from transformers import (
-    GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel,
-    PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 from hacfed.models.tokenizers import TOKENIZER_KINDS, build_tokenizer
@@ -70,7 +76,8 @@ class Preset:
             raise ValueError(f"Preset {self.name}: warmup must be a WarmupConfig, got {self.warmup!r}")
         taken = {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id"} & set(self.config_kwargs)
         if taken:
-            raise ValueError(f"Preset {self.name}: config_kwargs may not set {sorted(taken)} (taken from the tokenizer)")
+            raise ValueError(f"Preset {self.name}: config_kwargs may not set {sorted(taken)} "
+                             "(taken from the tokenizer)")
         object.__setattr__(self, "config_kwargs", MappingProxyType(dict(self.config_kwargs)))
         object.__setattr__(self, "task", MappingProxyType(dict(self.task)))
 
@@ -199,7 +206,8 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
            description="tiny-llama warmed up on chains written '47+28+15=', plus a few in words (~2.5 %)"),
     Preset("chain-qwen2-word", "qwen2", "bpe", QWEN2_CONFIG, CHAIN_WARMUP,
            task=_chain(other_train=NOTATION_OTHER_TRAIN, notations=("word",)),
-           description="tiny-qwen2 warmed up on chains written 'What is 47 plus 28 plus 15?', plus a few with symbols (~2.5 %)"),
+           description="tiny-qwen2 warmed up on chains written 'What is 47 plus 28 plus 15?', plus a few with "
+                       "symbols (~2.5 %)"),
 )})
 
 
@@ -260,7 +268,9 @@ def preset_recipe(name: str, seed: int) -> dict[str, Any]:
     return {"preset": preset.recipe(), "seed": seed, "task": {"name": preset.warmup_task().name, **preset.task}}
 
 
-def warm_up_preset(name: str, seed: int, *, progress: bool = True) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, WarmupResult]:
+def warm_up_preset(
+    name: str, seed: int, *, progress: bool = True
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, WarmupResult]:
     """`build_untrained` + supervised warm-up on WARMUP_TASK, in memory (deterministic in `seed`).
 
     Raises if warm-up misses its accuracy band: a cached model outside the band would silently

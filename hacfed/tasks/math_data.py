@@ -132,7 +132,8 @@ class MathDataTask(SplitLookup):
         train_all = self._load(self.train_files)
         train = [p for p in train_all if p.prompt_id not in eval_ids]
         if len(train) < len(train_all):
-            _log.info("%s: dropped %d train questions that are also in the eval files", self.name, len(train_all) - len(train))
+            _log.info("%s: dropped %d train questions that are also in the eval files", self.name,
+                      len(train_all) - len(train))
         if len(train) <= self.num_validation:
             raise ValueError(f"MathDataTask {self.name}: {len(train)} train problems left after removing eval "
                              f"questions, not more than num_validation {self.num_validation}")
@@ -163,12 +164,15 @@ class MathDataTask(SplitLookup):
         problems: list[Problem] = []
         seen: set[str] = set()
         for path in files:
-            questions, answers = read_columns(path, self.data_format, (self.question_field, self.answer_field), self.cache_dir)
+            fields = (self.question_field, self.answer_field)
+            questions, answers = read_columns(path, self.data_format, fields, self.cache_dir)
             for index, (question, answer) in enumerate(zip(questions, answers), start=1):
                 where = f"{path}, record {index}"
                 if not isinstance(question, str) or not question.strip():
-                    raise ValueError(f"{where}: field {self.question_field!r} must be non-empty text, got {question!r:.80}")
-                problem = self._make_problem(question.strip(), _answer_text(answer, where, self.answer_field), extract, where)
+                    raise ValueError(f"{where}: field {self.question_field!r} must be non-empty text, "
+                                     f"got {question!r:.80}")
+                answer_text = _answer_text(answer, where, self.answer_field)
+                problem = self._make_problem(question.strip(), answer_text, extract, where)
                 if problem.prompt_id not in seen:
                     seen.add(problem.prompt_id)
                     problems.append(problem)

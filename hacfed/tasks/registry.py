@@ -52,7 +52,8 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
         for key in ("operations", "notations"):
             if key in options:
                 values = options[key]
-                if isinstance(values, str) or not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
+                is_list = isinstance(values, (list, tuple)) and not isinstance(values, str)
+                if not is_list or not all(isinstance(v, str) for v in values):
                     raise ValueError(f"chain task: {key!r} must be a list of strings, got {values!r}")
                 options[key] = tuple(values)
         return ChainTask(**options)  # type: ignore[arg-type]

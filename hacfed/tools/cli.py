@@ -7,8 +7,8 @@ Thin: parses arguments first, imports heavy modules only inside the chosen subco
 from __future__ import annotations
 
 import argparse
-from typing import Any
 import sys
+from typing import Any
 
 from hacfed.config_values import OneLineArgumentParser
 
@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="hacfed", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_models_parser(sub)
-    from hacfed.tools import sim  # torch-free at import; heavy modules load inside run_sim
+    from hacfed.tools import sim_cli  # torch-free at import; heavy modules load inside run_sim
 
-    sim.add_parser(sub)
+    sim_cli.add_parser(sub)
     from hacfed.tools import demo  # torch-free at import
 
     demo.add_parser(sub)
@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "models":
         return _run_models(args)
     if args.command == "sim":
-        from hacfed.tools import sim
+        from hacfed.tools import sim_cli
 
-        return sim.run_from_args(args)
+        return sim_cli.run_from_args(args)
     if args.command == "demo":
         from hacfed.tools import demo
 

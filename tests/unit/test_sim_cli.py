@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hacfed.tools.cli import main
-from hacfed.tools.sim import SimConfig, parse_hacpo_overrides, participant_ids
+from hacfed.tools.sim import SimConfig, participant_ids
+from hacfed.tools.sim_cli import parse_hacpo_overrides
 
 
 def test_hacpo_overrides_are_typed_by_the_config_defaults():
