@@ -30,8 +30,8 @@ from pathlib import Path
 from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.clients.config import ClientConfig
 from hacfed.clients.enrol import ensure_lab_keys
-from hacfed.clients.relay import serve_participant
 from hacfed.clients.outbox import Outbox
+from hacfed.clients.relay import serve_participant
 from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import SuperNode, start_supernode
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
@@ -270,7 +270,8 @@ def run_client(cfg: ClientConfig) -> int:
         f"task {task.name}")
     from hacfed.clients.participant import Participant, ParticipantConfig  # torch
 
-    participant = Participant.from_spec(ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs()), task)
+    spec = ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs())
+    participant = Participant.from_spec(spec, task)
     if participant.last_round is not None:
         say(f"resumed from checkpoint: last plan rolled out was round {participant.last_round} "
             f"(policy version {participant.policy_version})")
