@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -155,6 +155,57 @@ def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max
     return loss.item()
 
 
+def _held_out(task: Task) -> Sequence[Problem]:
+    """The problems the stop is judged on: the validation split when the task has one, so no
+    choice ever looks at the test split."""
+    validation = task.validation_problems() if hasattr(task, "validation_problems") else ()
+    return validation or task.eval_problems()
+
+
+def _batches(train: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int,
+             device: torch.device, seed: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless training batches: a fresh shuffle each epoch, deterministic in `seed`."""
+    generator = torch.Generator().manual_seed(seed)
+    order, cursor = torch.randperm(len(train), generator=generator), 0
+    while True:
+        if cursor + batch_size > len(order):  # new epoch, fresh shuffle
+            order, cursor = torch.randperm(len(train), generator=generator), 0
+        rows = order[cursor : cursor + batch_size].tolist()
+        cursor += batch_size
+        yield _to(collate([train[i] for i in rows], pad_id), device)
+
+
+class _Progress:
+    """The bar, or, without one (off a terminal: a log file, CI, nohup), a plain line to stderr at
+    most every PLAIN_PROGRESS_EVERY_S, so a ten-minute warm-up is never silent."""
+
+    def __init__(self, config: WarmupConfig, desc: str, enabled: bool, start: float) -> None:
+        self.config, self.desc, self.start = config, desc, start
+        # No total until the screens give an estimate: the cap (max_steps) is not how long it takes.
+        self.bar = tqdm(total=config.max_steps if config.fixed_steps else None, desc=desc, unit="step",
+                        disable=not enabled, leave=False)
+        self.next_line = start + PLAIN_PROGRESS_EVERY_S
+
+    def stepped(self, step: int, loss: float, screens: Sequence[tuple[int, float]]) -> None:
+        self.bar.update(1)
+        if self.bar.disable and time.monotonic() >= self.next_line:
+            self.next_line = time.monotonic() + PLAIN_PROGRESS_EVERY_S
+            cfg = self.config
+            where = progress_text(step, screens, cfg.target_accuracy, cfg.max_steps, cfg.fixed_steps)
+            print(f"[hacfed] {self.desc}: {where}, loss {loss:.3f}, {time.monotonic() - self.start:.0f} s",
+                  file=sys.stderr, flush=True)
+
+    def screened(self, step: int, loss: float, screen: float, screens: Sequence[tuple[int, float]]) -> None:
+        cfg = self.config
+        self.bar.set_postfix(loss=f"{loss:.3f}", screen=f"{screen:.2f}", stops_at=f"{cfg.target_accuracy:.2f}")
+        if (estimate := estimated_steps(screens, cfg.target_accuracy, cfg.max_steps)) is not None:
+            self.bar.total = max(estimate, step)  # about how many steps in all, from the screens so far
+            self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def warm_up(
     model: torch.nn.Module,
     tokenizer,
@@ -181,39 +232,21 @@ def warm_up(
                          f"< batch_size {config.batch_size}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train = [encode_example(tokenizer, p) for p in task.train_problems()]
-    # Stop on the validation split when the task has one, so no choice ever looks at the test split.
-    validation = task.validation_problems() if hasattr(task, "validation_problems") else ()
-    held_out = validation or task.eval_problems()
+    held_out = _held_out(task)
     device = next(model.parameters()).device
     held_out_batch = _to(collate([encode_example(tokenizer, p) for p in held_out], pad_id), device)
-    generator = torch.Generator().manual_seed(seed)
+    batches = _batches(train, config.batch_size, pad_id, device, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.lr_warmup_steps))
     screens: list[tuple[int, float]] = []
     checks: list[tuple[int, float]] = []
-    order, cursor, step = torch.randperm(len(train), generator=generator), 0, 0
-    next_check = config.coarse_check_every
-    # No total until the screens give an estimate: the cap (max_steps) is not how long it takes.
-    bar = tqdm(total=config.max_steps if config.fixed_steps else None, desc=desc, unit="step",
-               disable=not progress, leave=False)
-    # Without a bar (off a terminal: a log file, CI, nohup) a build still says how it goes, at most
-    # once a minute, so a ten-minute warm-up is never silent.
-    next_line = start + PLAIN_PROGRESS_EVERY_S
+    step, next_check = 0, config.coarse_check_every
+    shown = _Progress(config, desc, progress, start)
     try:
         while step < config.max_steps:
-            if cursor + config.batch_size > len(order):  # new epoch, fresh shuffle
-                order, cursor = torch.randperm(len(train), generator=generator), 0
-            rows = order[cursor : cursor + config.batch_size].tolist()
-            batch = _to(collate([train[i] for i in rows], pad_id), device)
-            cursor += config.batch_size
-            loss = _train_step(model, optimizer, scheduler, batch, config.max_grad_norm)
+            loss = _train_step(model, optimizer, scheduler, next(batches), config.max_grad_norm)
             step += 1
-            bar.update(1)
-            if bar.disable and time.monotonic() >= next_line:
-                next_line = time.monotonic() + PLAIN_PROGRESS_EVERY_S
-                where = progress_text(step, screens, config.target_accuracy, config.max_steps, config.fixed_steps)
-                print(f"[hacfed] {desc}: {where}, loss {loss:.3f}, {time.monotonic() - start:.0f} s",
-                      file=sys.stderr, flush=True)
+            shown.stepped(step, loss, screens)
             if step < next_check or config.fixed_steps:
                 continue
             model.eval()
@@ -224,10 +257,7 @@ def warm_up(
             near = screen >= config.target_accuracy / 2
             next_check = step + (config.check_every if near else config.coarse_check_every)
             screens.append((step, screen))
-            bar.set_postfix(loss=f"{loss:.3f}", screen=f"{screen:.2f}", stops_at=f"{config.target_accuracy:.2f}")
-            if (estimate := estimated_steps(screens, config.target_accuracy, config.max_steps)) is not None:
-                bar.total = max(estimate, step)  # about how many steps in all, from the screens so far
-                bar.refresh()
+            shown.screened(step, loss, screen, screens)
             if config.target_accuracy <= screen <= config.max_accuracy:
                 checks.append((step, float(evaluate(model, tokenizer, task, held_out, config.eval_max_new_tokens))))
                 if config.in_band(checks[-1][1]):
@@ -236,7 +266,7 @@ def warm_up(
             model.eval()
             checks.append((step, float(evaluate(model, tokenizer, task, held_out, config.eval_max_new_tokens))))
     finally:
-        bar.close()
+        shown.close()
         model.eval()
     accuracy = checks[-1][1]
     return WarmupResult(
