@@ -132,36 +132,31 @@ def _eval_extras(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k == "eval_pass1" or k.startswith("eval_greedy/")}
 
 
-def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = True,
-            on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run the federation; returns the metrics rows (also written to `metrics_out` as JSONL)."""
-    from tqdm import tqdm
-
-    from hacfed.clients.participant import Participant, ParticipantConfig
+def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
+    """The coordinator's settings for this run; its state in `cfg.state_dir`, else a fresh temp folder."""
     from hacfed.messages import SamplingParams
-    from hacfed.models.loading import load_model
     from hacfed.server.coordinator.config import CoordinatorConfig
-    from hacfed.server.coordinator.journal import Journal
-    from hacfed.server.coordinator.state import Coordinator
-    from hacfed.server.coordinator.transport import run_rounds
-    from hacfed.tasks.registry import load_task
 
-    task = load_task(cfg.task)
-    max_new_tokens = response_budget(cfg.max_new_tokens, task)
-    ids = participant_ids(cfg.agents)
     group = cfg.group_size * get_mode(cfg.mode).rollout_multiplier
-    minibatch = cfg.minibatch_size or max(1, cfg.prompts_per_round * cfg.group_size // 2)  # paper: 2 per source
     state_dir = Path(cfg.state_dir) if cfg.state_dir else Path(tempfile.mkdtemp(prefix="hacfed-sim-"))
-    ccfg = CoordinatorConfig(
+    return CoordinatorConfig(
         run_id=f"sim-{cfg.mode}-s{cfg.seed}", task=cfg.task, rounds=cfg.rounds,
         prompts_per_round=cfg.prompts_per_round, group_size=group, expected_participants=len(ids),
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
-        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=cfg.temperature),
+        sampling=SamplingParams(max_new_tokens=response_budget(cfg.max_new_tokens, task), temperature=cfg.temperature),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
         **({"pool_peer_choice": cfg.peer_choice} if cfg.peer_choice is not None else {}),
     )
+
+
+def _endpoints(cfg: SimConfig, task: Any, ids: Sequence[str]) -> list[_Recorder]:
+    """One participant per agent, its model loaded, wrapped to remember its final report."""
+    from hacfed.clients.participant import Participant, ParticipantConfig
+    from hacfed.models.loading import load_model
+
+    minibatch = cfg.minibatch_size or max(1, cfg.prompts_per_round * cfg.group_size // 2)  # paper: 2 per source
     endpoints = []
     for pid, spec in zip(ids, cfg.agents):
         loaded = load_model(spec)
@@ -171,6 +166,59 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
             eval_sampled=cfg.eval_sampled,
         )
         endpoints.append(_Recorder(Participant(pcfg, loaded.model, loaded.tokenizer, task)))
+    return endpoints
+
+
+def _round_rows(cfg: SimConfig, outcome: Any, warnings: TruncationWarnings) -> tuple[list[dict], list[str]]:
+    """(one metrics row per participant of a finished round, the truncation warnings it raises)."""
+    rows, raised = [], []
+    for m in outcome.summary.participants:
+        row = {"round": outcome.round_id, "agent": m.participant_id, "mode": cfg.mode, "seed": cfg.seed,
+               "reward_mean": m.reward_mean, "accepted": m.accepted, "rejected": m.rejected,
+               "capability": m.capability}
+        truncated = m.train_metrics.get("rollout_truncated_frac")
+        if truncated is not None:
+            row["rollout_truncated_frac"] = truncated
+            warning = warnings.check(m.participant_id, truncated)
+            if warning:
+                raised.append(warning)
+        if m.eval_accuracy is not None:
+            row["eval_accuracy"] = m.eval_accuracy
+            row.update(_eval_extras(m.train_metrics))
+        row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
+        rows.append(row)
+    return rows, raised
+
+
+def _final_rows(cfg: SimConfig, endpoints: Sequence[_Recorder]) -> list[dict]:
+    """One row per participant whose final (plan-less) answer reported an evaluation."""
+    rows = []
+    for ep in endpoints:
+        report = ep.final_report
+        if report is not None and report.eval_accuracy is not None:
+            row = {"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
+                   "eval_accuracy": report.eval_accuracy, "final": True}
+            row.update(_eval_extras(report.metrics))
+            # The last pool's training, as a coordinator's final row has it (skipped samples, losses).
+            row.update({f"train/{k}": v for k, v in report.metrics.items()})
+            rows.append(row)
+    return rows
+
+
+def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = True,
+            on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run the federation; returns the metrics rows (also written to `metrics_out` as JSONL)."""
+    from tqdm import tqdm
+
+    from hacfed.server.coordinator.journal import Journal
+    from hacfed.server.coordinator.state import Coordinator
+    from hacfed.server.coordinator.transport import run_rounds
+    from hacfed.tasks.registry import load_task
+
+    task = load_task(cfg.task)
+    ids = participant_ids(cfg.agents)
+    ccfg = _coordinator_config(cfg, task, ids)  # before any model loads: a bad setting fails fast
+    endpoints = _endpoints(cfg, task, ids)
     ranks = None
     if cfg.nproc > 1:  # one process group for all agents: every rank holds a replica of each
         from hacfed.clients.distributed import start_ranks
@@ -194,20 +242,10 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     warnings = TruncationWarnings(TRUNCATION_SETTING)
 
     def on_round(outcome) -> None:
-        for m in outcome.summary.participants:
-            row = {"round": outcome.round_id, "agent": m.participant_id, "mode": cfg.mode, "seed": cfg.seed,
-                   "reward_mean": m.reward_mean, "accepted": m.accepted, "rejected": m.rejected,
-                   "capability": m.capability}
-            truncated = m.train_metrics.get("rollout_truncated_frac")
-            if truncated is not None:
-                row["rollout_truncated_frac"] = truncated
-                warning = warnings.check(m.participant_id, truncated)
-                if warning:
-                    tqdm.write(warning, file=sys.stderr)
-            if m.eval_accuracy is not None:
-                row["eval_accuracy"] = m.eval_accuracy
-                row.update(_eval_extras(m.train_metrics))
-            row.update({f"train/{k}": v for k, v in m.train_metrics.items()})
+        round_rows, raised = _round_rows(cfg, outcome, warnings)
+        for warning in raised:
+            tqdm.write(warning, file=sys.stderr)
+        for row in round_rows:
             emit(row)
         bar.set_postfix(round_postfix(outcome.summary.participants))
         bar.update(1)
@@ -216,15 +254,8 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
         with Journal(ccfg.journal_path) as journal:
             coordinator = Coordinator(ccfg, task, journal)
             run_rounds(coordinator, endpoints, on_round=on_round)
-        for ep in endpoints:
-            report = ep.final_report
-            if report is not None and report.eval_accuracy is not None:
-                row = {"round": cfg.rounds, "agent": ep.participant_id, "mode": cfg.mode, "seed": cfg.seed,
-                       "eval_accuracy": report.eval_accuracy, "final": True}
-                row.update(_eval_extras(report.metrics))
-                # The last pool's training, as a coordinator's final row has it (skipped samples, losses).
-                row.update({f"train/{k}": v for k, v in report.metrics.items()})
-                emit(row)
+        for row in _final_rows(cfg, endpoints):
+            emit(row)
     finally:
         bar.close()
         if out:

@@ -30,7 +30,6 @@ GENERATED = ("proto/*_pb2.py", "proto/*_pb2_grpc.py")
 PENDING = "not split yet: the size limits are still open work (issue 28)"
 # "path" for a module, "path::qualname" for a function: why it may stay over its limit.
 EXCEPTIONS: dict[str, str] = {
-    "hacfed/tools/sim.py::run_sim": PENDING,
     "tests/integration/test_federation_flower.py::"
     "test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_kill": PENDING,
     "tests/integration/test_flower_transport.py": PENDING,
