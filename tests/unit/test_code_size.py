@@ -32,7 +32,6 @@ PENDING = "not split yet: the size limits are still open work (issue 28)"
 EXCEPTIONS: dict[str, str] = {
     "tests/integration/test_federation_flower.py::"
     "test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_kill": PENDING,
-    "tests/integration/test_flower_transport.py": PENDING,
 }
 
 

@@ -25,7 +25,7 @@ from hacfed.keys import ensure_key_pair
 from hacfed.server.config import ServerConfig, ServerSettings
 from hacfed.server.driver import FederationDriver
 from hacfed.server.serverapp import HELLO_TYPE, LoopTiming, RoundLoop
-from tests.integration.test_flower_transport import FakeGrid
+from tests.integration.flower_transport_helpers import FakeGrid
 from tests.unit.test_coordinator_fakes import TASK, make_config
 from tests.unit.test_server_driver import ScriptedParticipant
 
