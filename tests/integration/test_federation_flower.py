@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -112,69 +113,94 @@ def _still_running(pids: set[int]) -> set[int]:
     return alive
 
 
-@pytest.mark.slow
-def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_kill(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
-    (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
-    server_dir = tmp_path / "server"
-    before = _running_descendants()
-    procs: list[Proc] = []
+class Federation:
+    """The test's processes: hacfed-server (`server`) and hacfed-client (`client`) commands in `tmp_path`,
+    every one started kept in `procs` so that `stop_all` ends them whatever happened."""
 
-    def server(listen: str, log: str) -> Proc:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path, self.server_dir = tmp_path, tmp_path / "server"
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+        (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
+        self.procs: list[Proc] = []
+        self.address = ""  # the server's Fleet API, once the first server is ready
+
+    def server(self, listen: str, log: str) -> Proc:
+        tmp_path = self.tmp_path
         argv = [str(BIN / "hacfed-server"), "--config", str(tmp_path / "coordinator.toml"), "--insecure",
-                "--listen", listen, "--state-dir", str(server_dir), "--metrics-out", str(tmp_path / "metrics.jsonl")]
-        procs.append(Proc(log, argv, tmp_path / log, env))
-        return procs[-1]
+                "--listen", listen, "--state-dir", str(self.server_dir),
+                "--metrics-out", str(tmp_path / "metrics.jsonl")]
+        self.procs.append(Proc(log, argv, tmp_path / log, self.env))
+        return self.procs[-1]
 
-    def client(pid: str, model: str, cheat: bool = False, stay: bool = False) -> Proc:
+    def client(self, pid: str, model: str, cheat: bool = False, stay: bool = False) -> Proc:
+        tmp_path = self.tmp_path
         command = [sys.executable, str(LYING_LAB)] if cheat else [str(BIN / "hacfed-client")]
-        argv = [*command, "--model", model, "--server", address, "--participant-id", pid,
-                "--state-dir", str(tmp_path / pid), "--coordinator-key", str(server_dir / "coordinator.pub"),
+        argv = [*command, "--model", model, "--server", self.address, "--participant-id", pid,
+                "--state-dir", str(tmp_path / pid), "--coordinator-key", str(self.server_dir / "coordinator.pub"),
                 "--insecure", "--eval-problems", "10", *(["--stay"] if stay else [])]
-        proc = Proc(pid, argv, tmp_path / f"{pid}.log", env)
-        procs.append(proc)
+        proc = Proc(pid, argv, tmp_path / f"{pid}.log", self.env)
+        self.procs.append(proc)
         key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key
         deadline = time.monotonic() + 120
         while not key.exists():
             assert time.monotonic() < deadline and proc.popen.poll() is None, proc.text()
             time.sleep(0.1)
-        shutil.copy(key, server_dir / "keys" / f"{pid}.pub")
+        shutil.copy(key, self.server_dir / "keys" / f"{pid}.pub")
         return proc
 
-    try:
-        first = server("127.0.0.1:0", "server-1.log")
-        address = first.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
-        cheater = client("lab-c", "tiny-llama", cheat=True)
-        first.wait_for(r"joined: lab-c")
-        lab_a, lab_b = client("lab-a", "tiny-llama", stay=True), client("lab-b", "tiny-gpt2")
-        first.wait_for(r"joined: lab-b")
-        first.wait_for(r"round 0 closed")
-        orphans = {p.pid for p in psutil.Process(lab_b.popen.pid).children(recursive=True)}
-        os.kill(lab_b.popen.pid, signal.SIGKILL)  # a lab crashes; its SuperNode outlives it
-        assert lab_b.exit_code(30) == -signal.SIGKILL
-        lab_b = client("lab-b", "tiny-gpt2")  # the same command: it rejoins and resumes
-        first.wait_for(r"round 1 closed")
-        orphans |= {p.pid for p in psutil.Process(first.popen.pid).children(recursive=True)}
-        os.kill(first.popen.pid, signal.SIGKILL)  # by pid: only the server process itself dies
-        assert first.exit_code(30) == -signal.SIGKILL
-        second = server("127.0.0.1:0", "server-2.log")  # the same command: port 0 again
-        assert second.wait_for(r"ready: Fleet API on (\S+) ").group(1) == address  # the previous port is reused
-        assert second.exit_code(300) == 0, second.text()[-5000:]
-        assert lab_b.exit_code(120) == 0  # by default a lab leaves once the coordinator closed the run
-        assert cheater.exit_code(120) == 0  # quarantined: no final update, but told the run is over
-        lab_a.wait_for(r"--stay: still serving", timeout=120)
-        time.sleep(3.0)
-        assert lab_a.popen.poll() is None  # --stay: still there after the run
-        lab_a.stop()
-        assert lab_a.popen.returncode == 0
-    finally:
-        for proc in reversed(procs):
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
             proc.stop()
-    after = _running_descendants()
 
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the scenario leaves to check: the labs, the restarted server, and the processes the
+    killed ones had started (which must be gone too)."""
+
+    lab_a: Proc
+    lab_b: Proc
+    cheater: Proc
+    second: Proc
+    orphans: set[int]
+
+
+def _run_with_a_lab_crash_and_a_coordinator_kill(fed: Federation) -> Outcome:
+    """Three rounds: lab-b killed and restarted after round 0, the server after round 1; lab-a (--stay)
+    is stopped once the run is over."""
+    first = fed.server("127.0.0.1:0", "server-1.log")
+    fed.address = first.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
+    cheater = fed.client("lab-c", "tiny-llama", cheat=True)
+    first.wait_for(r"joined: lab-c")
+    lab_a, lab_b = fed.client("lab-a", "tiny-llama", stay=True), fed.client("lab-b", "tiny-gpt2")
+    first.wait_for(r"joined: lab-b")
+    first.wait_for(r"round 0 closed")
+    orphans = {p.pid for p in psutil.Process(lab_b.popen.pid).children(recursive=True)}
+    os.kill(lab_b.popen.pid, signal.SIGKILL)  # a lab crashes; its SuperNode outlives it
+    assert lab_b.exit_code(30) == -signal.SIGKILL
+    lab_b = fed.client("lab-b", "tiny-gpt2")  # the same command: it rejoins and resumes
+    first.wait_for(r"round 1 closed")
+    orphans |= {p.pid for p in psutil.Process(first.popen.pid).children(recursive=True)}
+    os.kill(first.popen.pid, signal.SIGKILL)  # by pid: only the server process itself dies
+    assert first.exit_code(30) == -signal.SIGKILL
+    second = fed.server("127.0.0.1:0", "server-2.log")  # the same command: port 0 again
+    assert second.wait_for(r"ready: Fleet API on (\S+) ").group(1) == fed.address  # the previous port is reused
+    assert second.exit_code(300) == 0, second.text()[-5000:]
+    assert lab_b.exit_code(120) == 0  # by default a lab leaves once the coordinator closed the run
+    assert cheater.exit_code(120) == 0  # quarantined: no final update, but told the run is over
+    lab_a.wait_for(r"--stay: still serving", timeout=120)
+    time.sleep(3.0)
+    assert lab_a.popen.poll() is None  # --stay: still there after the run
+    lab_a.stop()
+    assert lab_a.popen.returncode == 0
+    return Outcome(lab_a, lab_b, cheater, second, orphans)
+
+
+def _check_the_logs(tmp_path: Path, run: Outcome) -> None:
+    lab_a, lab_b, cheater = run.lab_a, run.lab_b, run.cheater
     # -- the restart resumed where the journal stood, after stopping what the killed server left
-    text2 = second.text()
+    text2 = run.second.text()
     assert re.search(r"stopped superlink \(pid \d+\) left running by a previous hacfed-server", text2)
     resumed = re.search(r"coordinator ready \(run it-federation\): (round (\d) continues|next round (\d))", text2)
     assert resumed and int(resumed.group(2) or resumed.group(3)) >= 2, text2
@@ -202,7 +228,9 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
                      lab_a.text())
     assert re.search(r"hacfed-client: stopped \(SystemExit\)", lab_a.text())
 
-    # -- the journal: every round once, honest trajectories of both sources, none of the cheater
+
+def _check_the_journal(server_dir: Path) -> None:
+    """Every round once, honest trajectories of both sources, none of the cheater."""
     with sqlite3.connect(f"file:{server_dir / 'journal.sqlite'}?mode=ro", uri=True) as db:
         rounds = db.execute("SELECT round_id, state FROM rounds ORDER BY round_id").fetchall()
         by_source = dict(db.execute("SELECT participant_id, COUNT(*) FROM trajectories GROUP BY participant_id"))
@@ -217,7 +245,10 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
     assert by_source.get("lab-a", 0) >= 4 and by_source.get("lab-b", 0) >= 4 and "lab-c" not in by_source
     assert mismatches >= 3 and quarantined == 1 and honest_rejections == 0 and rejoined >= 4
 
-    # -- metrics: one row per round and agent, cross-source training for both honest labs, timings
+
+def _check_the_metrics(tmp_path: Path, run: Outcome) -> list[dict]:
+    """One row per round and agent, cross-source training for both honest labs, timings; returns
+    lab-a's rows with split step times."""
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     per_round = [r for r in rows if not r.get("final")]
     keys = [(r["round"], r["agent"]) for r in per_round]
@@ -233,12 +264,28 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
     timed = [r for r in per_round if "time_round_s" in r and r["agent"] == "lab-a" and r["submitted"]
              and "time_exchange_s" in r]
     assert len(timed) >= 2 and all(r["time_exchange_s"] is not None for r in timed)
-    for lab, log in (("lab-a", lab_a), ("lab-b", lab_b)):
+    for lab, log in (("lab-a", run.lab_a), ("lab-b", run.lab_b)):
         assert re.search(r"trained on \d+ pooled samples of round \d \([1-9]\d* from other labs\)", log.text()), lab
+    return timed
+
+
+@pytest.mark.slow
+def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_kill(tmp_path: Path) -> None:
+    before = _running_descendants()
+    fed = Federation(tmp_path)
+    try:
+        run = _run_with_a_lab_crash_and_a_coordinator_kill(fed)
+    finally:
+        fed.stop_all()
+    after = _running_descendants()
+
+    _check_the_logs(tmp_path, run)
+    _check_the_journal(fed.server_dir)
+    timed = _check_the_metrics(tmp_path, run)
 
     # -- nothing is left running: not our children, not what the killed server had started
     assert after - before == set()
-    assert _still_running(orphans) == set()
+    assert _still_running(run.orphans) == set()
 
     split = defaultdict(dict)
     for r in timed:

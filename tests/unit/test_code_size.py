@@ -27,12 +27,8 @@ MODULE_LIMIT = 400
 FUNCTION_LIMIT = 80
 GENERATED = ("proto/*_pb2.py", "proto/*_pb2_grpc.py")
 
-PENDING = "not split yet: the size limits are still open work (issue 28)"
 # "path" for a module, "path::qualname" for a function: why it may stay over its limit.
-EXCEPTIONS: dict[str, str] = {
-    "tests/integration/test_federation_flower.py::"
-    "test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_kill": PENDING,
-}
+EXCEPTIONS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
