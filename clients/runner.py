@@ -8,8 +8,9 @@ addresses, ids and key files; the task is loaded here before anything is created
    resuming from `<state-dir>/checkpoints` after a restart;
 3. the participant service on loopback (`hacfed.clients.service`, behind the relay's gRPC);
 4. a Flower SuperNode pointed at the coordinator (with TLS: authenticated with the lab's SuperNode
-   key), supervised: restarted if it exits, and restarted to find out why if the coordinator cut it
-   off (revoked); a refusal to connect is named in one line.
+   key), supervised: restarted if it exits (also when its heartbeat died, e.g. on a coordinator whose
+   disk was full: `hacfed.clients.supernode.HEARTBEAT_LOST_EXIT`), and restarted to find out why if
+   the coordinator cut it off (revoked); a refusal to connect is named in one line.
 It exits 0 once the coordinator acknowledged its final report (or quarantined it) and the
 SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving.
 
@@ -33,7 +34,7 @@ from hacfed.clients.enrol import ensure_lab_keys
 from hacfed.clients.outbox import Outbox
 from hacfed.clients.relay import serve_participant
 from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
-from hacfed.clients.supernode import SuperNode, start_supernode
+from hacfed.clients.supernode import HEARTBEAT_LOST_EXIT, SuperNode, heartbeat_lost_reason, start_supernode
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
@@ -233,7 +234,10 @@ class Client:
                     say(f"{self.closing_line()}; checkpoints in {self.cfg.state_dir}. Exiting.")
                     return 0
             if self.node is not None and not self.node.process.alive():
-                say(f"the SuperNode exited (code {self.node.process.returncode()}); restarting it")
+                if self.node.process.returncode() == HEARTBEAT_LOST_EXIT:  # alive, but dropped by the SuperLink
+                    say(f"{heartbeat_lost_reason(self.node.process.log_path)}; restarting the SuperNode")
+                else:
+                    say(f"the SuperNode exited (code {self.node.process.returncode()}); restarting it")
                 sup.stop(self.node.process)
                 time.sleep(2.0)
                 self.start_node(sup, port)

@@ -66,6 +66,12 @@ ISOLATION_ENV = "HACFED_CLIENTAPP_ISOLATION"
 _APPIO_LINE = "Starting ClientAppIo API on"  # flwr's log line naming the bound ClientAppIo address
 _REPLY_READY = threading.Event()  # set by the runner thread after each task (see `_speed_up`)
 
+# The SuperNode exits with this code, after a line starting with HEARTBEAT_LOST_LINE, when its heartbeat
+# thread died (see `_exit_when_heartbeat_dies`); hacfed-client then starts a new one.
+HEARTBEAT_LOST_EXIT = 75
+HEARTBEAT_LOST_LINE = "hacfed: the SuperNode's heartbeat to the coordinator stopped"
+_EXITING = "; exiting so that hacfed-client starts a new SuperNode"
+
 
 def clientapp_isolation(env: Mapping[str, str]) -> str:
     """`env[HACFED_CLIENTAPP_ISOLATION]`: "runner" (default) or "subprocess"; anything else is refused."""
@@ -167,6 +173,7 @@ def run_supernode(idle_poll_s: float | None, max_message_bytes: int, isolation: 
         shorten_pull_retries(loop_module, [loop_module._pull_and_store_message])
     if isolation == RUNNER:
         _start_runner_when_serving()
+    _exit_when_heartbeat_dies()
     sys.argv = ["flower-supernode", *argv]
     flower_supernode()
 
@@ -192,6 +199,62 @@ class _AppIoAddressWatch(logging.Handler):
         self.started = True
         # A finished task wakes the SuperNode loop from its (capped) sleep: it is waiting for that reply.
         start_runner(str(record.args[-1]), app, on_task=lambda _outcome: _REPLY_READY.set())  # type: ignore[index]
+
+
+def _exit_when_heartbeat_dies() -> None:
+    """End the SuperNode when its heartbeat thread dies, so that hacfed-client starts a new one.
+
+    Why: flwr 1.32's heartbeat sender retries only UNAVAILABLE and DEADLINE_EXCEEDED. Any other
+    answer (UNKNOWN from a SuperLink whose SQLite reports "database or disk is full", or a SuperLink
+    that no longer knows the node) ends the thread, while the main loop keeps pulling, since reads
+    still work. The SuperLink then counts the node offline for good, also after it recovers: the lab
+    never rejoins. A fresh SuperNode registers again; the lab's outbox resends what was unanswered.
+    """
+    from flwr.supercore.heartbeat import HeartbeatSender
+
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        previous(args)
+        if not _raised_in(args.exc_traceback, HeartbeatSender):
+            return
+        print(f"{HEARTBEAT_LOST_LINE} ({_why(args.exc_value)}){_EXITING}", file=sys.stderr, flush=True)
+        os._exit(HEARTBEAT_LOST_EXIT)  # the main loop would otherwise pull on as a node the SuperLink dropped
+
+    threading.excepthook = hook
+
+
+def heartbeat_lost_reason(log_path: Path) -> str:
+    """What the SuperNode logged when it exited with HEARTBEAT_LOST_EXIT (the end of its log)."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(fh.seek(0, os.SEEK_END) - 16_384, 0))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"its log is unreadable: {exc}"
+    lines = [line for line in tail.splitlines() if HEARTBEAT_LOST_LINE in line]
+    if not lines:
+        return "the SuperNode's heartbeat to the coordinator stopped (no reason logged)"
+    return lines[-1][lines[-1].index(HEARTBEAT_LOST_LINE) + len("hacfed: "):].removesuffix(_EXITING)
+
+
+def _why(exc: BaseException | None) -> str:
+    """One line: a gRPC error's status and details (UNKNOWN: ...database or disk is full), else the exception."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):
+        text = f"{getattr(code(), 'name', code())}: {details()}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:300]
+
+
+def _raised_in(tb: object, cls: type) -> bool:
+    """Whether a frame of the traceback `tb` is a method of a `cls` instance."""
+    while tb is not None:
+        if isinstance(tb.tb_frame.f_locals.get("self"), cls):  # type: ignore[attr-defined]
+            return True
+        tb = tb.tb_next  # type: ignore[attr-defined]
+    return False
 
 
 def _start_runner_when_serving() -> None:
