@@ -79,11 +79,24 @@ def check_before_writing(cfg: ServerConfig) -> None:
         check_ports(cfg)
 
 
-def check_ports(cfg: ServerConfig) -> None:
-    """The Fleet API's and the dashboard's ports are free (one line naming the flag if not)."""
-    check_port_free(*cfg.listen, "--listen")
-    if cfg.dashboard_address is not None:
-        check_port_free(cfg.dashboard_address.host, cfg.dashboard_address.port, "--dashboard")
+LEFTOVER_PORT_SETTLE_S = 15.0
+
+
+def check_ports(cfg: ServerConfig, settle_s: float = 0.0) -> None:
+    """The Fleet API's and the dashboard's ports are free (one line naming the flag if not). With
+    `settle_s`, a busy port is asked again until then: the sockets of a leftover SuperLink that was
+    just killed (kill -9 of a previous hacfed-server) are released by the kernel a moment later."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            check_port_free(*cfg.listen, "--listen")
+            if cfg.dashboard_address is not None:
+                check_port_free(cfg.dashboard_address.host, cfg.dashboard_address.port, "--dashboard")
+            return
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def prepare(cfg: ServerConfig) -> Path:
@@ -267,9 +280,10 @@ def run_server(cfg: ServerConfig) -> int:
     state.mkdir(parents=True, exist_ok=True)
     lock = lock_state_dir(state)
     try:
-        for leftover in kill_leftovers(state):
+        leftovers = kill_leftovers(state)
+        for leftover in leftovers:
             say(f"stopped {leftover} left running by a previous hacfed-server")
-        check_ports(cfg)  # again: a leftover SuperLink held the port until now
+        check_ports(cfg, settle_s=LEFTOVER_PORT_SETTLE_S if leftovers else 0.0)  # a leftover held the port
         prepare(cfg)
         if (state / DONE_FILE).exists():
             say(f"the run {cfg.coordinator.run_id} in {state} is already complete; nothing to do (its metrics: "

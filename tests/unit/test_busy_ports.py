@@ -88,3 +88,26 @@ def test_the_dashboard_server_says_the_port_is_in_use(busy_port, tmp_path):
     with pytest.raises(ValueError) as info:
         start_dashboard(DashboardAddress("127.0.0.1", busy_port, False), sources)
     assert str(info.value) == f"--dashboard: cannot listen on 127.0.0.1:{busy_port} (is the port in use?)"
+
+
+def test_a_port_a_killed_leftover_releases_a_moment_later_is_waited_for() -> None:
+    # kill -9 of hacfed-server, then a restart: it stops the leftover SuperLink, whose listening
+    # socket the kernel releases a moment later. The restart waits for it; a fresh start does not.
+    import threading
+    from types import SimpleNamespace
+
+    from hacfed.server.runner import check_ports
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    cfg = SimpleNamespace(listen=("127.0.0.1", holder.getsockname()[1]), dashboard_address=None)
+    with pytest.raises(ValueError, match="is in use"):
+        check_ports(cfg)  # type: ignore[arg-type]
+    timer = threading.Timer(0.5, holder.close)
+    timer.start()
+    try:
+        check_ports(cfg, settle_s=30.0)  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+        holder.close()
