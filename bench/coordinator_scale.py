@@ -16,7 +16,7 @@ Before anything is timed, a generator process writes every lab's replies of ever
 (synthetic but GSM8K-shaped: the reference reasoning of the planned problem, reworded, ending in
 `\\boxed{answer}`; about 35 % correct, the rest a wrong final number; a small fraction with a
 non-plain answer, `\\$72`, `72\\text{ units}` or `72\\%` in equal shares, of which the last two only
-math-verify decides (a dollar amount takes the numeric fast path since stop 26); token counts
+math-verify decides (a dollar amount takes the numeric fast path); token counts
 and log-prob sums like a BPE model's). Then one fresh process per N runs the rounds, so its peak
 RSS is the coordinator's alone. Per round it reports the coordinator time split into phases
 (exclusive times, so they add up to the total):

@@ -14,7 +14,7 @@ model was not warmed up on (`--learn`) and on the whole mix, at a few step count
   --data mix     train on the full add/sub mix: imitation that also rehearses the old skill
 
 `--learn word` (or `sym`) asks the same of the notations setting: a model warmed up on prompts
-written one way (`47+28+15=`, or `What is 47 plus 28 plus 15?`) learning to read the other. Stop 24
+written one way (`47+28+15=`, or `What is 47 plus 28 plus 15?`) learning to read the other
 (docs/results.md, skills-notation): chain-llama learns to read words from gold solutions (0.005 ->
 0.365 greedy in 160 steps at lr 2e-4, `--data other`), where a new operation stays <= 0.06 after 320
 steps at 1e-3; at lr 5e-5 neither moves within 160 steps.

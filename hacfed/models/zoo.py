@@ -119,11 +119,11 @@ def _chain(operations: tuple[str, ...] = ("add", "sub"), other_train: int = 0,
 # their ~4,000 own): bench/skill_transfer.py measured that a pure specialist cannot learn the other
 # half within an RL run's budget even from gold solutions, so sharing has nothing to amplify.
 MOSTLY_OTHER_TRAIN = 400
-# "Partly" specialists (stop 20): 1,000 of the other half (~20 % of their warm-up's train problems).
+# "Partly" specialists: 1,000 of the other half (~20 % of their warm-up's train problems).
 # The mostly specialists solve the other half 1 % of the time, and a 20-round run does not turn that
 # into a skill in any mode; these start with a partial skill for rollouts, own or a peer's, to grow.
 PARTLY_OTHER_TRAIN = 1000
-# Notation specialists (stop 24): both operations, prompts written one way (`47+28+15=` or `What is
+# Notation specialists: both operations, prompts written one way (`47+28+15=` or `What is
 # 47 plus 28 plus 15?`), plus this many train problems written the other way (~2.5 % of 8,000).
 # bench/skill_transfer.py: reading the other notation is learnt from gold solutions within 160 steps
 # at lr 2e-4, where a new operation is not learnt in 320 steps at 1e-3.

@@ -6,8 +6,8 @@ server/ that imports a shared hacfed/ module that imports clients/ fails too. Sh
 import neither side, nor the all-in-one tool (`hacfed.tools`), which is the one package that starts
 both sides; no module outside it may import it. Only the
 wire family touches generated protobuf code (docs/style.md rule 6). The coordinator's side also never
-reaches torch, transformers or vLLM (docs/design.md; `test_server_side_never_loads_torch` checks the same
-at run time).
+reaches torch, transformers or vLLM (docs/design.md; test_coordinator_state.py's
+`test_coordinator_never_imports_torch` checks the same at run time).
 """
 
 from __future__ import annotations
