@@ -61,9 +61,11 @@ def test_register_reads_no_more_than_an_enrolment_can_be(tmp_path: Path) -> None
     big = tmp_path / "big.txt"
     with open(big, "wb") as fh:
         fh.truncate(200 << 20)
-    code = ("import resource, sys; from hacfed.server.main import main; "
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child of a large pytest process
+    # would report the parent's peak; VmHWM belongs to the new address space.
+    code = ("import re, sys; from hacfed.server.main import main; "
             f"rc = main(['register', '--state-dir', {str(tmp_path / 's')!r}, {str(big)!r}]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)")
+            "print(re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     _one_line_error(done, f"is over {MAX_ENROLMENT_BYTES} bytes")
     assert int(done.stdout.strip()) < 150 * 1024, done.stdout  # KiB: far below the file's 200 MiB
