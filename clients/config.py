@@ -2,21 +2,22 @@
 
     cfg = load_client_config("deploy/participant.toml", flags={"model": "tiny-gpt2"}, task_sets=["digits=3"])
 
-TOML layout (deploy/participant.toml): a `[participant]` table with the fields of `ClientConfig`
-and a `[task]` table that must equal the coordinator's `[task]` (the client checks every plan
-against it). Command-line flags override the file; `--task KEY=VALUE` overrides `[task]` keys.
-Without any task settings the task is 2-digit addition (`kind = "arithmetic"`, `digits = 2`,
-`operators = "+"`). Every error names the field and the bad value.
+TOML layout (deploy/participant.toml): one flat `[participant]` table with the fields of `ClientConfig`
+and the `PARTICIPANT_KEYS` of the lab's `ParticipantConfig` (`setting_names()`), and a `[task]` table
+that must equal the coordinator's `[task]` (the client checks every plan against it).
+Command-line flags override the file; `--task KEY=VALUE` overrides `[task]` keys. Without any task
+settings the task is 2-digit addition (`kind = "arithmetic"`, `digits = 2`, `operators = "+"`).
+Every error names the field and the bad value.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_ca_cert
+from hacfed.clients.participant_config import ParticipantConfig
 from hacfed.config_values import parse_set, split_host_port
 from hacfed.envelope import load_public_key
 from hacfed.flower_protocol import is_loopback_host
@@ -27,53 +28,56 @@ from hacfed.tomlfile import read_toml
 DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
 
 
+# The ParticipantConfig fields a lab sets in [participant] (and by flag); the rest keep their defaults.
+PARTICIPANT_KEYS = ("participant_id", "model", "finetune", "device", "rollout_backend", "learning_rate", "lora_rank",
+                    "eval_problems", "minibatch_size", "seed", "keep_checkpoints", "nproc")
+REQUIRED = ("participant_id", "model", "server", "state_dir", "coordinator_key")
+
+
 @dataclass(frozen=True)
 class ClientConfig:
-    """participant_id: this lab's id (its key is registered as `<participant_id>.pub`).
-    model: preset (tiny-llama, tiny-gpt2, tiny-qwen2, smollm2), local HF directory or cached hub id.
+    """participant: the lab's training choices (`ParticipantConfig`, which checks them), among them
+    participant_id (this lab's id; its key is registered as `<participant_id>.pub`) and model (a preset
+    such as tiny-llama, tiny-gpt2, tiny-qwen2 or smollm2, a local HF directory or a cached hub id).
+    Its checkpoint_dir is set here to STATE/checkpoints.
     server: the coordinator's Fleet API HOST:PORT. state_dir: keys, checkpoints, reply cache, logs.
     coordinator_key: the coordinator's public key file. insecure / tls_ca: plaintext or TLS.
-    finetune, device, rollout_backend, learning_rate, lora_rank, eval_problems, minibatch_size,
-    seed: local training choices (hacfed.clients.participant.ParticipantConfig; None keeps its default).
     stay: keep serving after the coordinator closed the run (default: exit 0 then).
     idle_poll_s: SuperNode poll interval.
-    keep_checkpoints: checkpoints kept, i.e. how many rounds back a purge can roll this lab back.
-    nproc: data-parallel processes training the model (hacfed.clients.distributed); rank 0 is hacfed-client.
     tensorboard: a directory for TensorBoard event files of every step's metrics; wandb: a W&B
     project for them (hacfed.metrics_sinks; the lab's own STATE/metrics.jsonl is always written).
 
-    Everything a user can get wrong is checked here, before hacfed-client creates any file: the
-    model spec (`hacfed.model_spec`), addresses, ids, and that the key and CA files exist and parse."""
+    Everything a user can get wrong is checked before hacfed-client creates any file, each value
+    once: the training choices by ParticipantConfig; here what this process adds: that the id can
+    be registered, that the model spec loads (`hacfed.model_spec`), the addresses, and that the key
+    and CA files exist and parse."""
 
-    participant_id: str
-    model: str
+    participant: ParticipantConfig
     server: str
     state_dir: Path
     coordinator_key: Path
     insecure: bool = False
     tls_ca: Path | None = None
-    finetune: str = "full"
-    device: str = "cpu"
-    rollout_backend: str = "hf"
-    learning_rate: float | None = None
-    lora_rank: int | None = None
-    eval_problems: int | None = None
-    minibatch_size: int | None = None
-    seed: int = 0
     stay: bool = False
     idle_poll_s: float = 0.5
-    keep_checkpoints: int = 3
-    nproc: int = 1
     tensorboard: Path | None = None
     wandb: str | None = None
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
     config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
 
+    @property
+    def participant_id(self) -> str:
+        return self.participant.participant_id
+
+    @property
+    def model(self) -> str:
+        return self.participant.model
+
     def __post_init__(self) -> None:
+        if not isinstance(self.participant, ParticipantConfig):
+            _bad("participant", self.participant, "a ParticipantConfig")
         if not is_participant_id(self.participant_id):
             _bad("participant_id", self.participant_id, PARTICIPANT_ID_RULE)
-        if not isinstance(self.model, str) or not self.model.strip():
-            _bad("model", self.model, "a preset name, a local model directory or a cached hub id")
         server_host, port = split_host_port(self.server, "ClientConfig.server")
         if port == 0:
             _bad("server", self.server, "the coordinator's HOST:PORT with a port in 1-65535")
@@ -93,6 +97,9 @@ class ClientConfig:
             _bad("coordinator_key", str(self.coordinator_key), f"the coordinator's public key file ({exc})")
         if self.state_dir.exists() and not self.state_dir.is_dir():
             _bad("state_dir", str(self.state_dir), "a directory (it is a file)")
+        checkpoints = str(self.state_dir / "checkpoints")
+        if self.participant.checkpoint_dir != checkpoints:
+            object.__setattr__(self, "participant", replace(self.participant, checkpoint_dir=checkpoints))
         if not isinstance(self.insecure, bool) or self.insecure == (self.tls_ca is not None):
             _bad("insecure", self.insecure, "true without tls_ca (plaintext, --insecure) or false with --tls-ca FILE")
         if self.insecure and not is_loopback_host(server_host):
@@ -102,32 +109,12 @@ class ClientConfig:
             if not self.tls_ca.is_file():
                 _bad("tls_ca", str(self.tls_ca), "an existing CA certificate file")
             check_ca_cert(self.tls_ca)  # expired, or not a CA: one clear line now, not a failed handshake later
-        _choice(self, "finetune", ("full", "lora"))
-        _choice(self, "rollout_backend", ("hf", "vllm"))
-        if not isinstance(self.device, str) or not self.device:
-            _bad("device", self.device, "a torch device such as cpu or cuda:0")
-        if self.learning_rate is not None and (isinstance(self.learning_rate, bool) or not isinstance(
-                self.learning_rate, (int, float)) or not math.isfinite(self.learning_rate) or self.learning_rate <= 0):
-            _bad("learning_rate", self.learning_rate, "a number > 0")
-        for name in ("lora_rank", "eval_problems", "minibatch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                _bad(name, value, "an integer >= 1")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            _bad("seed", self.seed, "an integer >= 0")
         if not isinstance(self.stay, bool):
             _bad("stay", self.stay, "true or false")
         poll = self.idle_poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
-        keep = self.keep_checkpoints
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-            _bad("keep_checkpoints", self.keep_checkpoints, "an integer >= 2")
         self._check_metrics_sinks()
-        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
-            _bad("nproc", self.nproc, "an integer in 1..64")
-        if self.nproc > 1 and self.rollout_backend != "hf":
-            _bad("nproc", self.nproc, "1 with rollout_backend 'vllm' (a vLLM engine is one process)")
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))
@@ -147,17 +134,6 @@ class ClientConfig:
             if not isinstance(self.wandb, str) or not self.wandb.strip():
                 _bad("wandb", self.wandb, "a W&B project name")
             require_wandb()
-
-    def participant_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of hacfed.clients.participant.ParticipantConfig (defaults where unset)."""
-        out: dict[str, Any] = {"finetune": self.finetune, "device": self.device,
-                               "rollout_backend": self.rollout_backend,
-                               "seed": self.seed, "checkpoint_dir": str(self.state_dir / "checkpoints"),
-                               "keep_checkpoints": self.keep_checkpoints, "nproc": self.nproc}
-        optional = {"learning_rate": self.learning_rate, "lora_rank": self.lora_rank,
-                    "eval_problems": self.eval_problems, "minibatch_size": self.minibatch_size}
-        out.update({k: v for k, v in optional.items() if v is not None})
-        return out
 
 
 def check_server_name(server: str) -> None:
@@ -179,9 +155,10 @@ def _bad(name: str, value: object, requirement: str) -> None:
     raise ValueError(f"ClientConfig.{name} must be {requirement}, got {value!r}")
 
 
-def _choice(cfg: ClientConfig, name: str, choices: tuple[str, ...]) -> None:
-    if getattr(cfg, name) not in choices:
-        _bad(name, getattr(cfg, name), f"one of {list(choices)}")
+def setting_names() -> list[str]:
+    """The keys of `[participant]` (and the flags' names): ClientConfig's own fields and PARTICIPANT_KEYS."""
+    own = [f.name for f in fields(ClientConfig) if f.name not in ("participant", "task", "config_dir")]
+    return sorted([*own, *PARTICIPANT_KEYS])
 
 
 def load_client_config(
@@ -203,10 +180,10 @@ def load_client_config(
         table = dict(data.get("participant", {}))
         task = dict(data["task"]) if "task" in data else None
         config_dir = path.resolve().parent
-    known = {f.name for f in fields(ClientConfig)} - {"task", "config_dir"}
-    unknown = sorted(set(table) - known)
+    known = setting_names()
+    unknown = sorted(set(table) - set(known))
     if unknown:
-        raise ValueError(f"[participant]: unknown key(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"[participant]: unknown key(s) {unknown}; known: {known}")
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     if given.get("tls_ca") is not None and "insecure" not in given:
         table.pop("insecure", None)  # --tls-ca on the command line replaces the file's plaintext setting
@@ -217,9 +194,9 @@ def load_client_config(
     for item in task_sets:
         key, value = parse_set(item)
         task[key] = value
-    missing = sorted(name for name in ("participant_id", "model", "server", "state_dir", "coordinator_key")
-                     if name not in table)
+    missing = sorted(name for name in REQUIRED if name not in table)
     if missing:
         flags_named = ", ".join("--" + m.replace("_", "-") for m in missing)
         raise ValueError(f"missing setting(s) {missing}: pass {flags_named} or set them in [participant]")
-    return ClientConfig(**table, task=task, config_dir=config_dir)
+    participant = ParticipantConfig(**{name: table.pop(name) for name in PARTICIPANT_KEYS if name in table})
+    return ClientConfig(participant, **table, task=task, config_dir=config_dir)

@@ -46,12 +46,12 @@ import torch
 import torch.distributed as dist
 
 from hacfed.clients.rank_worker import rollout_share, worker_main
-from hacfed.clients.shards import DEFAULT_TIMEOUT_S, HOST, Shards, check_nproc
+from hacfed.clients.shards import DEFAULT_TIMEOUT_S, HOST, Shards
 from hacfed.clients.training import train_on_pool
 from hacfed.messages import RoundPlan, RoundUpdate
 from hacfed.trajectory import Trajectory
 
-__all__ = ["RankFailure", "RankGroup", "start_ranks", "stop_this_process", "check_nproc", "DEFAULT_TIMEOUT_S"]
+__all__ = ["RankFailure", "RankGroup", "start_ranks", "stop_this_process", "DEFAULT_TIMEOUT_S"]
 
 
 class RankFailure(RuntimeError):
@@ -239,8 +239,8 @@ def start_ranks(nproc: int, participants: Sequence[Replicated], *, timeout_s: fl
     optimizer state, so a resumed lab continues exactly), and join them in one process group.
 
     on_failure(failure) runs when a rank is found dead (also between rounds, watched every second),
-    before the failing call raises; None: only the call raises."""
-    check_nproc(nproc)
+    before the failing call raises; None: only the call raises. `nproc` was checked where it entered
+    (`ParticipantConfig.nproc`, or `hacfed sim --nproc`)."""
     if nproc < 2:
         raise ValueError("start_ranks needs nproc >= 2 (one process trains without torch.distributed)")
     if dist.is_initialized():

@@ -29,7 +29,7 @@ from hacfed.config_values import OneLineArgumentParser, describe_os_error
 
 def build_parser() -> argparse.ArgumentParser:
     # Flags default to None so the --config file can fill them; the effective defaults are in the help
-    # (ClientConfig and ParticipantConfig; tests/unit/test_client_config.py keeps the two in step).
+    # (ClientConfig and its ParticipantConfig; tests/unit/test_client_config.py keeps the two in step).
     parser = OneLineArgumentParser(
         prog="hacfed-client", description=__doc__.split("\n\n")[0],
         epilog="Settings precedence: --config file < flags < --task items. See deploy/participant.toml. The five "

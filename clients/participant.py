@@ -3,7 +3,8 @@
 Runs in a lab's hacfed-client process, resident for the whole run (and in `hacfed sim`, one per
 agent). One exchange per round (docs/design.md): `step(update)` trains on the pool of round r, evaluates
 when the next plan asks for it, rolls out plan r+1 with the updated policy and returns the
-submission. The parts live beside it: `rollout_and_eval` (sampling a plan, held-out accuracy),
+submission. The parts live beside it: `participant_config` (the lab's training choices,
+`ParticipantConfig`, re-exported here), `rollout_and_eval` (sampling a plan, held-out accuracy),
 `training` (policy, reference, optimizer, training on the pool; the HACPO update is `update`) and
 `checkpoints` (atomic save and resume).
 
@@ -14,80 +15,24 @@ submission. The parts live beside it: `rollout_and_eval` (sampling a plan, held-
 
 from __future__ import annotations
 
-import math
 import secrets
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from hacfed.clients.checkpoints import restore_participant, save_participant
 from hacfed.clients.context import model_context, readable_pool
+from hacfed.clients.participant_config import ParticipantConfig
 from hacfed.clients.rollout_and_eval import Evaluation, evaluate_held_out, export_for_vllm, rollout_plan
 from hacfed.clients.training import prepare_training, train_on_pool
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
-
-
-@dataclass(frozen=True)
-class ParticipantConfig:
-    """Local choices of one lab; everything that must agree comes from the coordinator's plan."""
-
-    participant_id: str
-    model: str
-    # "auto": LoRA above a size threshold, with activation checkpointing and bf16 where they pay
-    # (hacfed.models.memory.memory_plan); the participant resolves it to "full" or "lora".
-    finetune: Literal["full", "lora", "auto"] = "full"
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
-    minibatch_size: int | None = None  # None: prompts × G / 2 of the pool (the paper's 2 updates per source)
-    max_grad_norm: float = 1.0
-    # Longest prompt / response (in this model's tokens) the update takes. None: the model's context
-    # for each, a sample being read when prompt + response fit in it (hacfed.clients.context).
-    max_prompt_len: int | None = None
-    max_response_len: int | None = None
-    eval_problems: int = 200
-    eval_split: Literal["test", "validation"] = "test"  # "validation" when choosing settings
-    eval_sampled: bool = False  # also sampled pass@1 (one temperature-1 sample per problem)
-    rollout_batch_size: int = 256
-    device: str = "cpu"
-    seed: int = 0
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 3  # how many rounds back a purge can roll this lab back (hacfed-client replay)
-    rollout_backend: Literal["hf", "vllm"] = "hf"
-    nproc: int = 1  # data-parallel processes training this model (hacfed.clients.distributed)
-
-    def __post_init__(self) -> None:
-        if not self.participant_id or not isinstance(self.participant_id, str):
-            raise ValueError(f"participant_id must be a non-empty string, got {self.participant_id!r}")
-        if self.finetune not in ("full", "lora", "auto"):
-            raise ValueError(f"finetune must be 'full', 'lora' or 'auto', got {self.finetune!r}")
-        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        if self.minibatch_size is not None and self.minibatch_size < 1:
-            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size!r}")
-        if self.rollout_backend not in ("hf", "vllm"):
-            raise ValueError(f"rollout_backend must be 'hf' or 'vllm', got {self.rollout_backend!r}")
-        for name in ("max_prompt_len", "max_response_len"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be None (the model's context) or an int >= 1, got {value!r}")
-        if self.eval_problems < 1:
-            raise ValueError(f"eval_problems must be >= 1, got {self.eval_problems!r}")
-        keep = self.keep_checkpoints
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-            raise ValueError(f"keep_checkpoints must be an integer >= 2, got {self.keep_checkpoints!r}")
-        from hacfed.clients.distributed import check_nproc
-
-        check_nproc(self.nproc)
-        if self.nproc > 1 and self.rollout_backend != "hf":
-            raise ValueError(f"nproc {self.nproc} needs rollout_backend 'hf', got {self.rollout_backend!r}")
 
 
 @dataclass

@@ -133,7 +133,7 @@ def run_replay(cfg: Any, exclude: str, from_round: int, say: Callable[[str], Non
     if from_round < 0:
         raise ValueError(f"--from-round must be >= 0, got {from_round}")
     state = cfg.state_dir
-    checkpoint_dir = Path(cfg.participant_kwargs()["checkpoint_dir"])
+    checkpoint_dir = Path(cfg.participant.checkpoint_dir)
     outbox_path = state / "service" / OUTBOX_FILE
     if not outbox_path.is_file() or latest_checkpoint(checkpoint_dir) is None:
         raise ValueError(f"{state} holds no outbox or checkpoint of a lab: is it this lab's --state-dir?")
@@ -146,12 +146,11 @@ def run_replay(cfg: Any, exclude: str, from_round: int, say: Callable[[str], Non
         outbox = Outbox(outbox_path)
         coordinator_key = load_public_key(cfg.coordinator_key)
         plan_replay(checkpoint_dir, outbox, coordinator_key, exclude, from_round)  # fail before loading a model
-        from hacfed.clients.participant import Participant, ParticipantConfig  # torch
+        from hacfed.clients.participant import Participant  # torch
         from hacfed.tasks.registry import load_task
 
         task = load_task(cfg.task, base_dir=cfg.config_dir)
-        spec = ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs())
-        participant = Participant.from_spec(spec, task)
+        participant = Participant.from_spec(cfg.participant, task)
         report = replay(participant, checkpoint_dir, outbox, coordinator_key, exclude, from_round, say)
         if report.checkpoint is None:
             say("nothing changed")

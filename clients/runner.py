@@ -143,7 +143,7 @@ class Client:
         if self.metrics is None or self._metrics_failed:
             return
         try:
-            self.metrics.write(step_row(self.cfg.participant_id, report.round_id, mode, self.cfg.seed,
+            self.metrics.write(step_row(self.cfg.participant_id, report.round_id, mode, self.cfg.participant.seed,
                                         dict(report.metrics), report.eval_accuracy, final))
         except Exception as exc:  # noqa: BLE001 - visibility must not cost the federation a round
             self._metrics_failed = True
@@ -270,12 +270,12 @@ def run_client(cfg: ClientConfig) -> int:
     say(f"{'created' if enrolment.created else 'using'} this lab's keys in {state}: {enrolment.describe()}")
     say(f"enrolment for the coordinator's operator (hacfed-server register), also in {state / ENROLMENT_FILE}:")
     print(enrolment.line, flush=True)
-    say(f"loading model {cfg.model} on {cfg.device} ({cfg.finetune} fine-tuning, {cfg.rollout_backend} rollouts); "
+    lab = cfg.participant
+    say(f"loading model {lab.model} on {lab.device} ({lab.finetune} fine-tuning, {lab.rollout_backend} rollouts); "
         f"task {task.name}")
-    from hacfed.clients.participant import Participant, ParticipantConfig  # torch
+    from hacfed.clients.participant import Participant  # torch
 
-    spec = ParticipantConfig(cfg.participant_id, cfg.model, **cfg.participant_kwargs())
-    participant = Participant.from_spec(spec, task)
+    participant = Participant.from_spec(lab, task)
     if participant.last_round is not None:
         say(f"resumed from checkpoint: last plan rolled out was round {participant.last_round} "
             f"(policy version {participant.policy_version})")

@@ -1,6 +1,6 @@
 """What data-parallel ranks of one lab share: how work is split, and the collectives that join it.
 
-Pure helpers (`shard_bounds`, `global_scale`, `rollout_seed`, `sub_plan`, `check_nproc`) and
+Pure helpers (`shard_bounds`, `global_scale`, `rollout_seed`, `sub_plan`) and
 `Shards`, the collective operations over an initialised torch.distributed group. The ranks'
 processes are started by `hacfed.clients.distributed` (rank 0) and run `hacfed.clients.rank_worker`
 (ranks 1..N-1); a data-parallel update is `hacfed.clients.update_parallel`.
@@ -16,14 +16,7 @@ import torch.distributed as dist
 from hacfed.messages import RoundPlan
 
 DEFAULT_TIMEOUT_S = 600.0  # one collective; idle waits between commands have none
-MAX_NPROC = 64
 HOST = "127.0.0.1"
-
-
-def check_nproc(nproc: object) -> int:
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= MAX_NPROC:
-        raise ValueError(f"nproc must be an integer in 1..{MAX_NPROC}, got {nproc!r}")
-    return nproc
 
 
 def shard_bounds(n: int, world: int, rank: int) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.clients.config import ClientConfig, load_client_config
+from hacfed.clients.config import load_client_config, setting_names
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.keys import ensure_key_pair
 from hacfed.messages import SamplingParams
@@ -61,7 +61,7 @@ def test_every_server_setting_refuses_bad_values_with_a_value_error(key, tmp_pat
     assert _only_value_errors(load) >= 1, f"{key} accepted every hostile value"
 
 
-@pytest.mark.parametrize("name", [f.name for f in fields(ClientConfig) if f.name not in ("config_dir", "task")])
+@pytest.mark.parametrize("name", setting_names())  # every [participant] key, ClientConfig's and ParticipantConfig's
 def test_every_client_setting_refuses_bad_values_with_a_value_error(name, tmp_path):
     key = ensure_key_pair(tmp_path, "coordinator").public
     base = {"participant_id": "lab-a", "model": "tiny-llama", "server": "127.0.0.1:9092", "state_dir": str(tmp_path),
@@ -149,7 +149,7 @@ def test_client_wrong_types_are_one_line(tmp_path):
     config = tmp_path / "lab.toml"
     config.write_text('[participant]\nlearning_rate = "hot"\n')
     _one_line_error(_run([*_client_argv(tmp_path), "--config", str(config)], tmp_path), "hacfed-client",
-                    "ClientConfig.learning_rate must be a number > 0, got 'hot'")
+                    "ParticipantConfig.learning_rate must be a number > 0, got 'hot'")
 
 
 def test_client_corrupt_outbox_is_one_line_before_the_model_loads(tmp_path):

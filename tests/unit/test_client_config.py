@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.clients.config import DEFAULT_TASK, load_client_config
-from hacfed.clients.main import build_parser, main
+from hacfed.clients.config import DEFAULT_TASK, PARTICIPANT_KEYS, load_client_config, setting_names
+from hacfed.clients.main import NAMES, build_parser, main
+from hacfed.clients.participant_config import ParticipantConfig
 from hacfed.clients.runner import describe_answer
 from hacfed.clients.service import Answered
 from hacfed.keys import ensure_key_pair
@@ -26,8 +27,9 @@ def flags(tmp_path: Path) -> dict:
 def test_flags_alone_give_the_default_task(flags: dict, tmp_path: Path) -> None:
     cfg = load_client_config(None, flags)
     assert cfg.task == DEFAULT_TASK and cfg.state_dir == tmp_path / "lab-a"
-    kwargs = cfg.participant_kwargs()
-    assert kwargs["checkpoint_dir"] == str(tmp_path / "lab-a" / "checkpoints") and "learning_rate" not in kwargs
+    lab = cfg.participant  # the lab's training choices: ParticipantConfig's defaults where unset
+    assert lab == ParticipantConfig("lab-a", "tiny-llama", checkpoint_dir=str(tmp_path / "lab-a" / "checkpoints"))
+    assert cfg.participant_id == "lab-a" and cfg.model == "tiny-llama"
 
 
 def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
@@ -35,7 +37,8 @@ def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
     path.write_text('[participant]\nmodel = "tiny-gpt2"\nfinetune = "lora"\nlearning_rate = 1e-4\n'
                     '[task]\nkind = "arithmetic"\ndigits = 2\noperators = "+"\n')
     cfg = load_client_config(path, {**flags, "model": None, "device": "cpu"}, ["digits=3"])
-    assert cfg.model == "tiny-gpt2" and cfg.finetune == "lora" and cfg.learning_rate == 1e-4
+    assert cfg.model == "tiny-gpt2" and cfg.participant.finetune == "lora" and cfg.participant.learning_rate == 1e-4
+    assert cfg.participant.device == "cpu"
     assert cfg.task == {"kind": "arithmetic", "digits": 3, "operators": "+"} and cfg.config_dir == tmp_path
 
 
@@ -52,10 +55,24 @@ def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
         ({"coordinator_key": "missing.pub"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
         ({"insecure": None}, "ClientConfig.insecure must be true without tls_ca"),
         ({"tls_ca": __file__}, "ClientConfig.insecure must be true without tls_ca"),
-        ({"finetune": "half"}, r"ClientConfig.finetune must be one of \['full', 'lora'\], got 'half'"),
-        ({"rollout_backend": "tgi"}, "ClientConfig.rollout_backend must be one of"),
-        ({"learning_rate": -1.0}, "ClientConfig.learning_rate must be a number > 0, got -1.0"),
-        ({"eval_problems": 0}, "ClientConfig.eval_problems must be an integer >= 1, got 0"),
+        ({"participant_id": ""}, "ParticipantConfig.participant_id must be a non-empty string, got ''"),
+        ({"model": 3}, "ParticipantConfig.model must be a non-empty string, got 3"),
+        ({"finetune": "half"}, r"ParticipantConfig.finetune must be one of \['full', 'lora', 'auto'\], got 'half'"),
+        ({"device": ""}, "ParticipantConfig.device must be a torch device such as cpu or cuda:0, got ''"),
+        ({"rollout_backend": "tgi"}, "ParticipantConfig.rollout_backend must be one of"),
+        ({"learning_rate": -1.0}, "ParticipantConfig.learning_rate must be a number > 0, got -1.0"),
+        ({"learning_rate": float("nan")}, "ParticipantConfig.learning_rate must be a number > 0, got nan"),
+        ({"learning_rate": True}, "ParticipantConfig.learning_rate must be a number > 0, got True"),
+        ({"lora_rank": 2.5}, "ParticipantConfig.lora_rank must be an integer >= 1, got 2.5"),
+        ({"eval_problems": 0}, "ParticipantConfig.eval_problems must be an integer >= 1, got 0"),
+        ({"minibatch_size": 0}, r"ParticipantConfig.minibatch_size must be an integer >= 1 \(or unset\), got 0"),
+        ({"minibatch_size": True}, r"ParticipantConfig.minibatch_size must be an integer >= 1 \(or unset\), got True"),
+        ({"seed": -1}, "ParticipantConfig.seed must be an integer >= 0, got -1"),
+        ({"seed": False}, "ParticipantConfig.seed must be an integer >= 0, got False"),
+        ({"keep_checkpoints": 1}, "ParticipantConfig.keep_checkpoints must be an integer >= 2, got 1"),
+        ({"nproc": 65}, r"ParticipantConfig.nproc must be an integer in 1..64, got 65"),
+        ({"nproc": 2, "rollout_backend": "vllm"}, "ParticipantConfig.nproc must be 1 with rollout_backend 'vllm'"),
+        ({"stay": 1}, "ClientConfig.stay must be true or false, got 1"),
         ({"model": None}, r"missing setting\(s\) \['model'\]: pass --model"),
     ],
 )
@@ -87,7 +104,11 @@ def test_tls_client_needs_a_valid_federation_ca(flags: dict, tmp_path: Path) -> 
 def test_unknown_keys_and_tables_are_refused(flags: dict, tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text("[participant]\nmodle = 'x'\n")
-    with pytest.raises(ValueError, match=r"\[participant\]: unknown key\(s\) \['modle'\]"):
+    with pytest.raises(ValueError, match=r"\[participant\]: unknown key\(s\) \['modle'\]") as refused:
+        load_client_config(path, flags)
+    assert f"known: {setting_names()}" in str(refused.value)
+    path.write_text("[participant]\ncheckpoint_dir = 'x'\n")  # always STATE/checkpoints
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['checkpoint_dir'\]"):
         load_client_config(path, flags)
     path.write_text("[server]\nlisten = 'x'\n")
     with pytest.raises(ValueError, match=r"unknown table\(s\) \['server'\]"):
@@ -109,19 +130,31 @@ def test_help_defaults_are_the_real_defaults() -> None:
     import re
 
     from hacfed.clients.config import ClientConfig
-    from hacfed.clients.participant import ParticipantConfig
 
     helps = {a.dest: a.help for a in build_parser()._actions}
     shown = {dest: re.search(r"\(default: ([^;)]+)", text).group(1) for dest, text in helps.items()
              if text and "(default: " in text}
-    fields = {f.name: f.default for f in dataclasses.fields(ParticipantConfig)} | \
-        {f.name: f.default for f in dataclasses.fields(ClientConfig) if f.name in ("device", "rollout_backend", "seed",
-                                                                              "finetune")}
-    for dest in ("learning_rate", "lora_rank", "eval_problems", "finetune", "device", "rollout_backend", "seed"):
+    fields = {f.name: f.default for f in dataclasses.fields(ParticipantConfig)}
+    for dest in ("learning_rate", "lora_rank", "eval_problems", "finetune", "device", "rollout_backend", "seed",
+                 "nproc"):
         assert shown[dest] == str(fields[dest]), (dest, shown[dest], fields[dest])
     assert ClientConfig.__dataclass_fields__["stay"].default is False and shown["stay"].startswith("off")
     assert "kind=arithmetic digits=2 operators=+" in helps["task_sets"]
     assert DEFAULT_TASK == {"kind": "arithmetic", "digits": 2, "operators": "+"}
+
+
+def test_one_flat_table_fills_both_configs(flags: dict, tmp_path: Path) -> None:
+    """Every flag is a [participant] key; the lab's training keys land in its ParticipantConfig, once."""
+    assert set(NAMES) <= set(setting_names())
+    assert set(PARTICIPANT_KEYS) <= {f.name for f in dataclasses.fields(ParticipantConfig)}
+    path = tmp_path / "p.toml"
+    path.write_text("[participant]\nlora_rank = 4\nminibatch_size = 6\nseed = 7\nkeep_checkpoints = 5\n"
+                    "nproc = 2\neval_problems = 9\nidle_poll_s = 0.25\n")
+    cfg = load_client_config(path, flags)
+    lab = cfg.participant
+    assert (lab.lora_rank, lab.minibatch_size, lab.seed, lab.keep_checkpoints, lab.nproc, lab.eval_problems) == \
+        (4, 6, 7, 5, 2, 9)
+    assert cfg.idle_poll_s == 0.25 and not hasattr(cfg, "seed") and not hasattr(cfg, "nproc")
 
 
 def test_exit_when_done_is_still_accepted_and_changes_nothing() -> None:

@@ -69,9 +69,9 @@ def test_global_scale_makes_the_averaged_gradient_the_global_mean() -> None:
 
 
 def test_nproc_is_checked() -> None:
-    with pytest.raises(ValueError, match="nproc must be"):
+    with pytest.raises(ValueError, match=r"ParticipantConfig.nproc must be an integer in 1..64, got 0"):
         ParticipantConfig("a", "tiny-llama", nproc=0)
-    with pytest.raises(ValueError, match="rollout_backend 'hf'"):
+    with pytest.raises(ValueError, match="ParticipantConfig.nproc must be 1 with rollout_backend 'vllm'"):
         ParticipantConfig("a", "tiny-llama", nproc=2, rollout_backend="vllm")
 
 
@@ -85,12 +85,11 @@ def test_client_nproc_flag_reaches_the_participant_and_bad_values_exit_2(tmp_pat
             str(tmp_path / "lab-a"), "--coordinator-key", str(key), "--insecure"]
     flags = {"participant_id": "lab-a", "model": "tiny-llama", "server": "127.0.0.1:9092",
              "state_dir": str(tmp_path / "lab-a"), "coordinator_key": str(key), "insecure": True, "nproc": 2}
-    kwargs = load_client_config(None, flags).participant_kwargs()
-    assert kwargs["nproc"] == 2 and ParticipantConfig("lab-a", "tiny-llama", **kwargs).nproc == 2
+    assert load_client_config(None, flags).participant.nproc == 2
     assert main([*argv, "--nproc", "0"]) == 2
-    assert "ClientConfig.nproc must be an integer in 1..64, got 0" in capsys.readouterr().err
+    assert "ParticipantConfig.nproc must be an integer in 1..64, got 0" in capsys.readouterr().err
     assert main([*argv, "--nproc", "2", "--rollout-backend", "vllm"]) == 2
-    assert "rollout_backend 'vllm'" in capsys.readouterr().err
+    assert "ParticipantConfig.nproc must be 1 with rollout_backend 'vllm'" in capsys.readouterr().err
     assert not (tmp_path / "lab-a").exists()  # refused before any file was created
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -87,13 +88,13 @@ def test_own_samples_first_then_agent_order(two_rollouts):
 
 def test_own_sample_ratio_starts_at_one():
     # The log-prob summary of our own rollout equals the teacher-forced recomputation.
-    from hacfed.clients.update import UpdateSettings, build_views
+    from hacfed.clients.update import build_views
     from hacfed.rollout.logprobs import sequence_logprobs
 
     p = make("a", "tiny-qwen2")
     sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0, n=2, g=3), ("a",)))
     own = [p._own[t.trajectory_id] for t in sub.trajectories if t.source_token_count > 0]
-    views, skipped = build_views(own, "a", p.tokenizer, UpdateSettings(8))
+    views, skipped = build_views(own, "a", p.tokenizer, max_prompt_len=128, max_response_len=64)
     assert skipped == 0
     logp, _ = sequence_logprobs(
         p.model, [v.prompt_ids for v in views], [v.response_ids for v in views], p.tokenizer.pad_token_id
@@ -131,11 +132,17 @@ def test_lora_trains_adapter_only():
             assert torch.equal(x, base[n])
 
 
-def test_config_validation():
-    with pytest.raises(ValueError, match="finetune.*'qlora'"):
-        ParticipantConfig("a", "tiny-llama", finetune="qlora")
-    with pytest.raises(ValueError, match="learning_rate"):
-        ParticipantConfig("a", "tiny-llama", learning_rate=-1.0)
+@pytest.mark.parametrize("name, value", [
+    ("participant_id", ""), ("model", None), ("finetune", "qlora"), ("lora_rank", 0), ("lora_alpha", True),
+    ("learning_rate", -1.0), ("learning_rate", float("inf")), ("learning_rate", "5e-5"), ("minibatch_size", 0),
+    ("max_grad_norm", 0.0), ("max_grad_norm", float("nan")), ("max_prompt_len", 0), ("max_response_len", 1.5),
+    ("eval_problems", 0), ("eval_split", "train"), ("eval_sampled", 1), ("rollout_batch_size", 0), ("device", ""),
+    ("seed", -1), ("seed", True), ("checkpoint_dir", ""), ("keep_checkpoints", 1), ("rollout_backend", "tgi"),
+    ("nproc", 0), ("nproc", 65), ("nproc", True),
+])
+def test_config_validation_names_the_field_and_value(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"^ParticipantConfig\.{name} must be .*, got {re.escape(repr(value))}$"):
+        ParticipantConfig(**{"participant_id": "a", "model": "tiny-llama", name: value})
 
 
 @pytest.mark.parametrize("limits, long_chars, skipped", [

@@ -44,7 +44,7 @@ def _client_argv(lab: dict[str, Path], **changes: str) -> list[str]:
         ({"insecure": "DROP", "tls_ca": "missing-ca.pem"}, "ClientConfig.tls_ca must be an existing CA certificate"),
         ({"task": "kind=nope"}, "task spec: unknown kind 'nope'"),
         ({"task": "digits=0"}, "digits"),
-        ({"seed": "-1"}, "ClientConfig.seed must be an integer >= 0"),
+        ({"seed": "-1"}, "ParticipantConfig.seed must be an integer >= 0"),
     ],
 )
 def test_client_refuses_before_creating_anything(lab: dict[str, Path], changes: dict[str, str], message: str,

@@ -1,0 +1,96 @@
+"""One lab's training choices (`ParticipantConfig`), each declared and checked here, once.
+
+    cfg = ParticipantConfig("lab-a", "tiny-llama", learning_rate=1e-4, nproc=2)
+
+Read by `hacfed.clients.participant.Participant` and, through it, by `training` and `update` (which
+trust these values). hacfed-client builds it from the flat `[participant]` table and its flags
+(`hacfed.clients.config`); `hacfed sim` from its options. Everything that must agree across labs
+comes from the coordinator's plans, not from here. Torch-free, so a bad value is refused in one
+line (naming the field and the value) before torch or a model loads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+MAX_NPROC = 64
+
+
+@dataclass(frozen=True)
+class ParticipantConfig:
+    """Local choices of one lab; everything that must agree comes from the coordinator's plan."""
+
+    participant_id: str
+    model: str  # what `hacfed.models.loading.load_model` loads (`Participant.from_spec`)
+    # "auto": LoRA above a size threshold, with activation checkpointing and bf16 where they pay
+    # (hacfed.models.memory.memory_plan); the participant resolves it to "full" or "lora".
+    finetune: Literal["full", "lora", "auto"] = "full"
+    lora_rank: int = 8
+    lora_alpha: int = 16
+    learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
+    minibatch_size: int | None = None  # None: prompts × G / 2 of the pool (the paper's 2 updates per source)
+    max_grad_norm: float = 1.0
+    # Longest prompt / response (in this model's tokens) the update takes. None: the model's context
+    # for each, a sample being read when prompt + response fit in it (hacfed.clients.context).
+    max_prompt_len: int | None = None
+    max_response_len: int | None = None
+    eval_problems: int = 200
+    eval_split: Literal["test", "validation"] = "test"  # "validation" when choosing settings
+    eval_sampled: bool = False  # also sampled pass@1 (one temperature-1 sample per problem)
+    rollout_batch_size: int = 256
+    device: str = "cpu"
+    seed: int = 0
+    checkpoint_dir: str | None = None  # None: no checkpoints (hacfed-client: STATE/checkpoints)
+    keep_checkpoints: int = 3  # how many rounds back a purge can roll this lab back (hacfed-client replay)
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    nproc: int = 1  # data-parallel processes training this model (hacfed.clients.distributed)
+
+    def __post_init__(self) -> None:
+        for name in ("participant_id", "model"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                _bad(name, getattr(self, name), "a non-empty string")
+        if not isinstance(self.device, str) or not self.device:
+            _bad("device", self.device, "a torch device such as cpu or cuda:0")
+        _choice(self, "finetune", ("full", "lora", "auto"))
+        _choice(self, "rollout_backend", ("hf", "vllm"))
+        _choice(self, "eval_split", ("test", "validation"))
+        for name in ("learning_rate", "max_grad_norm"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value > 0):
+                _bad(name, value, "a number > 0")
+        for name in ("lora_rank", "lora_alpha", "eval_problems", "rollout_batch_size"):
+            _integer(self, name, 1)
+        for name in ("minibatch_size", "max_prompt_len", "max_response_len"):
+            if getattr(self, name) is not None:
+                _integer(self, name, 1, " (or unset)")
+        _integer(self, "seed", 0)
+        _integer(self, "keep_checkpoints", 2)
+        if not isinstance(self.eval_sampled, bool):
+            _bad("eval_sampled", self.eval_sampled, "true or false")
+        if self.checkpoint_dir is not None:
+            if not isinstance(self.checkpoint_dir, (str, Path)) or not str(self.checkpoint_dir):
+                _bad("checkpoint_dir", self.checkpoint_dir, "a directory path (or unset: no checkpoints)")
+            object.__setattr__(self, "checkpoint_dir", str(self.checkpoint_dir))
+        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= MAX_NPROC:
+            _bad("nproc", self.nproc, f"an integer in 1..{MAX_NPROC}")
+        if self.nproc > 1 and self.rollout_backend != "hf":
+            _bad("nproc", self.nproc, f"1 with rollout_backend {self.rollout_backend!r} (a vLLM engine is one process)")
+
+
+def _bad(name: str, value: object, requirement: str) -> None:
+    raise ValueError(f"ParticipantConfig.{name} must be {requirement}, got {value!r}")
+
+
+def _choice(cfg: ParticipantConfig, name: str, choices: tuple[str, ...]) -> None:
+    if getattr(cfg, name) not in choices:
+        _bad(name, getattr(cfg, name), f"one of {list(choices)}")
+
+
+def _integer(cfg: ParticipantConfig, name: str, least: int, note: str = "") -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        _bad(name, value, f"an integer >= {least}{note}")
