@@ -19,14 +19,15 @@ from typing import Any, Protocol
 import torch
 
 from hacfed.clients.shards import Shards
-from hacfed.clients.update import Reference, UpdateSettings, default_minibatch, hacpo_update
+from hacfed.clients.update import Reference, default_minibatch, hacpo_update
 from hacfed.clients.update_parallel import DataParallel
 from hacfed.messages import RoundUpdate
 from hacfed.trajectory import Trajectory
 
 
 class TrainingConfig(Protocol):
-    """The settings this module reads, read-only (`hacfed.clients.participant.ParticipantConfig`)."""
+    """The settings this module reads, read-only and already checked (`hacfed.clients.participant_config`;
+    `Participant` resolves unset max_prompt_len / max_response_len to the model's context)."""
 
     @property
     def finetune(self) -> str: ...
@@ -91,12 +92,12 @@ def train_on_pool(
     # Own samples keep the exact sampled ids from our rollout (the pool carries text only).
     # The pool's reward is the coordinator's verified one; only the ids come from the local cache.
     pool = [with_local_ids(t, own, learner) for t in update.pool]
-    minibatch = cfg.minibatch_size or default_minibatch(pool)
-    settings = UpdateSettings(minibatch, cfg.max_grad_norm, cfg.max_prompt_len, cfg.max_response_len)
     agents = update.participants or tuple(sorted({t.source_id for t in pool}))
-    split = DataParallel(shards) if shards is not None else None
     return hacpo_update(
-        policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo, settings, split,
+        policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo,
+        minibatch_size=cfg.minibatch_size or default_minibatch(pool), max_grad_norm=cfg.max_grad_norm,
+        max_prompt_len=cfg.max_prompt_len, max_response_len=cfg.max_response_len,
+        split=DataParallel(shards) if shards is not None else None,
     )
 
 

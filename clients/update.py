@@ -42,24 +42,10 @@ from hacfed.clients.update_metrics import CrossRow, UpdateLog, cross_rows
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView, Trajectory, build_training_view
 
-__all__ = ["UpdateSettings", "order_pool", "build_views", "default_minibatch", "hacpo_update", "OneProcess", "RowSplit"]
+__all__ = ["order_pool", "build_views", "default_minibatch", "hacpo_update", "OneProcess", "RowSplit"]
 
 log = logging.getLogger("hacfed.clients.update")
 Reference = Callable[[], contextlib.AbstractContextManager[Any]]
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    minibatch_size: int
-    max_grad_norm: float = 1.0
-    max_prompt_len: int = 128
-    max_response_len: int = 64
-
-    def __post_init__(self) -> None:
-        if self.minibatch_size < 1:
-            raise ValueError(f"minibatch_size must be >= 1, got {self.minibatch_size!r}")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
 
 
 def order_pool(
@@ -76,7 +62,7 @@ def order_pool(
 
 
 def build_views(
-    pool: Sequence[Trajectory], learner: str, tokenizer: Any, settings: UpdateSettings
+    pool: Sequence[Trajectory], learner: str, tokenizer: Any, max_prompt_len: int, max_response_len: int
 ) -> tuple[list[TrainingView], int]:
     """Views of every sample; returns (views, skipped).
 
@@ -90,7 +76,7 @@ def build_views(
     for t in pool:
         try:
             views.append(build_training_view(
-                t, learner, tokenizer, settings.max_prompt_len, settings.max_response_len, overflow="error"
+                t, learner, tokenizer, max_prompt_len, max_response_len, overflow="error"
             ))
         except ValueError as exc:
             if t.source_id == learner:
@@ -194,18 +180,25 @@ def hacpo_update(
     agent_order: Sequence[str],
     capabilities: Mapping[str, float],
     cfg: HacpoConfig,
-    settings: UpdateSettings,
+    *,
+    minibatch_size: int,
+    max_grad_norm: float,
+    max_prompt_len: int,
+    max_response_len: int,
     split: RowSplit | None = None,
 ) -> dict[str, float]:
     """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
 
     `reference()` is a context manager yielding the reference model for the KL term (for LoRA:
-    the same model with the adapter disabled); None or kl_coef == 0 skips the KL. `split`: where the
+    the same model with the adapter disabled); None or kl_coef == 0 skips the KL. The lab's own
+    settings (the minibatch size, the gradient clip, the longest prompt and response it trains on)
+    come checked from its ParticipantConfig (`hacfed.clients.training`). `split`: where the
     minibatches' rows are computed (module docstring); every data-parallel rank calls with the same pool.
     """
     split = split if split is not None else OneProcess()
     # The learner's batch: own samples first, then each other source in agent order (§5).
-    views, skipped = build_views(order_pool(pool, learner, agent_order, cfg), learner, tokenizer, settings)
+    views, skipped = build_views(order_pool(pool, learner, agent_order, cfg), learner, tokenizer, max_prompt_len,
+                                 max_response_len)
     if not views:
         return {"num_samples": 0.0, "skipped_views": float(skipped)}
     # Mechanism 1 (§3): every sample judged against this learner's capability-weighted group baseline.
@@ -219,20 +212,21 @@ def hacpo_update(
     )
     # The old side of each ratio (§5): a peer's sample against its source's summary, an own sample
     # against the learner's pre-update log-probs, scored before the first optimizer step.
-    batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, settings, split)
+    batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, minibatch_size,
+                           split)
 
     trainee = split.wrap(model)
     model.train()
     update_log = UpdateLog()
-    for m, start in enumerate(range(0, len(views), settings.minibatch_size)):
-        minibatch = slice(start, min(start + settings.minibatch_size, len(views)))
+    for m, start in enumerate(range(0, len(views), minibatch_size)):
+        minibatch = slice(start, min(start + minibatch_size, len(views)))
         # Mechanisms 3-4 (§5): the loss of minibatch m, with the stepwise bound L_m.
         part = _minibatch_loss(trainee, reference, m, split.local_rows(start, minibatch.stop - start), batch,
                                tokenizer.pad_token_id, cfg)
         loss, metrics, cross = split.combine(part, m, minibatch, batch, cfg)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm))
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
         update_log.add(metrics, cross)
     model.eval()
@@ -240,9 +234,9 @@ def hacpo_update(
 
 
 def _learner_batch(model: Any, pad_id: int, views: list[TrainingView], advantages: Tensor, omega: Tensor,
-                   learner: str, cfg: HacpoConfig, settings: UpdateSettings, split: RowSplit) -> LearnerBatch:
+                   learner: str, cfg: HacpoConfig, minibatch_size: int, split: RowSplit) -> LearnerBatch:
     need_own = [i for i, v in enumerate(views) if needs_own_old(v, learner, cfg)]
-    first = min(settings.minibatch_size, len(views)) if split.defers_first_minibatch else 0
+    first = min(minibatch_size, len(views)) if split.defers_first_minibatch else 0
     pending = [i for i in need_own if i < first]  # filled by minibatch 0's forward (`OneProcess`)
     scored = split.score_old(model, views, [i for i in need_own if i >= first], pad_id)
     by_bytes = torch.tensor([per_byte(v, learner, cfg) for v in views], dtype=torch.bool)

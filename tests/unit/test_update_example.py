@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from hacfed.algorithm import HacpoConfig
-from hacfed.clients.update import UpdateSettings, hacpo_update, order_pool
+from hacfed.clients.update import hacpo_update, order_pool
 from hacfed.trajectory import ChatMessage, Trajectory
 
 V = 32
@@ -113,7 +113,7 @@ A_Q1, A_Q0 = 0.25 / STD_Q, -0.75 / STD_Q
 def run(cfg: HacpoConfig = HacpoConfig(), pool=POOL) -> tuple[UniformLM, dict[str, float]]:
     model = UniformLM()
     out = hacpo_update(model, TOK, torch.optim.SGD(model.parameters(), lr=0.0), None, pool, "me", AGENTS, CAPS,
-                       cfg, UpdateSettings(minibatch_size=3, max_grad_norm=1e9))
+                       cfg, minibatch_size=3, max_grad_norm=1e9, max_prompt_len=128, max_response_len=64)
     return model, out
 
 
