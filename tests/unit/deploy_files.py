@@ -69,6 +69,30 @@ def yaml_docs(path: Path) -> list[dict]:
     return docs
 
 
+def compose_services() -> dict[str, dict]:
+    """deploy/compose.yaml's services, YAML anchors and merge keys resolved."""
+    [doc] = yaml_docs(DEPLOY / "compose.yaml")
+    return doc["services"]
+
+
+def compose_default(value: object) -> str:
+    """A compose value with each `${VAR:-default}` replaced by its default (what runs with VAR unset);
+    a `${VAR}` without a default raises AssertionError."""
+    text = str(value)
+    bare = re.search(r"\$\{(\w+)\}", text)
+    assert bare is None, f"{text}: {bare and bare.group(1)} has no default"
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+
+
+def dockerfile_env(dockerfile: str) -> dict[str, str]:
+    """The image's ENV settings (KEY=VALUE form)."""
+    env: dict[str, str] = {}
+    for ins, rest in dockerfile_instructions(DEPLOY / dockerfile):
+        if ins == "ENV":
+            env.update(word.split("=", 1) for word in shlex.split(rest))
+    return env
+
+
 def k8s_objects() -> list[dict]:
     return [d for p in sorted(K8S.glob("*.yaml")) if p.name != "kustomization.yaml" for d in yaml_docs(p)]
 

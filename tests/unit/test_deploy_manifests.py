@@ -61,11 +61,13 @@ def test_k8s_objects_are_the_expected_kinds() -> None:
         ("PersistentVolumeClaim", "hacfed-coordinator-state"), ("Deployment", "hacfed-coordinator"),
         ("Service", "hacfed-coordinator"), ("Secret", "hacfed-coordinator-tls"),
         ("ConfigMap", "hacfed-federation"), ("PersistentVolumeClaim", "hacfed-lab-a-state"), ("Job", "hacfed-lab-a"),
+        ("NetworkPolicy", "hacfed-coordinator"), ("NetworkPolicy", "hacfed-lab"),
     ])
+    api = {"Deployment": "apps/v1", "Job": "batch/v1", "NetworkPolicy": "networking.k8s.io/v1"}
     for obj in k8s_objects():
         if obj["kind"] != "Namespace":
             assert obj["metadata"]["namespace"] == "hacfed", obj["metadata"]
-        assert obj["apiVersion"] == {"Deployment": "apps/v1", "Job": "batch/v1"}.get(obj["kind"], "v1")
+        assert obj["apiVersion"] == api.get(obj["kind"], "v1")
 
 
 def test_kustomization_lists_every_object_file_but_the_templates() -> None:
