@@ -92,7 +92,7 @@ def test_a_setting_without_runs_keeps_its_previous_block(tmp_path):
     paths = ReportPaths(tmp_path / "r.md", tmp_path / "img", "cmd")
     write_report(matrix, out, paths)
     first = paths.results_md.read_text()
-    assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in first and "Kept from the previous report" not in first
+    assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in first and "Not regenerated" not in first
     # a fresh machine: later's runs are gone, pair's were rerun with other results
     for run in runs_of(matrix.setting("later")):
         run.metrics_path(out).unlink()
@@ -106,18 +106,32 @@ def test_a_setting_without_runs_keeps_its_previous_block(tmp_path):
     write_report(matrix, out, paths)
     second = paths.results_md.read_text()
     later = second.split("### later", 1)[1]
-    assert later.splitlines()[2].startswith("*Kept from the previous report: no complete run of this setting was under")
+    assert later.splitlines()[2].startswith("*Not regenerated: no complete run of this setting was under")
     assert "| naive (baseline) | 128 | 0.483 ± 0.072 (n=3) |" in later  # the earlier numbers, unchanged
     assert "| pair vs later | greedy accuracy | 0.520 ± 0.050 (n=3) | 0.483 ± 0.072 (n=3)" in second  # kept too
     assert "| naive | 128 | 0.553 ±" in second  # pair regenerated from its new runs: (0.60+0.52+0.54)/3
     write_report(matrix, out, paths)  # kept twice: still one mark per block
     third = paths.results_md.read_text()
-    assert third == second and third.count("Kept from the previous report") == 2
+    assert third == second and third.count("Not regenerated") == 2
     assert "no complete run of some of these settings was under" in third
     # without an earlier block a setting with no runs says so, as before
     paths.results_md.write_text("# fresh\n")
     write_report(matrix, out, paths)
     assert "No complete runs yet under" in paths.results_md.read_text()
+
+
+def test_a_kept_block_is_marked_once_in_either_wording():
+    from pathlib import Path
+
+    from hacfed.tools.experiments.report import kept_block
+
+    block = ["### later", "", "text"]
+    marked = kept_block(block, Path("runs"))
+    assert marked[:3] == ["### later", "", "*Not regenerated: no complete run of this setting was under `runs` when "
+                          "this section was written, so this block is carried over unchanged.*"]
+    assert kept_block(marked, Path("runs")) == marked
+    older = ["### later", "", "*Kept from the previous report: no complete run ...*", "", "text"]
+    assert kept_block(older, Path("runs")) == older
 
 
 def test_report_counts_incomplete_runs_and_single_seeds(tmp_path):

@@ -6,7 +6,9 @@ The section between `<!-- BEGIN hacfed bench modes -->` and `<!-- END hacfed ben
 regenerated from the complete runs on disk (the rest of the file is never touched; the markers are
 appended when absent). Per setting: the command that regenerates it, final greedy accuracy and
 sampled pass@1 per agent × mode (mean ± 95 % CI over seeds), paired differences against the
-baseline, the best non-baseline mode, and a learning-curve PNG.
+baseline, the best non-baseline mode, and a learning-curve PNG. A result that another generated page
+beside this one prints from the same runs (or from more seeds of them) is left out, with a line that
+links to it (`pages.py`), so no result is printed on two pages.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hacfed.tools.experiments.curves import plot_setting
-from hacfed.tools.experiments.matrix import Comparison, Matrix
+from hacfed.tools.experiments.matrix import Comparison, Matrix, Setting
+from hacfed.tools.experiments.pages import (
+    COMPARISONS_TITLE,
+    Elsewhere,
+    Page,
+    Placement,
+    command_options,
+    placement,
+    sibling_pages,
+)
 from hacfed.tools.experiments.results import Metric, SettingResults, load_setting
 from hacfed.tools.experiments.stats import Estimate, PairedDifference, mean_ci, paired_difference
 
@@ -25,9 +36,9 @@ BEGIN = "<!-- BEGIN hacfed bench modes -->"
 END = "<!-- END hacfed bench modes -->"
 METRIC_NAMES: dict[Metric, str] = {"accuracy": "greedy accuracy", "pass1": "sampled pass@1"}
 DASH = "–"
-COMPARISONS_TITLE = "Comparisons across settings"
 COMPARISONS = "\0comparisons"  # previous_blocks' key for that block (no setting name can be it)
-KEPT_PREFIX = "*Kept from the previous report:"
+KEPT_PREFIX = "*Not regenerated:"
+KEPT_MARKS = (KEPT_PREFIX, "*Kept from the previous report:")  # the second: the same mark in its older wording
 
 
 class NothingToReport(ValueError):
@@ -46,15 +57,17 @@ def write_report(matrix: Matrix, out: Path, paths: ReportPaths) -> list[Path]:
     all_results = {s.name: load_setting(s, Path(out)) for s in matrix.settings}
     if not any(r.runs for r in all_results.values()):
         raise NothingToReport(f"no complete runs under {out} for {matrix.path}; nothing to report")
+    here = Page(paths.results_md, matrix, "--results" in (command_options(paths.command) or {}))
+    placed = placement(here, sibling_pages(paths.results_md, paths.command, out))
     written: list[Path] = []
     images: dict[str, str] = {}
     for name, results in all_results.items():
-        if results.runs:
+        if results.runs and not _all_elsewhere(results.setting, placed):
             png = plot_setting(results, paths.img_dir / f"modes-{name}.png")
             written.append(png)
             images[name] = Path(os.path.relpath(png, paths.results_md.parent)).as_posix()
     old = paths.results_md.read_text(encoding="utf-8") if paths.results_md.exists() else ""
-    section = render(matrix, all_results, images, paths.command, out, kept=previous_blocks(old))
+    section = render(matrix, all_results, images, paths.command, out, kept=previous_blocks(old), placed=placed)
     paths.results_md.parent.mkdir(parents=True, exist_ok=True)
     tmp = paths.results_md.with_name(paths.results_md.name + ".tmp")
     tmp.write_text(replace_section(old, section, paths.results_md), encoding="utf-8")
@@ -95,11 +108,11 @@ def previous_blocks(document: str) -> dict[str, list[str]]:
 
 
 def kept_block(block: Sequence[str], out: Path, what: str = "this setting") -> list[str]:
-    """An earlier report's block, marked as such (once), for a setting with no runs on disk now."""
+    """The block the section held, marked (once) as carried over, for a setting with no runs on disk."""
     lines = list(block)
-    if not any(line.startswith(KEPT_PREFIX) for line in lines):
-        lines[1:1] = ["", f"{KEPT_PREFIX} no complete run of {what} was under `{out}` where the report "
-                          "was regenerated, so this block is the earlier report's, unchanged.*"]
+    if not any(line.startswith(KEPT_MARKS) for line in lines):
+        lines[1:1] = ["", f"{KEPT_PREFIX} no complete run of {what} was under `{out}` when this section "
+                          "was written, so this block is carried over unchanged.*"]
     return lines
 
 
@@ -110,12 +123,14 @@ def _strip_blank(lines: list[str]) -> list[str]:
 
 
 def render(matrix: Matrix, all_results: dict[str, SettingResults], images: dict[str, str], command: str,
-           out: Path, kept: dict[str, list[str]] | None = None) -> str:
+           out: Path, kept: dict[str, list[str]] | None = None, placed: Placement | None = None) -> str:
     """The generated section. A setting with no complete run under `out` whose block is in `kept` (the
     previous report's, `previous_blocks`) keeps that block, marked; likewise the comparisons when one
     of their settings has no runs. So a machine that holds only some settings' runs (a fresh clone
-    that reran one setting) regenerates those and loses nothing of the others."""
+    that reran one setting) regenerates those and loses nothing of the others. What `placed` says
+    another page prints is left out, with a link; a setting left out whole needs no runs here."""
     kept = kept or {}
+    placed = placed or Placement()
     lines = [
         "## Modes benchmark (generated)",
         "",
@@ -123,49 +138,88 @@ def render(matrix: Matrix, all_results: dict[str, SettingResults], images: dict[
         "Accuracies are held-out accuracy after the last update (the `\"final\": true` row): greedy decoding, "
         "and sampled pass@1 (one temperature-1 sample per problem). Cells are mean ± 95 % Student-t CI "
         "over seeds (n = seeds). Differences are paired per seed (same prompt plans and starting models); "
-        "**bold**: the CI lies entirely above 0.",
+        "**bold**: the CI lies entirely above 0. A result that another generated page prints from the same "
+        "runs, or from more seeds of them, is not repeated here; a line links to it.",
     ]
     for name, results in all_results.items():
-        if not results.runs and name in kept:
+        only = f"{command} --only {name}"
+        elsewhere = placed.modes.get(name, {})
+        if _all_elsewhere(results.setting, placed):
+            lines += ["", *_setting_intro(results.setting, only), "", *_elsewhere_modes(results.setting, elsewhere)]
+        elif not results.runs and name in kept:
             lines += ["", *kept_block(kept[name], out)]
         else:
-            lines += ["", *setting_section(results, f"{command} --only {name}", images.get(name), out)]
+            lines += ["", *setting_section(results, only, images.get(name), out, elsewhere)]
     if matrix.comparisons:
-        compared = {name for c in matrix.comparisons for name in c.settings}
-        if COMPARISONS in kept and any(not all_results[name].runs for name in compared):
+        shown = [c for c in matrix.comparisons if c not in placed.comparisons]
+        compared = {name for c in shown for name in c.settings}
+        if shown and COMPARISONS in kept and any(not all_results[name].runs for name in compared):
             lines += ["", *kept_block(kept[COMPARISONS], out, "some of these settings")]
         else:
-            lines += ["", *comparisons_section(matrix.comparisons, all_results)]
+            lines += ["", *comparisons_section(shown, all_results, placed.comparisons)]
     return "\n".join(lines)
 
 
-def setting_section(results: SettingResults, command: str, image: str | None, out: Path) -> list[str]:
-    s, r = results.setting, results.setting.run
-    title = f"### {s.name}" + (f": {s.description}" if s.description else "")
-    lines = [
-        title, "",
+def _all_elsewhere(setting: Setting, placed: Placement) -> bool:
+    return set(placed.modes.get(setting.name, {})) >= set(setting.run.modes)
+
+
+def not_repeated(labels_by_place: dict[Elsewhere, list[str]], what: str) -> list[str]:
+    """One line per other page: what this page leaves out, and where that page prints it."""
+    lines = []
+    for where, labels in labels_by_place.items():
+        listed = labels[0] if len(labels) == 1 else f"{', '.join(labels[:-1])} and {labels[-1]}"
+        how = (f"over seeds {', '.join(map(str, where.seeds))}, which include these runs" if where.more_seeds
+               else "from the same runs")
+        lines += [f"Not repeated here: {listed}{what}; [{where.page}]({where.link}) prints "
+                  f"{'it' if len(labels) == 1 else 'them'} {how}.", ""]
+    return lines[:-1]
+
+
+def _elsewhere_modes(setting: Setting, elsewhere: dict[str, Elsewhere]) -> list[str]:
+    by_place: dict[Elsewhere, list[str]] = {}
+    for mode in setting.run.modes:
+        if mode in elsewhere:
+            label = f"{mode} (baseline)" if mode == setting.run.baseline else mode
+            by_place.setdefault(elsewhere[mode], []).append(label)
+    return not_repeated(by_place, " of this setting")
+
+
+def _setting_intro(s: Setting, command: str, runs: str = "") -> list[str]:
+    r = s.run
+    return [
+        f"### {s.name}" + (f": {s.description}" if s.description else ""), "",
         f"Agents {', '.join(s.agents)}; task `{r.task}`, {r.rounds} rounds of {r.prompts_per_round} prompts × "
         f"G = {r.group_size}, lr {r.lr:g}, evaluation every {r.eval_every} rounds on {r.eval_problems} "
-        f"`{r.eval_split}` problems; seeds {', '.join(map(str, r.seeds))}. "
-        f"Complete runs: {len(results.runs)} of {results.expected}.", "",
+        f"`{r.eval_split}` problems; seeds {', '.join(map(str, r.seeds))}.{runs}", "",
         "```bash", command, "```",
     ]
+
+
+def setting_section(results: SettingResults, command: str, image: str | None, out: Path,
+                    elsewhere: dict[str, Elsewhere] | None = None) -> list[str]:
+    """A setting's block; the modes in `elsewhere` (printed by another page) are left out, with a link."""
+    s, r = results.setting, results.setting.run
+    elsewhere = elsewhere or {}
+    lines = _setting_intro(s, command, f" Complete runs: {len(results.runs)} of {results.expected}.")
+    if elsewhere:
+        lines += ["", *_elsewhere_modes(s, elsewhere)]
     if not results.runs:
         return lines + ["", f"No complete runs yet under `{Path(out) / s.name}`."]
+    shown = tuple(m for m in r.modes if m not in elsewhere)
     for metric in ("accuracy", "pass1"):
-        lines += ["", f"Final {METRIC_NAMES[metric]}:", "", *_values_table(results, metric)]
-    non_baseline = [m for m in r.modes if m != r.baseline]
-    if non_baseline:
+        lines += ["", f"Final {METRIC_NAMES[metric]}:", "", *_values_table(results, metric, shown)]
+    if any(m != r.baseline for m in shown):
         for metric in ("accuracy", "pass1"):
             lines += ["", f"Paired difference mode − {r.baseline}, final {METRIC_NAMES[metric]} "
-                      "(k/n: seeds where the difference is > 0):", "", *_difference_table(results, metric)]
+                      "(k/n: seeds where the difference is > 0):", "", *_difference_table(results, metric, shown)]
         lines += ["", best_mode_line(results)]
-    halves = _halves_table(results)
+    halves = _halves_table(results, shown)
     if halves:
         lines += ["", "Final greedy accuracy on each half of the task's mix (which half an agent learnt), "
                   f"and the paired difference against {r.baseline} ({DASH}: no run of that mode scored the halves):",
                   "", *halves]
-    diagnostics = _diagnostics_table(results)
+    diagnostics = _diagnostics_table(results, shown)
     if diagnostics:
         lines += ["", "How each learner used the other agents' samples (mean over training rounds, then seeds): "
                   "the importance ratio's 10th/50th/90th percentile, the fraction of cross samples that "
@@ -176,13 +230,13 @@ def setting_section(results: SettingResults, command: str, image: str | None, ou
     return lines
 
 
-def _values_table(results: SettingResults, metric: Metric) -> list[str]:
+def _values_table(results: SettingResults, metric: Metric, shown: Sequence[str]) -> list[str]:
     s, r = results.setting, results.setting.run
     header = ["mode", *(["rollouts/agent/round"] if metric == "accuracy" else []), *s.agent_ids]
     start = ["start (round 0)", *([DASH] if metric == "accuracy" else [])]
     start += [_start_cell(results.starts(agent, metric)) for agent in s.agent_ids]
     rows = [start]
-    for mode in r.modes:
+    for mode in shown:
         label = f"{mode} (baseline)" if mode == r.baseline else mode
         cost = [str(r.rollouts_per_agent_per_round(mode))] if metric == "accuracy" else []
         cells = [format_estimate(_estimate(results.by_seed(mode, a, metric))) for a in s.agent_ids]
@@ -190,17 +244,17 @@ def _values_table(results: SettingResults, metric: Metric) -> list[str]:
     return markdown_table(header, rows)
 
 
-def _difference_table(results: SettingResults, metric: Metric) -> list[str]:
+def _difference_table(results: SettingResults, metric: Metric, shown: Sequence[str]) -> list[str]:
     s, r = results.setting, results.setting.run
     rows = []
-    for mode in r.modes:
+    for mode in shown:
         if mode != r.baseline:
             diffs = [_paired(results, mode, a, metric) for a in s.agent_ids]
             rows.append([mode, *(format_difference(d) for d in diffs)])
     return markdown_table(["mode", *s.agent_ids], rows)
 
 
-def _halves_table(results: SettingResults) -> list[str]:
+def _halves_table(results: SettingResults, shown: Sequence[str]) -> list[str]:
     s, r = results.setting, results.setting.run
     halves = results.halves()
     if not halves:
@@ -208,10 +262,10 @@ def _halves_table(results: SettingResults) -> list[str]:
     columns = [(agent, half) for agent in s.agent_ids for half in halves]
     starts = [results.half_starts(agent, half) for agent, half in columns]
     rows = [["start (round 0)", *(_start_cell(v) for v in starts)]]
-    for mode in r.modes:
+    for mode in shown:
         label = f"{mode} (baseline)" if mode == r.baseline else mode
         rows.append([label, *(format_estimate(_estimate(results.half_by_seed(mode, a, h))) for a, h in columns)])
-    for mode in r.modes:
+    for mode in shown:
         if mode != r.baseline:
             diffs = [paired_difference(results.half_by_seed(mode, a, h), results.half_by_seed(r.baseline, a, h))
                      for a, h in columns]
@@ -219,10 +273,10 @@ def _halves_table(results: SettingResults) -> list[str]:
     return markdown_table(["mode", *(f"{a}: {h}" for a, h in columns)], rows)
 
 
-def _diagnostics_table(results: SettingResults) -> list[str]:
-    s, r = results.setting, results.setting.run
+def _diagnostics_table(results: SettingResults, shown: Sequence[str]) -> list[str]:
+    s = results.setting
     rows = []
-    for mode in r.modes:
+    for mode in shown:
         for agent in s.agent_ids:
             for source, stats in results.cross(mode, agent).items():
                 quantiles = ("ratio_p10", "ratio_p50", "ratio_p90")
@@ -252,7 +306,16 @@ def best_mode_line(results: SettingResults) -> str:
             f" ({len(beaten)} of {len(diffs)} agents).")
 
 
-def comparisons_section(comparisons: Sequence[Comparison], all_results: dict[str, SettingResults]) -> list[str]:
+def comparisons_section(comparisons: Sequence[Comparison], all_results: dict[str, SettingResults],
+                        elsewhere: dict[Comparison, Elsewhere] | None = None) -> list[str]:
+    """The comparisons table; those in `elsewhere` (printed by another page) are left out, with a link."""
+    by_place: dict[Elsewhere, list[str]] = {}
+    for c, where in (elsewhere or {}).items():
+        by_place.setdefault(where, []).append(f"{c.agent} {c.mode} {c.settings[0]} vs {c.settings[1]}")
+    lines = [f"### {COMPARISONS_TITLE}", "", "The same agent and mode in two settings A and B, final accuracy "
+             "paired by seed.", *(["", *not_repeated(by_place, "")] if by_place else [])]
+    if not comparisons:
+        return lines
     rows = []
     for c in comparisons:
         first, second = all_results[c.settings[0]], all_results[c.settings[1]]
@@ -261,9 +324,7 @@ def comparisons_section(comparisons: Sequence[Comparison], all_results: dict[str
             rows.append([c.agent, c.mode, f"{c.settings[0]} vs {c.settings[1]}", METRIC_NAMES[metric],
                          format_estimate(_estimate(a)), format_estimate(_estimate(b)),
                          format_difference(paired_difference(a, b))])
-    return [f"### {COMPARISONS_TITLE}", "",
-            "The same agent and mode in two settings A and B, final accuracy paired by seed.", "",
-            *markdown_table(["agent", "mode", "A vs B", "metric", "A", "B", "A − B (k/n > 0)"], rows)]
+    return [*lines, "", *markdown_table(["agent", "mode", "A vs B", "metric", "A", "B", "A − B (k/n > 0)"], rows)]
 
 
 def format_estimate(e: Estimate | None) -> str:
