@@ -31,6 +31,7 @@ from hacfed.certs import check_server_tls
 from hacfed.config_values import parse_set, split_host_port
 from hacfed.server.coordinator.config import CoordinatorConfig, apply_overrides
 from hacfed.server.dashboard.bind import DashboardAddress, is_loopback_host, parse_dashboard_address
+from hacfed.server.headroom import DEFAULT_MIN_FREE_MIB
 from hacfed.tomlfile import read_toml
 
 DEFAULT_LISTEN = "127.0.0.1:9092"
@@ -48,7 +49,9 @@ class ServerSettings:
     participant waits before the same round is sent again; max_run_restarts: how many times in a row
     a dying ServerApp run is resubmitted without the journal moving on.
     dashboard: HOST:PORT of the read-only live dashboard (None: off); loopback unless
-    dashboard_public (hacfed.server.dashboard.bind says why)."""
+    dashboard_public (hacfed.server.dashboard.bind says why).
+    min_free_mib: the free space (MiB) the state dir's file system must keep: hacfed-server refuses to
+    start below it and a running coordinator pauses (hacfed.server.headroom); 0 turns the check off."""
 
     listen: str = DEFAULT_LISTEN
     insecure: bool = False
@@ -63,6 +66,7 @@ class ServerSettings:
     max_run_restarts: int = 3
     dashboard: str | None = None
     dashboard_public: bool = False
+    min_free_mib: int = DEFAULT_MIN_FREE_MIB
 
     def __post_init__(self) -> None:
         host, _ = split_host_port(self.listen, "server.listen")
@@ -99,6 +103,9 @@ class ServerSettings:
         value = self.max_run_restarts
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"server.max_run_restarts must be an integer >= 0, got {value!r}")
+        value = self.min_free_mib
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"server.min_free_mib must be an integer >= 0 (MiB; 0: no check), got {value!r}")
         if self.dashboard is not None:
             parse_dashboard_address(self.dashboard, public=self.dashboard_public, field="server.dashboard")
         elif not isinstance(self.dashboard_public, bool):

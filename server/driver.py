@@ -17,19 +17,14 @@ each lab is sent); its collaborators own the rest: `Deliveries` (in flight, retr
 (which lab a node is), `LabReplies` (judging replies), `RunEnd` (final reports and acknowledgements),
 `SealedUpdates`.
 
-Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier submissions
-(`hacfed.server.answers`: a signed receipt after the journal commit, or a signed refusal with its code) plus
-this exchange's request. A lab replies with a `LabReply`: its submission and the unacknowledged ones of its
-outbox, each judged by `LabReplies` (caps first, `Coordinator.admit`, then the signature, then
-`Coordinator.submit`) and answered. A lab whose answers wait while it has nothing else to do gets them in an
-answers-only delivery.
+Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier submissions (signed
+receipts and refusals, `hacfed.server.answers`) plus this exchange's request (or only the answers, to an idle
+lab). A lab's `LabReply` (its submission and its outbox's unacknowledged ones) is judged by `LabReplies`.
 
-A Flower node takes part only once its hello proved which registered lab it is (`hello` / `identify`,
-`hacfed.server.hellos`); a node whose hello claims an id that is not registered is left out, and its next hello
-(the loop asks again after hello_timeout_s) tells it so (HACFED-E-UNKNOWN-PARTICIPANT, at most every
-NOTICE_INTERVAL_S). The registry is re-read before each round and reply: a revoked lab is sent nothing more, its
-reply is refused, rounds stop waiting for it. Never imports torch (docs/design.md): `driver-status.json` records
-`'torch' in sys.modules`.
+A Flower node takes part once its hello proved which registered lab it is (`hacfed.server.hellos`). The registry
+is re-read before each round and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop
+waiting for it. While the state dir lacks its free-space headroom the driver pauses (`hacfed.server.headroom`).
+Never imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
 
 from __future__ import annotations
@@ -53,6 +48,7 @@ from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
 from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, SupervisorGone, parse_supervisor, supervisor_alive
+from hacfed.server.headroom import Headroom
 from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
@@ -119,6 +115,7 @@ class FederationDriver:
         self._coordinator_s = 0.0
         self._waiting_since: float | None = None
         self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
+        self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic)
         self._resume()
 
     def _record_steps(self, participant_id: str, times: StepTimes) -> None:
@@ -147,6 +144,8 @@ class FederationDriver:
         if not supervisor_alive(self.supervisor):
             self.console("hacfed-server is gone: the ServerApp stops (restart hacfed-server to resume)")
             raise SupervisorGone(f"hacfed-server (pid {self.supervisor[0]}) is gone")
+        if self.headroom.paused():  # the state dir's disk is (nearly) full: open, close and send nothing
+            return None
         started = self._monotonic()
         admitted = self._admit(participants)
         unknown = {pid for pid in self._nodes.values() if not self.membership.known(pid)}
@@ -265,6 +264,8 @@ class FederationDriver:
         return False
 
     def close_round(self) -> None:
+        if self.headroom.paused():  # nothing is closed (or written) until the state dir has room again
+            return
         started = self._monotonic()
         with self._fail_closed_guard():
             if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:

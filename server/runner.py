@@ -34,6 +34,7 @@ from hacfed.server.driver_settings import (
     format_supervisor,
     this_process,
 )
+from hacfed.server.headroom import check_headroom
 from hacfed.server.node_auth import BINDINGS_FILE, FlwrCli, NodeAuthSync
 from hacfed.server.node_auth import CONNECTION as ADMIN_CONNECTION
 from hacfed.server.registry import load_registry
@@ -68,11 +69,13 @@ class ConsoleTail:
 
 def check_before_writing(cfg: ServerConfig) -> None:
     """What a user can get wrong that the config types cannot see, checked before any file is
-    created: the task loads (its data files exist and parse), the state and keys paths are folders."""
+    created: the task loads (its data files exist and parse), the state and keys paths are folders,
+    the state dir's file system has its free-space headroom (`server.min_free_mib`)."""
     load_task_from_config(cfg.coordinator, str(cfg.config_dir))
     for what, path in (("state dir", cfg.state_dir), ("keys dir", cfg.keys_dir)):
         if path.exists() and not path.is_dir():
             raise ValueError(f"the {what} {path} is a file, not a directory")
+    check_headroom(cfg.state_dir, cfg.server.min_free_mib)
     if cfg.metrics_out.is_dir():
         raise ValueError(f"metrics_out {cfg.metrics_out} is a directory; give a file path")
     if not (cfg.state_dir / CHILDREN_FILE).exists():  # else a SuperLink left running may hold the port
