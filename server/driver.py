@@ -71,7 +71,7 @@ log = logging.getLogger("hacfed.server.driver")
 
 
 class FailedClosed(RuntimeError):
-    """The audit log cannot be written: the coordinator stops accepting (security.md S10). The
+    """The audit log or the journal cannot be written: the coordinator stops accepting (S10). The
     ServerApp ends; hacfed-server resubmits it a few times (it resumes once the log is writable
     again) and otherwise exits non-zero. Unacknowledged submissions stay in the labs' outboxes."""
 
@@ -125,15 +125,15 @@ class FederationDriver:
 
     @contextmanager
     def _fail_closed_guard(self) -> Iterator[None]:
-        """Stop the ServerApp as soon as the coordinator failed closed (its audit log failed)."""
+        """Stop the ServerApp as soon as the coordinator failed closed (an audit or journal write failed)."""
         try:
             yield
         except AuditError as exc:
             self.coordinator.failed_closed = self.coordinator.failed_closed or str(exc)
         if self.coordinator.failed_closed is not None:
-            self.console(f"AUDIT LOG FAILED: {self.coordinator.failed_closed}. The coordinator accepts nothing more "
-                         f"(fail closed): make {self.cfg.audit_path} writable (free space, permissions), check it "
-                         f"with `hacfed-server audit verify`, and restart hacfed-server")
+            self.console(f"WRITE FAILED: {self.coordinator.failed_closed}. The coordinator accepts nothing more (fail "
+                         f"closed): make {self.state_dir} writable (free space, permissions, file-size limit), check "
+                         f"it with `hacfed-server audit verify`, and restart hacfed-server")
             raise FailedClosed(self.coordinator.failed_closed)
 
     def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:

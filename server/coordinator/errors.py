@@ -18,6 +18,9 @@ original result and receipt back (T4 idempotency), whatever the round's state no
 from __future__ import annotations
 
 import enum
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class ErrorCode(str, enum.Enum):
@@ -98,6 +101,21 @@ class JournalError(RuntimeError):
 
 class AuditError(RuntimeError):
     """The audit log cannot be written (disk full, read-only, ...): the coordinator fails closed."""
+
+
+class JournalWriteError(AuditError):
+    """A journal write failed (disk full, file-size limit, I/O error): its transaction was rolled
+    back and, as for a failed audit line, the coordinator fails closed (an `AuditError`, so every
+    path that handles one handles this)."""
+
+
+@contextmanager
+def journal_writes(path: object) -> Iterator[None]:
+    """Around a journal transaction: SQLite's OperationalError becomes a `JournalWriteError` in one line."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        raise JournalWriteError(f"journal {path} cannot be written: {describe_db_error(exc)}") from None
 
 
 def safe_text(value: object, limit: int = 200) -> str:

@@ -52,8 +52,9 @@ JUDGING_RETRY_S = 1.0  # the retry-after of a submission refused while another o
 
 
 class FailClosed:
-    """Why the audit log failed, once it has (security.md S10): from then on the coordinator refuses
-    every submission with AUDIT_UNAVAILABLE until restarted."""
+    """Why the audit log or the journal could not be written, once that happened (security.md S10;
+    `JournalWriteError` is an `AuditError`): from then on the coordinator refuses every submission
+    with AUDIT_UNAVAILABLE until restarted."""
 
     def __init__(self) -> None:
         self.reason: str | None = None
@@ -66,11 +67,11 @@ class FailClosed:
         except AuditError as exc:
             if self.reason is None:
                 self.reason = str(exc)
-                log.error("AUDIT LOG FAILED, the coordinator stops accepting submissions: %s", exc)
+                log.error("WRITE FAILED, the coordinator stops accepting submissions: %s", exc)
             raise
 
     def rejection(self) -> Rejection:
-        detail = f"the coordinator's audit log failed ({self.reason}); it accepts nothing until restarted"
+        detail = f"the coordinator's audit log or journal failed ({self.reason}); it accepts nothing until restarted"
         return Rejection(None, ErrorCode.AUDIT_UNAVAILABLE, safe_text(detail, 500))
 
 

@@ -1,8 +1,7 @@
 """The coordinator's durable journal: one SQLite file, WAL, `synchronous=FULL` (security.md §3.3).
 
-Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink starts, through
-`hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server also opens it before it starts anything, to
-refuse a journal of another run.
+Runs in the coordinator's ServerApp process (`hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server
+also opens it before it starts anything, to refuse a journal of another run.
 
 Accepted ⇔ ACKed ⇔ durable: `record_submission` writes a submission's accepted trajectories, its rejections,
 strikes and metrics in ONE transaction and returns only after the commit, so a receipt built from its return value
@@ -16,9 +15,9 @@ prompt, sample index). Each distinct prompt is stored once (`prompts`, schema 3)
 
 Audit (security.md S10): with an `AuditLog`, every write that decides something (a submission accepted or refused,
 a participant joining or quarantined, a round opened, extended or closed, a final report, a purge) appends one
-hash-chained line INSIDE its transaction, before COMMIT. A line that cannot be written raises `AuditError` and
-rolls the decision back: nothing is decided that is not audited. (A crash between the line and the COMMIT leaves a
-line for a decision that did not happen; it is never the other way round.)
+hash-chained line INSIDE its transaction, before COMMIT. A line (or a journal write: `JournalWriteError`) that
+fails raises `AuditError` and rolls the decision back: nothing is decided that is not audited; the coordinator fails
+closed. (A crash between the line and the COMMIT leaves a line for a decision that did not happen, never the reverse.)
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from hacfed.crashpoints import crash_point
 from hacfed.server.coordinator.audit import AuditEvent, AuditLog
-from hacfed.server.coordinator.errors import JournalError
+from hacfed.server.coordinator.errors import JournalError, journal_writes
 from hacfed.server.coordinator.journal_reads import JournalReads
 from hacfed.server.coordinator.journal_schema import (
     SCHEMA_VERSION,
@@ -81,14 +80,15 @@ class Journal:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, journal_writes(self.path):  # a failed write: JournalWriteError, the fail-closed path
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # (SQLite may have rolled back a failed COMMIT itself)
+                    self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def pragma(self, name: str) -> Any:
         if name not in ("journal_mode", "synchronous", "integrity_check", "foreign_keys"):
@@ -382,10 +382,8 @@ class Journal:
             )}
             db.execute("UPDATE trajectories SET purged=1 WHERE participant_id=? AND round_id>=?",
                        (participant_id, from_round))
-            db.execute(
-                "UPDATE participants SET quarantined=1, quarantined_round=COALESCE(quarantined_round, ?) "
-                "WHERE participant_id=?", (from_round, participant_id),
-            )
+            db.execute("UPDATE participants SET quarantined=1, quarantined_round=COALESCE(quarantined_round, ?) "
+                       "WHERE participant_id=?", (from_round, participant_id))
             _event(db, now, "purge", participant_id, from_round, detail)
             self._audit(AuditEvent("purge", participant_id, from_round, "OK", detail))
         return withdrawn
@@ -393,8 +391,6 @@ class Journal:
 
 def _event(db: sqlite3.Connection, at: float, kind: str, participant_id: str | None, round_id: int | None,
            detail: str) -> None:
-    db.execute(
-        "INSERT INTO events (at, kind, participant_id, round_id, detail) VALUES (?, ?, ?, ?, ?)",
-        (at, kind, participant_id, round_id, detail),
-    )
+    db.execute("INSERT INTO events (at, kind, participant_id, round_id, detail) VALUES (?, ?, ?, ?, ?)",
+               (at, kind, participant_id, round_id, detail))
 
