@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", action="append", default=[], metavar="KEY=VALUE", dest="task_sets",
                         help="one task setting; the task must equal the coordinator's [task] (default: kind=arithmetic "
                              "digits=2 operators=+), e.g. --task digits=3 (repeatable)")
-    parser.add_argument("--finetune", choices=("full", "lora"), help="full fine-tuning, or LoRA adapters only "
-                        "(default: full)")
+    parser.add_argument("--finetune", choices=("auto", "full", "lora"), help="full fine-tuning, LoRA adapters "
+                        "only, or auto: LoRA with activation checkpointing above 300M parameters, full below "
+                        "(default: auto)")
     parser.add_argument("--device", help="torch device for the model, e.g. cpu or cuda:0 (default: cpu)")
     parser.add_argument("--rollout-backend", choices=("hf", "vllm"), help="rollout engine: transformers' generate, "
                         "or vLLM on a GPU (default: hf)")

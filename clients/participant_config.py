@@ -27,7 +27,7 @@ class ParticipantConfig:
     model: str  # what `hacfed.models.loading.load_model` loads (`Participant.from_spec`)
     # "auto": LoRA above a size threshold, with activation checkpointing and bf16 where they pay
     # (hacfed.models.memory.memory_plan); the participant resolves it to "full" or "lora".
-    finetune: Literal["full", "lora", "auto"] = "full"
+    finetune: Literal["full", "lora", "auto"] = "auto"
     lora_rank: int = 8
     lora_alpha: int = 16
     learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
