@@ -92,6 +92,29 @@ def test_omitting_wrong_prompts_does_not_inflate_capability(tmp_path, attack):
     assert capabilities["cheater"] == pytest.approx(1 / 3)  # was 1.0 before the fix
 
 
+def test_a_lab_whose_every_group_is_rejected_is_scored_zero_not_left_out(tmp_path):
+    """Spoiling every group of a round (each one rejected, nothing accepted) is the omission attack
+    again: the lab must still be scored 0 on all its assigned samples, not left out of P̂ for that
+    round. Round 0 is honest (P̂ = 1/3 for both labs); in round 1 the cheater spoils all three groups,
+    so its P̂ must fall to (2 + 0) / 12 = 1/6 instead of staying at 1/3."""
+    clock = FakeClock()
+    coord = make_coordinator(tmp_path, clock, rounds=2, prompts_per_round=3, group_size=2)
+    coord.register("honest")
+    coord.register("cheater")
+    for r in range(2):
+        plan = coord.open_round(r)
+        assert _submit(coord, plan, "honest", _samples(plan, "honest", {0})).rejected == ()
+        samples = _samples(plan, "cheater", {0})
+        if r == 1:  # one sample over the plan's token count per group: every group is rejected
+            samples = [dataclasses.replace(t, source_token_count=100, source_logp_sum=-50.0) if i % 2 else t
+                       for i, t in enumerate(samples)]
+        result = _submit(coord, plan, "cheater", samples)
+        assert len(result.accepted_ids) == (0 if r else 6) and len(result.rejected) == (6 if r else 0), result
+        capabilities = coord.close_round("quorum").capabilities
+    assert capabilities["honest"] == pytest.approx(1 / 3)
+    assert capabilities["cheater"] == pytest.approx(1 / 6)
+
+
 def test_flooding_lab_is_refused_while_another_lab_in_the_same_round_succeeds(tmp_path):
     """S5: lab-a sends 40 submissions in one round, 10x its quota of 4 full submissions' worth of
     trajectories; each refusal has its own code and a retry-after hint, the verifier runs for one
