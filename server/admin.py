@@ -8,7 +8,8 @@ the server itself; each reads the state directory and never starts a federation.
 the first line that was edited, deleted, inserted or torn, and checks its head (the line count and
 last hash, signed with the coordinator's key) against STATE/coordinator.pub or the copy given with
 --coordinator-key (the one the labs hold: an attacker who can write the state dir can replace the
-.pub there too); exit 0 when intact, 1 when not.
+.pub there too), and that the log still holds the last line the journal recorded (its number and
+hash, written in the transaction of the decision: `audit_tail`); exit 0 when intact, 1 when not.
 
 `purge` (security.md §3.3, R11) withdraws participant X's accepted samples of rounds >= R from every
 pool published from now on, quarantines X (it gets no more updates and its submissions are refused),
@@ -32,6 +33,7 @@ from pathlib import Path
 from hacfed.config_values import OneLineArgumentParser, describe_os_error
 from hacfed.envelope import load_public_key
 from hacfed.server.coordinator.audit import AuditLog, verify_audit_log
+from hacfed.server.coordinator.audit_tail import read_tail
 from hacfed.server.coordinator.errors import AuditError, JournalError
 from hacfed.server.coordinator.journal import Journal
 from hacfed.server.coordinator.validation import is_short_id
@@ -80,10 +82,14 @@ def _round_number(text: str) -> int:
 def audit_verify(state_dir: Path, coordinator_key: str | None) -> int:
     path = state_dir / AUDIT_FILE
     public_key = None if coordinator_key is None else load_public_key(Path(coordinator_key).expanduser())
-    result = verify_audit_log(path, public_key)
+    journal = state_dir / JOURNAL_FILE
+    tail = read_tail(journal) if journal.is_file() else None
+    result = verify_audit_log(path, public_key, journal_tail=tail)
     if result.ok:
+        witness = f"holds line {tail.lines} as the journal recorded it" if tail else \
+            "not compared with the journal (it records no audit tail)"
         say(f"audit log {path}: {result.lines} lines, hash chain intact, head signed by the coordinator key "
-            f"{result.signer}")
+            f"{result.signer}; {witness}")
         return 0
     say(f"audit log {path} FAILED verification: {result.problem}")
     return 1

@@ -207,10 +207,14 @@ class VerifyResult:
     signer: str | None = None  # fingerprint of the key whose signature on the head verified
 
 
-def verify_audit_log(path: str | os.PathLike, public_key: Ed25519PublicKey | None = None) -> VerifyResult:
-    """Check every line's hash and link, then the signed head; the first problem names its line.
+def verify_audit_log(path: str | os.PathLike, public_key: Ed25519PublicKey | None = None,
+                     journal_tail: tuple[int, str] | None = None) -> VerifyResult:
+    """Check every line's hash and link, then the tail the journal recorded, then the signed head;
+    the first problem names its line.
 
-    `public_key`: the coordinator's (default: `coordinator.pub` beside the log)."""
+    `public_key`: the coordinator's (default: `coordinator.pub` beside the log). `journal_tail`:
+    (line number, hash) of the last line the journal recorded (`audit_tail.read_tail`): the log must
+    still hold it, whatever the head file says."""
     path = Path(path)
     if not path.exists():
         return VerifyResult(False, 0, f"{path} does not exist")
@@ -223,6 +227,8 @@ def verify_audit_log(path: str | os.PathLike, public_key: Ed25519PublicKey | Non
                 return VerifyResult(False, number - 1, f"line {number}: {problem}", number)
             hashes.append(json.loads(raw)["hash"])
         head = _read_head(path.with_name(path.name + HEAD_SUFFIX), len(hashes))
+    if journal_tail is not None and (problem := _check_tail(hashes, *journal_tail)) is not None:
+        return problem
     if isinstance(head, VerifyResult):
         return head
     head_lines, head_hash, signature = head
@@ -249,6 +255,19 @@ def verify_audit_log(path: str | os.PathLike, public_key: Ed25519PublicKey | Non
                                           f"the coordinator's key, or the last append stopped before signing)",
                             head_lines + 1)
     return VerifyResult(True, count, signer=fingerprint(public_key))
+
+
+def _check_tail(hashes: list[str], lines: int, last_hash: str) -> VerifyResult | None:
+    """The failure when the log no longer holds the line the journal recorded last, with its hash."""
+    count = len(hashes)
+    if lines > count:
+        return VerifyResult(False, count, f"line {count + 1}: missing; the journal recorded line {lines} in the "
+                                          f"same transaction as its decision, the log ends after line {count} "
+                                          f"(lines deleted from the end)", count + 1)
+    if hashes[lines - 1] != last_hash:
+        return VerifyResult(False, count, f"line {lines}: its hash differs from the one the journal recorded "
+                                          f"(the log was rewritten)", lines)
+    return None
 
 
 def _read_head(path: Path, count: int) -> tuple[int, str, bytes] | VerifyResult:

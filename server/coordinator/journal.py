@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from hacfed.crashpoints import crash_point
 from hacfed.server.coordinator.audit import AuditEvent, AuditLog
+from hacfed.server.coordinator.audit_tail import record_tail
 from hacfed.server.coordinator.errors import JournalError, journal_writes
 from hacfed.server.coordinator.journal_reads import JournalReads
 from hacfed.server.coordinator.journal_schema import (
@@ -74,9 +75,10 @@ class Journal:
         self.close()
 
     def _audit(self, event: AuditEvent) -> None:
-        """Append the decision's audit line; called inside its transaction (see the module docstring)."""
+        """Append the decision's audit line; called inside its transaction (see the module docstring), which
+        also records the line's number and hash (`audit_tail`: `audit verify` compares them with the log)."""
         if self.audit is not None:
-            self.audit.append(event)
+            record_tail(self._db, self.audit.append(event))
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
