@@ -44,6 +44,17 @@ def what(sent: Sent) -> str:
     return names.get(sent.round_id, f"round {sent.round_id}")
 
 
+def submission_label(sent: Sent, round_id: int | None, primary: bool) -> str:
+    """How the console names a submission of the reply to `sent`: as the exchange it answered, unless
+    it is a resend from the lab's outbox or a submission of another round than the one `sent` asked
+    for (a lab's node that answers round r with its reply of round r-1)."""
+    if not primary:
+        return f"round {round_id} (resent from the outbox)"
+    if round_id is not None and sent.round_id is not None and sent.round_id >= 0 and round_id != sent.round_id:
+        return f"round {round_id} (sent as the reply to round {sent.round_id})"
+    return what(sent)
+
+
 class Deliveries:
     """The exchanges in flight (node id -> `Sent`) and the labs' retry times."""
 

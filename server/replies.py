@@ -39,7 +39,7 @@ from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.server.coordinator.errors import ErrorCode, safe_text
 from hacfed.server.coordinator.results import SubmissionResult
 from hacfed.server.coordinator.validation import check_report
-from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, Sent, what
+from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, Sent, submission_label
 from hacfed.server.membership import Membership
 from hacfed.server.reporting import StepTimes, rejection_line, sane_metrics
 from hacfed.server.run_end import RunEnd
@@ -136,8 +136,8 @@ class LabReplies:
                         round_id=submission.round_id, nonce=submission.nonce, retry_after_s=refusal.retry_after_s)
             return
         self._answers.receipt(pid, result)  # built from what the journal stored, after its COMMIT (R2)
-        label = what(sent) if primary else f"round {submission.round_id} (resent from the outbox)"
-        if primary:
+        label = submission_label(sent, submission.round_id, primary)
+        if primary and submission.round_id == sent.round_id:  # an older round's report: not this round's times
             self._on_step_times(pid, StepTimes.from_report(self._sane_report(pid, submission), round_trip_s))
         self._console(f"{label} {pid}: submitted {len(submission.trajectories)} trajectories, accepted "
                       f"{len(result.accepted_ids)} (receipt seq {result.receipt.seq}"
@@ -198,8 +198,7 @@ class LabReplies:
         self._answers.refusal(pid, code, detail, round_id=round_id or 0, nonce=nonce, retry_after_s=retry_after_s)
         if primary:
             self._deliveries.hold(pid, float("inf") if retry_after_s is None else retry_after_s)
-        label = what(sent) if primary else f"round {round_id} (resent from the outbox)"
-        self._console(f"{label} {pid}: REFUSED {code}: {safe_text(detail, 300)}")
+        self._console(f"{submission_label(sent, round_id, primary)} {pid}: REFUSED {code}: {safe_text(detail, 300)}")
 
     # -- trust on first use ------------------------------------------------------------------------
 
