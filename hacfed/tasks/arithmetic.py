@@ -1,7 +1,17 @@
-"""Synthetic verifiable arithmetic: `a+b=` / `a-b=` with exact-match rewards.
+"""Synthetic verifiable arithmetic: `a+b=` / `a-b=` / `a*b=` with verified integer rewards.
 
 Problems are drawn from a seeded RNG, so the train/held-out split and every prompt id are the same
 on every machine and run: the prompt id is the expression itself (e.g. ``add2:37+58``).
+
+Two prompt styles:
+
+  "symbols" (default)  `37+58=`, for models trained from scratch; reward 1 iff the whole response
+                       is the answer (`verify_exact_integer`)
+  "words"              `What is 37 + 58? Reply with only the number.` (`a * b` reads `a times b`),
+                       for pretrained chat models; reward 1 iff the last integer of the response is
+                       the answer (`verify_last_integer`: "The answer is 95." scores). Prompt ids
+                       carry a `w` (``add2w:37+58``); the problems are the symbols style's, in the
+                       same splits.
 
     task = ArithmeticTask(digits=2, operators="+")
     p = task.train_problems()[0]; task.verify(p, "95").reward
@@ -17,14 +27,25 @@ from functools import cached_property
 from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.trajectory import ChatMessage
 
-_OPS = {"+": "add", "-": "sub"}
+_OPS = {"+": "add", "-": "sub", "*": "mul"}
+_WORDS = {"+": "+", "-": "-", "*": "times"}
+STYLES = ("symbols", "words")
+WORDS_TEMPLATE = "What is {a} {op} {b}? Reply with only the number."
+# The words style's response budget (`max_new_tokens`), from bench/arith_words.py on
+# SmolLM2-135M-Instruct (48 validation problems of 2-digit sums): greedy answers take 24 tokens on
+# average ("72 + 40 = 112"), 21 % still running at 48; sampled at temperature 1 they take 33 and
+# 48 % run on (mostly prose that has lost the sum, so a longer budget buys little).
+WORDS_MAX_NEW_TOKENS = 48
 _INT_RE = re.compile(r"-?\d+")
+# An integer as a chat model writes it: optional sign, optional thousands separators, not part of a decimal.
+_LAST_INT_RE = re.compile(r"(?<![\d.,])-?\d{1,3}(?:,\d{3})+(?![\d,]|\.\d)|(?<![\d.,])-?\d+(?![\d,]|\.\d)")
 
 
 @dataclass(frozen=True)
 class ArithmeticTask(SplitLookup):
-    """digits: max digits per operand (difficulty). operators: any of "+-".
-    Subtraction keeps the result non-negative (the larger operand comes first)."""
+    """digits: max digits per operand (difficulty). operators: any of "+-*".
+    Subtraction keeps the result non-negative (the larger operand comes first).
+    style: "symbols" or "words" (module docstring)."""
 
     digits: int = 2
     operators: str = "+"
@@ -32,13 +53,16 @@ class ArithmeticTask(SplitLookup):
     num_train: int = 4000
     num_eval: int = 200
     num_validation: int = 0  # for choosing settings; drawn after train, so old splits never move
+    style: str = "symbols"
 
     def __post_init__(self) -> None:
         if isinstance(self.digits, bool) or not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
             raise ValueError(f"ArithmeticTask.digits must be an int in [1, 9], got {self.digits!r}")
         ops = self.operators
         if not ops or any(op not in _OPS for op in ops) or len(set(ops)) != len(ops):
-            raise ValueError(f"ArithmeticTask.operators must be a non-empty set of '+-', got {self.operators!r}")
+            raise ValueError(f"ArithmeticTask.operators must be a non-empty set of '+-*', got {self.operators!r}")
+        if self.style not in STYLES:
+            raise ValueError(f"ArithmeticTask.style must be one of {STYLES}, got {self.style!r}")
         if self.num_train < 1 or self.num_eval < 1 or self.num_validation < 0:
             raise ValueError(
                 f"ArithmeticTask needs num_train/num_eval >= 1 and num_validation >= 0, got "
@@ -52,9 +76,15 @@ class ArithmeticTask(SplitLookup):
             )
 
     @property
+    def max_new_tokens(self) -> int | None:
+        """The task's own response budget: WORDS_MAX_NEW_TOKENS for the words style; None (the
+        caller's) for symbols."""
+        return WORDS_MAX_NEW_TOKENS if self.style == "words" else None
+
+    @property
     def name(self) -> str:
         ops = "".join(_OPS[o] for o in self.operators)
-        return f"arith-{ops}{self.digits}"
+        return f"arith-{ops}{self.digits}" + ("-words" if self.style == "words" else "")
 
     @cached_property
     def _all(self) -> tuple[Problem, ...]:
@@ -71,7 +101,7 @@ class ArithmeticTask(SplitLookup):
             if expr in seen:
                 continue
             seen.add(expr)
-            problems.append(_make_problem(self.digits, op, a, b))
+            problems.append(_make_problem(self.digits, op, a, b, self.style))
         return tuple(problems)
 
     @property
@@ -88,18 +118,20 @@ class ArithmeticTask(SplitLookup):
         return {p.prompt_id: p for p in self._all}
 
     def verify(self, problem: Problem, response: str) -> Verdict:
+        if self.style == "words":
+            return verify_last_integer(problem.answer, response)
         return verify_exact_integer(problem.answer, response)
 
 
-def _make_problem(digits: int, op: str, a: int, b: int) -> Problem:
-    answer = a + b if op == "+" else a - b
+def _make_problem(digits: int, op: str, a: int, b: int, style: str = "symbols") -> Problem:
+    answer = a + b if op == "+" else a - b if op == "-" else a * b
     expr = f"{a}{op}{b}"
-    return Problem(
-        prompt_id=f"{_OPS[op]}{digits}:{expr}",
-        messages=(ChatMessage("user", f"{expr}="),),
-        answer=str(answer),
-        solution=str(answer),
-    )
+    if style == "words":
+        prompt_id, text = f"{_OPS[op]}{digits}w:{expr}", WORDS_TEMPLATE.format(a=a, op=_WORDS[op], b=b)
+    else:
+        prompt_id, text = f"{_OPS[op]}{digits}:{expr}", f"{expr}="
+    return Problem(prompt_id=prompt_id, messages=(ChatMessage("user", text),), answer=str(answer),
+                   solution=str(answer))
 
 
 def verify_exact_integer(gold: str, response: str) -> Verdict:
@@ -114,3 +146,15 @@ def verify_exact_integer(gold: str, response: str) -> Verdict:
     if not _INT_RE.fullmatch(text):
         return Verdict(0.0, "not an integer")
     return Verdict(1.0, "exact match") if int(text) == int(gold) else Verdict(0.0, "wrong answer")
+
+
+def verify_last_integer(gold: str, response: str) -> Verdict:
+    """Reward 1 iff the last integer in the response is the gold integer ("The answer is 80." -> 80).
+    Thousands separators are read ("1,080"); a decimal such as "80.5" is not an integer and is skipped."""
+    if not isinstance(response, str):
+        return Verdict(0.0, "response is not text")
+    found = _LAST_INT_RE.findall(response)
+    if not found:
+        return Verdict(0.0, "no integer in the response")
+    value = int(found[-1].replace(",", ""))
+    return Verdict(1.0, "last integer matches") if value == int(gold) else Verdict(0.0, "wrong answer")

@@ -4,6 +4,7 @@ Torch-free on purpose: the coordinator builds its task here and must never impor
 (docs/design.md). `datasets` is imported only when a data-file task actually reads its files.
 
     load_task({"kind": "arithmetic", "digits": 2, "operators": "+", "seed": 0})
+    load_task({"kind": "arithmetic", "style": "words"})   # "What is 37 + 58? Reply with only the number."
     load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["gsm8k/train.jsonl"],
                "eval_files": ["gsm8k/test.jsonl"], "answer_format": "gsm8k",
                "verifier": {"answer_mode": "boxed", "sandbox": {"timeout_s": 5}}}, base_dir="configs/")
@@ -21,10 +22,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.tasks.arithmetic import WORDS_MAX_NEW_TOKENS, ArithmeticTask
 from hacfed.tasks.base import Task
 from hacfed.tasks.chain import ChainTask
-from hacfed.tasks.math_data import MathDataTask, gsm8k_task
+from hacfed.tasks.math_data import GSM8K_MAX_NEW_TOKENS, MathDataTask, gsm8k_task
 from hacfed.tasks.math_verifier import MathVerifierConfig
 from hacfed.tasks.plugin import PluginTaskConfig, load_plugin_task
 from hacfed.tasks.sandbox import SandboxLimits
@@ -43,7 +44,7 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
     if kind == "arithmetic":
         _check_keys("arithmetic task", options, _field_names(ArithmeticTask))
         _check_types("arithmetic task", options, {"digits": int, "seed": int, "num_train": int, "num_eval": int,
-                                                     "num_validation": int, "operators": str})
+                                                     "num_validation": int, "operators": str, "style": str})
         return ArithmeticTask(**options)  # type: ignore[arg-type]
     if kind == "chain":
         _check_keys("chain task", options, _field_names(ChainTask))
@@ -66,6 +67,23 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
     if kind == "plugin":  # a lab's own reward from an installed package (hacfed.tasks.plugin)
         return load_plugin_task(PluginTaskConfig.from_spec(options, base_dir))
     return _load_math_data(kind, options, base_dir)
+
+
+def task_sampling_defaults(spec: object) -> dict[str, object]:
+    """The sampling a task spec asks for when `[sampling]` does not say (SamplingParams fields), read
+    from the spec alone without loading data: the built-in gsm8k task's budget (its `max_new_tokens`
+    option, else GSM8K_MAX_NEW_TOKENS), a data-file task's `max_new_tokens` when given, the words-style
+    arithmetic task's budget. Empty for everything else and for a malformed spec (load_task judges it)."""
+    if not isinstance(spec, Mapping):
+        return {}
+    kind, budget = spec.get("kind"), spec.get("max_new_tokens")
+    if kind == "gsm8k":
+        return {"max_new_tokens": GSM8K_MAX_NEW_TOKENS if budget is None else budget}
+    if kind in ("jsonl", "parquet") and budget is not None:
+        return {"max_new_tokens": budget}
+    if kind == "arithmetic" and spec.get("style") == "words":
+        return {"max_new_tokens": WORDS_MAX_NEW_TOKENS}
+    return {}
 
 
 def _load_math_data(kind: str, options: dict[str, Any], base_dir: str | Path | None) -> MathDataTask:

@@ -32,6 +32,8 @@ def add_parser(sub: Any) -> None:
         "sim", help="run a whole federation in one process (fast experiments)",
         description=sim.__doc__.split("\n\n")[0] + "\n\n" + sim.__doc__.split("\n\n")[2],
         epilog=modes_help() + "\n\ntasks:\n  add2   2-digit addition, 2-4 token answers (the quick smoke setting)\n"
+               "  add2-words  the same sums in a sentence ('What is 37 + 58? Reply with only the number.'),\n"
+               "         the last integer of the answer scored: for pretrained chat models (smollm2)\n"
                "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)\n"
                "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')\n"
                "  gsm8k  GSM8K word problems (shipped copy), worked answers of hundreds of tokens, for pretrained\n"
@@ -59,7 +61,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate of every agent")
     p.add_argument("--finetune", choices=("auto", "full", "lora"), default="auto",
                    help="full fine-tuning, a LoRA adapter, or auto: LoRA above 300M parameters (hacfed.models.memory)")
-    p.add_argument("--digits", type=int, default=2, help="add2 only: digits per operand")
+    p.add_argument("--digits", type=int, default=2, help="add2 and add2-words only: digits per operand")
     p.add_argument("--eval-every", type=int, default=5,
                    help="greedy held-out evaluation every K rounds (0: start and end only)")
     p.add_argument("--eval-problems", type=int, default=None,
@@ -114,7 +116,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         max_new_tokens=args.max_new_tokens or TASKS[args.task][1], temperature=args.temperature,
         eval_every=args.eval_every,
         learning_rate=args.lr, finetune=args.finetune,
-        task=TASKS[args.task][0] if args.task != "add2" else {**TASKS["add2"][0], "digits": args.digits},
+        task=_task_spec(args.task, args.digits),
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
@@ -139,6 +141,12 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
     where = f"; metrics in {metrics_out}" if metrics_out else ""
     print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s{where}")
     return 0
+
+
+def _task_spec(name: str, digits: int) -> dict:
+    """The task table of `--task NAME`, with `--digits` for the arithmetic tasks."""
+    spec = dict(TASKS[name][0])
+    return {**spec, "digits": digits} if spec["kind"] == "arithmetic" else spec
 
 
 def _tensorboard_rows(root: Path, ids: Sequence[str]) -> tuple[Callable[[dict], None], Callable[[], None]]:

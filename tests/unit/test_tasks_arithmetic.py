@@ -125,8 +125,8 @@ def test_unknown_prompt_id_is_a_key_error_naming_it() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"digits": 0}, {"digits": 10}, {"digits": True}, {"operators": "*"}, {"operators": "++"}, {"operators": ""},
-     {"num_train": 0}, {"digits": 1, "num_train": 200}],
+    [{"digits": 0}, {"digits": 10}, {"digits": True}, {"operators": "/"}, {"operators": "++"}, {"operators": ""},
+     {"num_train": 0}, {"digits": 1, "num_train": 200}, {"style": "prose"}, {"style": None}],
 )
 def test_bad_options_are_value_errors(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="ArithmeticTask"):
