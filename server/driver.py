@@ -259,8 +259,9 @@ class FederationDriver:
     def round_done(self) -> bool:
         if not supervisor_alive(self.supervisor):
             return True  # end the exchange; next_round then stops this orphaned ServerApp
-        if self.coordinator.current_round is not None:
-            return self.coordinator.poll() is not None
+        with self._fail_closed_guard():  # a deadline extension is a journal write
+            if self.coordinator.current_round is not None:
+                return self.coordinator.poll() is not None
         return False
 
     def close_round(self) -> None:

@@ -84,3 +84,17 @@ def test_a_file_size_limit_on_the_journal_is_a_journal_write_error(tmp_path: Pat
     assert done.stdout.startswith(f"JournalWriteError: journal {tmp_path / 'journal.sqlite'} cannot be written: "), \
         done.stdout
     assert done.stdout.strip().endswith("rounds: 1"), done.stdout  # the failed round was rolled back
+
+
+def test_a_deadline_extension_that_cannot_be_written_fails_closed(tmp_path: Path) -> None:
+    """The round loop's `round_done` extends a passed deadline below quorum: a journal write too."""
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=1)
+    fed.add(1, "lab-a")
+    assert fed.driver.next_round(fed.identified())  # round 0 opened and sent; no reply comes
+    journal = fed.driver.journal
+    journal._db = FullDisk(journal._db)
+    clock.t += fed.config.coordinator.round_deadline_s + 1
+    with pytest.raises(FailedClosed, match="journal .* cannot be written"):
+        fed.driver.round_done()
+    assert sum(line.startswith("WRITE FAILED: ") for line in fed.lines) == 1
