@@ -7,8 +7,12 @@ Samples one answer per validation question (the built-in gsm8k task's split and 
 template; `--temperature` to compare), or greedily (as evaluation does) with `--greedy`, then prints
 the answer-length percentiles, the fraction each candidate budget would cut (answers still running
 at `--budget` count as longer than every candidate), the accuracy under the task's verifier and the
-wall time. `hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS` was chosen from this script's output for
-SmolLM2-135M-Instruct.
+wall time. `hacfed.tasks.math_data.GSM8K_PROMPT_TEMPLATE` and `GSM8K_MAX_NEW_TOKENS` were chosen
+from this script's output for SmolLM2-135M-Instruct at temperature 1 (the comment there has the
+numbers), e.g.
+
+    OMP_NUM_THREADS=1 python bench/gsm8k_budget.py --problems 48 --budget 256 --batch-size 24 \
+        --candidates 128,192,256
 """
 
 from __future__ import annotations

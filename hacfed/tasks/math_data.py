@@ -19,12 +19,17 @@ files is dropped from train, so the held-out split stays held out.
 
 The built-in GSM8K task (`gsm8k_task`, selected in a `[task]` table as `kind = "gsm8k"` and in
 `hacfed sim --task gsm8k`) reads the copy that ships in `hacfed.data.GSM8K_DIR`, holds the last
-200 train questions out as a validation split (for choosing settings), asks for a short solution
-ending in a boxed answer (GSM8K_PROMPT_TEMPLATE), scores the boxed answer or, failing that, the
-last number (a small model seldom boxes), and carries its own response budget, `max_new_tokens`
-(GSM8K_MAX_NEW_TOKENS, chosen from SmolLM2-135M-Instruct's answer lengths). `hacfed sim` takes
-that budget unless `--max-new-tokens` is given; a coordinator takes its `[sampling]
-max_new_tokens`, so a `[task]` table with `kind = "gsm8k"` wants `max_new_tokens = 320` there.
+200 train questions out as a validation split (for choosing settings), asks for a one-sentence
+answer ending in a boxed answer (GSM8K_PROMPT_TEMPLATE), scores the boxed answer or, failing that,
+the last number (a small model seldom boxes), and carries its own response budget,
+`max_new_tokens` (GSM8K_MAX_NEW_TOKENS, chosen from SmolLM2-135M-Instruct's answer lengths).
+`hacfed sim` takes that budget unless `--max-new-tokens` is given; a coordinator takes it unless
+its `[sampling] max_new_tokens` is set (hacfed.tasks.registry.task_sampling_defaults).
+
+Sampling stays at the federation's temperature 1 (no top-k/top-p): rollout log-probs, a peer's
+published `source_logp_sum` and the learner's old and new log-probs are all log π at temperature 1
+(hacfed.rollout.hf, docs/hacpo.md §5), which is the distribution the tokens are drawn from only at
+temperature 1. The budget is kept affordable by the prompt, not by a lower temperature.
 """
 
 from __future__ import annotations
@@ -44,15 +49,16 @@ from hacfed.trajectory import ChatMessage
 
 DEFAULT_PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{}."
 # The built-in GSM8K task's prompt and response budget, chosen with bench/gsm8k_budget.py on
-# SmolLM2-135M-Instruct (its chat template, validation questions, one CPU thread). Greedy answers to
-# this prompt (as evaluation reads them), 48 questions: median 185 tokens, 11 of 48 past 320 (a
-# greedy small model often repeats itself to the end), 0 of 48 correct. Sampled at the federation's
-# temperature 1 without top-k/top-p, the answers often do not end: 8 of 24 ran past 512 tokens;
-# with the "Let's think step by step" prompt, 27 of 48 ran past 320 and 22 of 48 past 768. No
-# budget a CPU round can afford stops that, so the budget covers most greedy answers and
-# rollout_truncated_frac reports the rest.
-GSM8K_PROMPT_TEMPLATE = "{question}\nSolve it in a few short steps, then write the final answer as \\boxed{N}."
-GSM8K_MAX_NEW_TOKENS = 320
+# SmolLM2-135M-Instruct (its chat template, the first 48 validation questions, one CPU thread),
+# sampled at the federation's temperature 1 (as rollouts are). At temperature 1 this small model's
+# answers often derail into text that never ends, and the longer the answer asked for, the more
+# often: with "Solve it in a few short steps, then write the final answer as \boxed{N}." 37.5 % of
+# answers ran past 320 tokens and 21 % past 640 (median 206), with "Write at most three short lines
+# of working" 21 % past 256. Asking for one sentence gives a median of 26 tokens and 6 % past 256
+# (8 % past 192, 10 % past 128). None of these prompts gets this model right on GSM8K (0 of 48
+# sampled answers with each); a lab with a stronger model sets its own `prompt_template` and `max_new_tokens`.
+GSM8K_PROMPT_TEMPLATE = "{question}\nAnswer in one short sentence that ends with the final answer as \\boxed{N}."
+GSM8K_MAX_NEW_TOKENS = 256
 GSM8K_VALIDATION = 200  # the last train questions, held out for choosing settings
 DATA_FORMATS = ("jsonl", "parquet")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")

@@ -20,8 +20,8 @@ TOML layout (nested tables for the nested settings):
     [task]          # passed as-is to hacfed.tasks.registry.load_task
     kind = "arithmetic"    # or "plugin" with plugin = "NAME": an installed task package's reward
                            # (hacfed.tasks.plugin), with its own tables such as [task.sandbox]
-    [sampling]      # hacfed.messages.SamplingParams
-    max_new_tokens = 16
+    [sampling]      # hacfed.messages.SamplingParams; a setting left out is the task's own
+    max_new_tokens = 16    # (hacfed.tasks.registry.task_sampling_defaults: gsm8k 256), else the default
     [hacpo]         # hacfed.hacpo_config.HacpoConfig
     mode = "hacpo"
 """
@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import PEER_CHOICES, SamplingParams
+from hacfed.tasks.registry import task_sampling_defaults
 from hacfed.tomlfile import read_toml
 
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -205,6 +206,9 @@ class CoordinatorConfig:
         if missing:
             raise ValueError(f"coordinator config is missing required key(s): {missing}")
         kwargs = dict(data)
+        task_sampling = task_sampling_defaults(kwargs.get("task"))  # e.g. gsm8k's budget, unless [sampling] says
+        if task_sampling and isinstance(kwargs.get("sampling", {}), Mapping):
+            kwargs["sampling"] = {**task_sampling, **kwargs.get("sampling", {})}
         if "sampling" in kwargs:
             kwargs["sampling"] = _nested(SamplingParams, "sampling", kwargs["sampling"])
         if "hacpo" in kwargs:
