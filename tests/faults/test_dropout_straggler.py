@@ -65,11 +65,19 @@ def test_straggler_and_dropout_rounds_close_by_deadline_and_the_late_submission_
     while _wait_closed(fed, server, healthy)[2] != list(LABS):
         healthy += 1
         assert healthy <= 3, "the three labs never contributed to one round"
-    straggled, dropped = healthy + 1, healthy + 2
-
-    # -- lab-b freezes after it took in its task
-    fed.wait_received("lab-b", straggled)
-    fed.signal_tree(fed.labs["lab-b"], signal.SIGSTOP)
+    # -- lab-b freezes after it took in its task, before its submission is written: a lab's step
+    # here takes well under a second, so on a busy machine the stop can land late; then lab-b is let
+    # go and frozen again in the next round (every round so far closes by quorum with all three)
+    straggled = healthy + 1
+    while True:
+        fed.wait_received("lab-b", straggled)
+        fed.signal_tree(fed.labs["lab-b"], signal.SIGSTOP)
+        if not any(e["round_id"] == straggled for e in fed.outbox("lab-b")):
+            break  # frozen with no submission written: it cannot reach the coordinator before SIGCONT
+        fed.signal_tree(fed.labs["lab-b"], signal.SIGCONT)
+        straggled += 1
+        assert straggled <= healthy + 5, "lab-b submitted before every SIGSTOP landed"
+    dropped = straggled + 1
     # -- lab-c dies once its submission to that round is in, so it is gone before the next round opens
     # (killed after taking in the next round's task, a fast lab could submit before the kill lands)
     fed.console(server, rf"round {straggled} lab-c: submitted \d+ trajectories, accepted")
