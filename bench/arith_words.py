@@ -15,10 +15,11 @@ import argparse
 import json
 import time
 
-VARIANTS = {  # name -> ArithmeticTask options (validation problems are drawn after train and held-out)
-    "add2": {"digits": 2, "operators": "+"},
-    "addsub2": {"digits": 2, "operators": "+-"},
-    "addmul1": {"digits": 1, "operators": "+*", "num_train": 40, "num_eval": 12},  # 200 problems exist
+# name -> ArithmeticTask options; "add2" is `hacfed sim --task add2-words` (the same validation split).
+VARIANTS = {
+    "add2": {"digits": 2, "operators": "+", "num_eval": 500, "num_validation": 200},
+    "addsub2": {"digits": 2, "operators": "+-", "num_eval": 500, "num_validation": 200},
+    "addmul1": {"digits": 1, "operators": "+*", "num_train": 40, "num_eval": 12, "num_validation": 48},  # of 200
 }
 
 
@@ -37,8 +38,8 @@ def main() -> None:
 
     loaded = load_model(args.model, progress=False)
     for name in args.variants.split(","):
-        task = load_task({"kind": "arithmetic", "style": "words", "num_validation": args.problems, **VARIANTS[name]})
-        problems = list(task.validation_problems())
+        task = load_task({"kind": "arithmetic", "style": "words", **VARIANTS[name]})
+        problems = list(task.validation_problems())[: args.problems]
         for greedy in (True, False):
             t0 = time.perf_counter()
             groups = generate(loaded.model, loaded.tokenizer, [p.messages for p in problems], num_samples=1,

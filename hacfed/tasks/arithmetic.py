@@ -32,9 +32,12 @@ _WORDS = {"+": "+", "-": "-", "*": "times"}
 STYLES = ("symbols", "words")
 WORDS_TEMPLATE = "What is {a} {op} {b}? Reply with only the number."
 # The words style's response budget (`max_new_tokens`), from bench/arith_words.py on
-# SmolLM2-135M-Instruct (48 validation problems of 2-digit sums): greedy answers take 24 tokens on
-# average ("72 + 40 = 112"), 21 % still running at 48; sampled at temperature 1 they take 33 and
-# 48 % run on (mostly prose that has lost the sum, so a longer budget buys little).
+# SmolLM2-135M-Instruct (the first 48 validation problems of `hacfed sim --task add2-words`).
+# Greedy answers take 17.5 tokens on average ("92 + 56 = 140"), 10 % run past 48, none past 76,
+# 27 % are right. Sampled at temperature 1 (as rollouts are) they often run on into prose that has
+# lost the sum: at 48 tokens 37.5 % were cut and 2 of 48 right, at 96 tokens 15 % cut and 4 of 48
+# right, for 1.8x the rollout time and 1.5x the training time of a `hacfed sim` round. 48 keeps
+# rounds cheap; a cut answer scores what it says so far (usually nothing), which rewards ending.
 WORDS_MAX_NEW_TOKENS = 48
 _INT_RE = re.compile(r"-?\d+")
 # An integer as a chat model writes it: optional sign, optional thousands separators, not part of a decimal.
