@@ -60,7 +60,7 @@ def test_clean(tmp_path):
 '''
 
 
-def _run_fake_session(tmp_path: Path, **env_extra: str) -> subprocess.CompletedProcess[str]:
+def _run_fake_session(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
     outer = tmp_path / "outer"
     repo = outer / "repo"
     repo.mkdir(parents=True)
@@ -71,7 +71,7 @@ def _run_fake_session(tmp_path: Path, **env_extra: str) -> subprocess.CompletedP
     env = dict(os.environ, **env_extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CONFINE_DIR), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "hacfed_confine", "-q", "-p", "no:cacheprovider",
-                           "--basetemp", str(tmp_path / "inner-tmp"), "test_fake.py"],
+                           "--basetemp", str(tmp_path / "inner-tmp"), *args, "test_fake.py"],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -87,6 +87,18 @@ def test_a_session_that_reads_beside_the_clone_fails_and_names_the_test_and_path
     assert f"open {shared}/data.txt   [test_fake.py::test_a_child_process_reads_the_sibling (call)]" in out
     assert f"os.listdir {shared}   [test_fake.py::test_lists_the_sibling (call)]" in out
     assert "files outside the clone" in out and "4 passed, 3 errors" in out
+
+
+def test_a_session_split_over_workers_still_fails_on_a_read_beside_the_clone(tmp_path: Path) -> None:
+    """scripts/test.sh runs the suite on two pytest-xdist workers: the workers inherit the audit hook
+    (sitecustomize on PYTHONPATH) and the controller's session fails on what they logged."""
+    result = _run_fake_session(tmp_path, "-n", "2")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    shared = str(tmp_path / "outer" / "shared")
+    assert "files outside the clone" in out, out
+    for test in ("test_reads_the_sibling", "test_a_child_process_reads_the_sibling", "test_lists_the_sibling"):
+        assert f"{shared}" in out and f"[test_fake.py::{test} (call)]" in out, out
 
 
 def test_the_check_can_be_switched_off(tmp_path: Path) -> None:
