@@ -115,6 +115,15 @@ def _chain(operations: tuple[str, ...] = ("add", "sub"), other_train: int = 0,
     return {**spec, "other_train": other_train} if other_train else spec
 
 
+# The words-style sums of `hacfed sim --task add2-words` (the same spec, so the same train,
+# validation and 500-problem test splits): a partner for pretrained chat models, which the
+# `37+58=` presets cannot be (they score 0 on a sentence prompt).
+ADD2_WORDS_TASK: Mapping[str, Any] = MappingProxyType(
+    {"kind": "arithmetic", "digits": 2, "operators": "+", "num_eval": 500, "num_validation": 200, "style": "words"}
+)
+WORDS_WARMUP = WarmupConfig(target_accuracy=0.35, max_accuracy=0.60)
+
+
 # "Mostly" specialists see this many of the other half's train problems in their warm-up (~10 % of
 # their ~4,000 own): bench/skill_transfer.py measured that a pure specialist cannot learn the other
 # half within an RL run's budget even from gold solutions, so sharing has nothing to amplify.
@@ -155,6 +164,9 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
            description="GPT-2-style, byte-level tokenizer, 'User:/Assistant:' chat template, dropout 0"),
     Preset("tiny-qwen2", "qwen2", "bpe", QWEN2_CONFIG,
            description="Qwen2-style (GQA), small byte-level BPE trained on task text, ChatML template"),
+    # A partner for SmolLM2 & co. on `--task add2-words`: reads the whole sentence, answers the number.
+    Preset("tiny-llama-words", "llama", "char", LLAMA_CONFIG, WORDS_WARMUP, task=dict(ADD2_WORDS_TASK),
+           description="tiny-llama warmed up on 'What is 37 + 58? Reply with only the number.'"),
     # The testbed (chain task): "model" heterogeneity is any two of these three.
     Preset("chain-llama", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP, task=_chain(),
            description="tiny-llama warmed up on worked 3-term add/sub chains"),

@@ -127,3 +127,23 @@ def test_notation_specialists_read_one_notation_and_see_a_few_prompts_of_the_oth
         assert train.count(other) == 200 and train.count(own) == 8000, name
         assert {notation_of(p) for p in task.validation_problems()} == {own}, name
     assert preset_recipe("chain-llama-sym", 0)["task"] != preset_recipe("chain-llama", 0)["task"]
+
+
+def test_words_partner_warms_up_on_the_sim_words_task_and_reads_its_prompts():
+    """tiny-llama-words learns `hacfed sim --task add2-words`'s own train split (so its warm-up stops on
+    that task's validation split and never sees its 500 test problems), through a tokenizer that has
+    every character of the sentence prompts."""
+    from hacfed.tasks.registry import load_task
+    from hacfed.tools.sim import TASKS
+
+    preset = get_preset("tiny-llama-words")
+    assert dict(preset.task) == TASKS["add2-words"][0]
+    task, sim_task = preset.warmup_task(), load_task(TASKS["add2-words"][0])
+    assert task.train_problems() == sim_task.train_problems()
+    assert task.validation_problems() == sim_task.validation_problems() and len(task.eval_problems()) == 500
+    assert task.train_problems()[0].messages[0].content.startswith("What is ")
+    _, tokenizer = build_untrained("tiny-llama-words")
+    ids = render_prompt_ids(tokenizer, task.train_problems()[0].messages)
+    assert tokenizer.unk_token_id not in ids
+    assert preset_recipe("tiny-llama-words", 0)["task"]["name"] == "arith-add2-words"
+    assert preset_recipe("tiny-llama-words", 0)["preset"] != preset_recipe("tiny-llama", 0)["preset"]
