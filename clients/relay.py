@@ -8,8 +8,9 @@ stock Flower's isolation, in a fresh `flwr-clientapp` process per message).
 Why: the model must not live in the SuperNode (nor in a ClientApp process that stock Flower starts
 per message), and the SuperNode process should stay small and torch-free. The ClientApp only moves
 opaque bytes: it takes `content["hacfed"]["payload"]`,
-calls the participant's local gRPC service `/hacfed.v1.ParticipantRelay/Exchange` on
-loopback (address from the SuperNode's `--node-config participant-address="127.0.0.1:P"`),
+calls the participant's local gRPC service `/hacfed.v1.ParticipantRelay/Exchange` on a Unix
+socket only the lab's user can open (address from the SuperNode's
+`--node-config participant-address="unix:/STATE/sockets/relay.sock"`, `hacfed.clients.local_socket`),
 and puts the reply bytes into the reply message. Bad input or an unreachable participant
 becomes an error record `content["hacfed"]["error"] = "HACFED-E-...: message"`, never a
 crash. The gRPC handlers are generic with raw bytes (no codegen); the payload's own
@@ -22,14 +23,18 @@ This module must stay torch-free: it runs in the SuperNode process (and in every
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from concurrent import futures
+from pathlib import Path
 from typing import NoReturn
 
 import grpc
 from flwr.app import ConfigRecord, RecordDict
 
+from hacfed.clients.local_socket import UNIX_PREFIX
 from hacfed.flower_protocol import (
     ERROR_KEY,
     NODE_PARTICIPANT_ADDRESS,
@@ -88,6 +93,41 @@ def _grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
     ]
 
 
+def serve_participant_unix(
+    handler: Callable[[bytes], bytes],
+    socket_path: Path,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_workers: int = 4,
+) -> grpc.Server:
+    """Serve `handler` (as `serve_participant` does) on the Unix socket `socket_path`, mode 0600.
+
+    The socket's directory must be this user's and closed to everyone else (0700, as
+    `hacfed.clients.local_socket.relay_socket_place` makes it): then no other local user can
+    connect. A stale socket left by a killed hacfed-client is replaced. Clients connect with the
+    address `"unix:" + str(socket_path)`. Stop with `server.stop(grace)` (gRPC removes the file).
+    """
+    path = Path(socket_path)
+    if not path.is_absolute():
+        raise ValueError(f"the participant service's socket path must be absolute, got {str(path)!r}")
+    parent = os.stat(path.parent)
+    if parent.st_uid != os.geteuid() or parent.st_mode & 0o077:
+        raise ValueError(f"the directory of the participant service's socket {path} must belong to this user and "
+                         f"be closed to others (0700), it is uid {parent.st_uid} mode {oct(parent.st_mode & 0o777)}")
+    if path.is_symlink() or path.exists():
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise ValueError(f"{path} exists and is not a socket: will not replace it with the participant service's")
+        path.unlink()
+    server = _participant_server(handler, max_message_bytes, max_workers)
+    try:
+        server.add_insecure_port(f"{UNIX_PREFIX}{path}")
+    except RuntimeError:
+        raise OSError(f"could not bind the participant service to the Unix socket {path}") from None
+    os.chmod(path, 0o600)
+    server.start()
+    return server
+
+
 def serve_participant(
     handler: Callable[[bytes], bytes],
     host: str = "127.0.0.1",
@@ -96,8 +136,10 @@ def serve_participant(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     max_workers: int = 4,
 ) -> tuple[grpc.Server, int]:
-    """Serve `handler` as `/hacfed.v1.ParticipantRelay/Exchange` on loopback; return (server, port).
+    """Serve `handler` as `/hacfed.v1.ParticipantRelay/Exchange` on loopback TCP; return (server, port).
 
+    Any local user can connect to a loopback port: hacfed-client serves on a Unix socket instead
+    (`serve_participant_unix`); this is for tests and single-user machines.
     `handler` gets the request bytes and returns the reply bytes. It may raise
     `ParticipantRejection` to choose the status; a `ValueError` becomes INVALID_ARGUMENT
     (`HACFED-E-INVALID-REQUEST`), any other exception INTERNAL (`HACFED-E-PARTICIPANT-FAILED`),
@@ -106,7 +148,16 @@ def serve_participant(
     Stop with `server.stop(grace)`.
     """
     check_loopback_address(f"[{host}]:{port}")
+    server = _participant_server(handler, max_message_bytes, max_workers)
+    bind_host = f"[{host}]" if ":" in host else host  # IPv6 literals need brackets
+    bound = server.add_insecure_port(f"{bind_host}:{port}")
+    if bound == 0:
+        raise OSError(f"could not bind the participant service to {host}:{port}")
+    server.start()
+    return server, bound
 
+
+def _participant_server(handler: Callable[[bytes], bytes], max_message_bytes: int, max_workers: int) -> grpc.Server:
     def exchange(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             reply = handler(request)
@@ -126,17 +177,11 @@ def serve_participant(
     method = grpc.unary_unary_rpc_method_handler(
         exchange, request_deserializer=None, response_serializer=None
     )
-    server = grpc.server(
+    return grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hacfed-relay"),
         handlers=[grpc.method_handlers_generic_handler(SERVICE_NAME, {"Exchange": method})],
         options=_grpc_options(max_message_bytes),
     )
-    bind_host = f"[{host}]" if ":" in host else host  # IPv6 literals need brackets
-    bound = server.add_insecure_port(f"{bind_host}:{port}")
-    if bound == 0:
-        raise OSError(f"could not bind the participant service to {host}:{port}")
-    server.start()
-    return server, bound
 
 
 def _abort(context: grpc.ServicerContext, status: grpc.StatusCode, code: str, message: str) -> NoReturn:
@@ -159,7 +204,7 @@ def call_participant(
     """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    check_loopback_address(address)
+    check_participant_address(address)
     with grpc.insecure_channel(address, options=_grpc_options(max_message_bytes)) as channel:
         exchange = channel.unary_unary(
             EXCHANGE_METHOD, request_serializer=None, response_deserializer=None
@@ -171,6 +216,15 @@ def call_participant(
     if not isinstance(reply, bytes):
         raise RelayError("HACFED-E-PARTICIPANT-FAILED", f"reply is {type(reply).__name__}, not bytes")
     return reply
+
+
+def check_participant_address(address: str) -> None:
+    """`unix:/absolute/path` (what hacfed-client serves) or a loopback `host:port`; else ValueError."""
+    if address.startswith(UNIX_PREFIX):
+        if not address[len(UNIX_PREFIX):].startswith("/"):
+            raise ValueError(f"participant address unix:PATH needs an absolute path, got {address!r}")
+        return
+    check_loopback_address(address)
 
 
 def _relay_error_from_rpc(err: grpc.RpcError, address: str, timeout_s: float) -> RelayError:
@@ -265,7 +319,7 @@ def _config_str(config: Mapping[str, object], key: str, where: str) -> str:
 def _participant_address(node_config: Mapping[str, object]) -> str:
     address = _config_str(node_config, NODE_PARTICIPANT_ADDRESS, "node config")
     try:
-        check_loopback_address(address)
+        check_participant_address(address)
     except ValueError as exc:
         raise RelayError("HACFED-E-RELAY-CONFIG", str(exc)) from None
     return address

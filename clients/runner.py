@@ -6,7 +6,7 @@ addresses, ids and key files; the task is loaded here before anything is created
    the line is printed too, ready for `hacfed-server register`;
 2. the model, resident for the whole run (torch is imported here, after the config was checked),
    resuming from `<state-dir>/checkpoints` after a restart;
-3. the participant service on loopback (`hacfed.clients.service`, behind the relay's gRPC);
+3. the participant service on a private Unix socket (`hacfed.clients.service`, behind the relay's gRPC);
 4. a Flower SuperNode pointed at the coordinator (with TLS: authenticated with the lab's SuperNode
    key), supervised: restarted if it exits (also when its heartbeat died, e.g. on a coordinator whose
    disk was full: `hacfed.clients.supernode.HEARTBEAT_LOST_EXIT`), and restarted to find out why if
@@ -31,8 +31,9 @@ from pathlib import Path
 from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.clients.config import ClientConfig
 from hacfed.clients.enrol import ensure_lab_keys
+from hacfed.clients.local_socket import relay_socket_place
 from hacfed.clients.outbox import Outbox
-from hacfed.clients.relay import serve_participant
+from hacfed.clients.relay import serve_participant_unix
 from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import HEARTBEAT_LOST_EXIT, SuperNode, heartbeat_lost_reason, start_supernode
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
@@ -163,11 +164,11 @@ class Client:
         accuracy = "" if self.final_accuracy is None else f"; final held-out accuracy {self.final_accuracy:.3f}"
         return f"the federation is done: the coordinator closed {run} for {self.cfg.participant_id}{accuracy}"
 
-    def start_node(self, sup: ProcessSupervisor, port: int) -> SuperNode:
+    def start_node(self, sup: ProcessSupervisor, relay_address: str) -> SuperNode:
         """Start the SuperNode; while the coordinator is unreachable or refuses this lab, keep trying
         (and say why, once per reason)."""
         cfg = self.cfg
-        node_config = {"participant-id": cfg.participant_id, "participant-address": f"127.0.0.1:{port}"}
+        node_config = {"participant-id": cfg.participant_id, "participant-address": relay_address}
         auth_key = None if cfg.insecure else cfg.state_dir / SUPERNODE_KEY
         told = None
         while True:
@@ -211,15 +212,15 @@ class Client:
         threading.Thread(target=pump, name="supernode-log", daemon=True).start()
         return stop
 
-    def supervise(self, sup: ProcessSupervisor, port: int) -> int:
+    def supervise(self, sup: ProcessSupervisor, relay_address: str) -> int:
         stop_watching = self.watch_log()
         try:
-            return self._supervise(sup, port)
+            return self._supervise(sup, relay_address)
         finally:
             stop_watching.set()
 
-    def _supervise(self, sup: ProcessSupervisor, port: int) -> int:
-        node = self.start_node(sup, port)
+    def _supervise(self, sup: ProcessSupervisor, relay_address: str) -> int:
+        node = self.start_node(sup, relay_address)
         say(f"connected to {self.cfg.server} as {self.cfg.participant_id} (SuperNode id {node.node_id}); waiting "
             f"for the coordinator (its receipts and refusals are printed here)")
         told = False
@@ -240,13 +241,13 @@ class Client:
                     say(f"the SuperNode exited (code {self.node.process.returncode()}); restarting it")
                 sup.stop(self.node.process)
                 time.sleep(2.0)
-                self.start_node(sup, port)
+                self.start_node(sup, relay_address)
             elif self.node is not None and self.log.cut_off:
                 self.log.cut_off = False
                 say("the coordinator no longer accepts this lab's SuperNode (its registration was revoked or "
                     "removed); reconnecting to find out")
                 sup.stop(self.node.process)
-                self.start_node(sup, port)
+                self.start_node(sup, relay_address)
             time.sleep(0.2)
 
 
@@ -286,11 +287,18 @@ def run_client(cfg: ClientConfig) -> int:
     client = Client(cfg, metrics)
     service = ParticipantService(participant, task, private_key, coordinator_key, state / "service",
                                  on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
-    server, port = serve_participant(service.handle)
-    say(f"participant service on 127.0.0.1:{port}")
+    relay = relay_socket_place(state)
+    if relay.note() is not None:
+        say(relay.note())
+    try:
+        server = serve_participant_unix(service.handle, relay.path)
+    except BaseException:
+        relay.cleanup()
+        raise
+    say(f"participant service on {relay.address} (only this user can connect)")
     try:
         with ProcessSupervisor(grace_s=10.0) as sup:
-            code = client.supervise(sup, port)
+            code = client.supervise(sup, relay.address)
         forget_children(state)
         return code
     except (KeyboardInterrupt, SystemExit) as stop:
@@ -300,5 +308,6 @@ def run_client(cfg: ClientConfig) -> int:
         return 1 if getattr(distributed, "stopped_by", None) is not None else 0
     finally:
         server.stop(5.0).wait()
+        relay.cleanup()
         metrics.close()
         lock.close()

@@ -1,10 +1,10 @@
 """The participant side of the exchange: what `hacfed-client` serves to its Flower relay.
 
-Runs in a lab's hacfed-client process, served on loopback behind the ClientApp relay
-(`hacfed.clients.relay`).
+Runs in a lab's hacfed-client process, served on a Unix socket only the lab's user can open, behind
+the ClientApp relay (`hacfed.clients.relay`, `hacfed.clients.local_socket`).
 
     service = ParticipantService(participant, task, participant_key, coordinator_public_key, state_dir)
-    server, port = serve_participant(service.handle)   # hacfed.clients.relay, loopback only
+    server = serve_participant_unix(service.handle, relay_socket_place(state_dir).path)  # 0600 socket, 0700 dir
 
 `handle(request) -> reply` takes what the coordinator sent, a signed `Delivery` (hacfed.exchange):
 answers to earlier submissions, then the request of this exchange (a signed `RoundUpdate`, the final

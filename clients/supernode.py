@@ -14,8 +14,10 @@ Flower's message cap lowered to hacfed's (`hacfed.flower_protocol.FLOWER_MAX_MES
   (`hacfed.flower_pulls`; Flower waits 1 s). These are the Flower internals still patched: flwr 1.32
   has no option or environment variable for any of them (`tests/unit/test_flower_pins.py` fails on
   an upgrade that changes them).
-Before the SuperNode starts, hacfed-client serves `hacfed.clients.relay.serve_participant(handler)`
-on 127.0.0.1. The coordinator's side (SuperLink, run submission) is `hacfed.server.superlink`.
+Before the SuperNode starts, hacfed-client serves `hacfed.clients.relay.serve_participant_unix(handler)`
+on a Unix socket in a 0700 directory (`hacfed.clients.local_socket`); the ClientAppIo API stays on
+127.0.0.1 TCP, since flwr 1.32 takes only HOST:PORT there (docs/security.md, "Listeners and sinks").
+The coordinator's side (SuperLink, run submission) is `hacfed.server.superlink`.
 
 The exact command (with its own FLWR_HOME, FLWR_TELEMETRY_ENABLED=0, FLWR_DISABLE_UPDATE_CHECK=1,
 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1, this venv's bin first on PATH, in its own process
@@ -26,7 +28,7 @@ group; the ClientAppIo port is read back from its log):
         --node-config NODE/node-config.toml --isolation process --insecure   # or, with TLS and SuperNode auth:
     #   --root-certificates ca.pem --auth-supernode-private-key STATE/supernode.key
     # node-config.toml:  participant-id = "lab-a"
-    #                    participant-address = "127.0.0.1:50051"
+    #                    participant-address = "unix:/STATE/sockets/relay.sock"
     # (`idle_poll_s=None`: "stock" instead of 0.5 keeps Flower's 3 s sleep and its reconnect backoff;
     #  isolation "subprocess": "subprocess" instead of "runner" and --isolation subprocess)
 
