@@ -5,7 +5,7 @@ one runs:
 
 - hacfed-client (``main``, ``config``, ``runner``): checks the config, creates the lab's key, loads
   the model and keeps it resident in a ``participant`` (its round ``step``; ``rollout_and_eval``,
-  ``training`` with the HACPO ``update``, ``checkpoints``), serves it on loopback through the
+  ``training`` with the HACPO ``update``, ``checkpoints``), serves it on a private Unix socket through the
   participant ``service`` behind the relay's local gRPC (``relay``), and supervises the lab's Flower
   SuperNode (``supernode``);
 - the SuperNode (``supernode``, run as ``python -m hacfed.clients.supernode``);

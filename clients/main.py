@@ -6,7 +6,7 @@
 
 Loads the model (a preset such as tiny-llama / tiny-gpt2 / tiny-qwen2 / smollm2, a local Hugging Face
 directory or a cached hub id) and keeps it resident, serves it to its Flower SuperNode's relay on
-loopback, and trains with HACPO on every round's verified pool. On first start it creates the lab's
+a private Unix socket, and trains with HACPO on every round's verified pool. On first start it creates the lab's
 keys (STATE/participant.key, STATE/supernode.key) and STATE/enrolment.txt, and prints the enrolment
 line the coordinator's operator registers (`hacfed-server register`). It exits 0 when the
 coordinator closes the run (unless --stay). Restarted with the same command, it resumes from its
