@@ -7,9 +7,10 @@ agents and may override any default; optional `[[comparisons]]` pair one agent a
 settings. Every key is required somewhere (no hidden defaults) except `minibatch_size` (absent: the
 paper's prompts × G / 2, as `hacfed sim` without --minibatch-size), `peers_per_prompt` (absent: the
 coordinator's K, as `hacfed sim` without --peers-per-prompt), `peer_choice` (absent: the coordinator's,
-"drawn") and a setting's `archived` (absent:
-false; true keeps an earlier design in the report without rerunning it), and unknown keys are errors, so a
-typo never silently runs the wrong experiment. Errors are `MatrixError`s naming the file, table and key.
+"drawn"), `finetune` (absent: `hacfed sim`'s "auto", LoRA above 300M parameters) and a setting's
+`archived` (absent: false; true keeps an earlier design in the report without rerunning it), and
+unknown keys are errors, so a typo never silently runs the wrong experiment. Errors are
+`MatrixError`s naming the file, table and key.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
             "group_size", "seeds", "modes", "baseline")
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
-OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice")
+OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune")
+FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
 EVAL_SPLITS = ("test", "validation")
@@ -59,6 +61,7 @@ class RunSettings:
     minibatch_size: int | None = None
     peers_per_prompt: int | None = None
     peer_choice: str | None = None
+    finetune: str | None = None
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -194,6 +197,8 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         peers_per_prompt=positive_int("peers_per_prompt") if "peers_per_prompt" in merged else None,
         peer_choice=(_choice(merged["peer_choice"], PEER_CHOICES, origin("peer_choice"), "peer_choice")
                      if "peer_choice" in merged else None),
+        finetune=(_choice(merged["finetune"], FINETUNES, origin("finetune"), "finetune")
+                  if "finetune" in merged else None),
     )
 
 

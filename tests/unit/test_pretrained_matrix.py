@@ -1,0 +1,36 @@
+"""bench/pretrained.toml: SmolLM2 with the tiny words partner on add2-words, LoRA, tuned on validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from hacfed.tools.experiments.matrix import MatrixError, load_matrix
+from hacfed.tools.experiments.runner import plan_runs
+from tests.unit.test_bench_modes import ROOT, _matrix
+
+TUNING = ("tune-lr1e-4", "tune-lr3e-4", "tune-lr1e-3")
+
+
+def test_pretrained_matrix_tunes_on_validation_and_reports_on_the_test_split():
+    matrix = load_matrix(ROOT / "bench" / "pretrained.toml")
+    assert matrix.names == (*TUNING, "words")
+    for name in TUNING:
+        run = matrix.setting(name).run
+        assert run.eval_split == "validation" and run.finetune == "lora", name
+    assert sorted(matrix.setting(name).run.lr for name in TUNING) == [1e-4, 3e-4, 1e-3]
+    words = matrix.setting("words")
+    assert words.agents == ("smollm2", "tiny-llama-words") and words.run.task == "add2-words"
+    assert set(words.run.modes) == {"gspo2", "xhacpo", "naive"} and words.run.baseline == "gspo2"
+    assert words.run.seeds == (0, 1, 2) and words.run.finetune == "lora"
+    assert (words.run.eval_split, words.run.eval_problems) == ("test", 500)
+    assert words.run.eval_every == words.run.rounds  # evaluated at the start and the end only
+    runs = plan_runs(matrix, ["words"])
+    assert len(runs) == 9 and all(r.sim_args[-2:] == ("--finetune", "lora") for r in runs)
+
+
+def test_finetune_reaches_hacfed_sim_and_a_bad_one_is_refused_by_name():
+    assert all("--finetune" not in r.sim_args for r in plan_runs(_matrix()))
+    full = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "finetune": "full"}}))
+    assert {r.sim_args[-2:] for r in full} == {("--finetune", "full")}
+    with pytest.raises(MatrixError, match=r"\[settings.pair\]: finetune must be one of auto, full, lora, got 'qlora'"):
+        _matrix({"pair": {"agents": ["m1", "m2"], "finetune": "qlora"}})
