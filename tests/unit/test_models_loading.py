@@ -98,7 +98,8 @@ def test_disable_dropout_zeroes_config_and_modules():
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("tiny-bert", "unknown model 'tiny-bert': expected a preset \\(tiny-llama, tiny-gpt2, tiny-qwen2, chain-llama"),
+        ("tiny-bert", "unknown model 'tiny-bert': expected a preset "
+                      "\\(tiny-llama, tiny-gpt2, tiny-qwen2, tiny-llama-words, chain-llama"),
         ("", "non-empty string"),
         ("no-such-org/no-such-model", "neither a preset .* nor a hub id in the local Hugging Face cache"),
     ],
