@@ -3,7 +3,7 @@
 # CI's budget for the default run is 20 minutes of tests on 2 cores from a fresh clone.
 #
 #   ./scripts/test.sh                  # the default run (what CI runs): everything but gpu, vllm, long
-#   ./scripts/test.sh --long           # also the long tier (tests marked `long`): about 30 minutes more
+#   ./scripts/test.sh --long           # also the long tier (tests marked `long`): about 15 minutes more
 #   ./scripts/test.sh -m "not slow"    # extra arguments go to pytest; a -m of your own replaces ours
 #   ./scripts/test.sh --long tests/faults -k outage
 #   HACFED_TEST_WORKERS=0 ./scripts/test.sh tests/unit/test_algorithm.py   # in this process, no workers
