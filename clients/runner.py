@@ -36,6 +36,7 @@ from hacfed.clients.outbox import Outbox
 from hacfed.clients.relay import serve_participant_unix
 from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import HEARTBEAT_LOST_EXIT, SuperNode, heartbeat_lost_reason, start_supernode
+from hacfed.clients.transport_probe import transport_mismatch
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
@@ -172,6 +173,9 @@ class Client:
         auth_key = None if cfg.insecure else cfg.state_dir / SUPERNODE_KEY
         told = None
         while True:
+            if (mismatch := transport_mismatch(cfg.server, cfg.insecure)) is not None and mismatch != told:
+                say(f"{mismatch}; still trying")
+                told = mismatch
             try:
                 self.node = start_supernode(sup, cfg.state_dir / "supernode", superlink_address=cfg.server,
                                             node_config=node_config, insecure=cfg.insecure, root_cert=cfg.tls_ca,

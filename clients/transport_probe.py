@@ -1,0 +1,55 @@
+"""Does the coordinator speak the transport this lab was told to use? One TLS handshake tells.
+
+Runs in hacfed-client before it starts its SuperNode. A lab started with `--insecure` against a
+coordinator with TLS (or with `--tls-ca` against a plaintext one) otherwise only hears that the
+coordinator is "not reachable yet": the SuperNode's gRPC channel fails the same way as for a
+coordinator that is down.
+
+    hint = transport_mismatch("coord.example.org:9092", insecure=True)   # None, or one line to print
+
+The probe opens one TCP connection and offers a TLS handshake without checking the certificate (it
+only asks which protocol answers; the SuperNode checks the certificate against `--tls-ca`):
+
+- the handshake completes: the coordinator speaks TLS;
+- the server answers with bytes that are not TLS (a plaintext gRPC server answers a ClientHello
+  with an HTTP/2 GOAWAY frame): it is plaintext;
+- no connection, a reset or a timeout: nothing is known (the coordinator may simply be down), so no
+  hint.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+
+from hacfed.config_values import split_host_port
+
+
+def speaks_tls(server: str, timeout_s: float = 3.0) -> bool | None:
+    """True: a TLS server answers at HOST:PORT; False: a server that is not TLS; None: unknown."""
+    host, port = split_host_port(server, "--server")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # which protocol answers, not whom to trust
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as raw:
+            try:
+                with context.wrap_socket(raw, server_hostname=host):
+                    return True
+            except ssl.SSLError:
+                return False
+    except OSError:  # refused, reset, unreachable, timed out: the coordinator may be down
+        return None
+
+
+def transport_mismatch(server: str, insecure: bool, timeout_s: float = 3.0) -> str | None:
+    """One line saying what to change when the coordinator's transport is not this lab's, else None."""
+    tls = speaks_tls(server, timeout_s)
+    if tls is True and insecure:
+        return (f"the coordinator at {server} speaks TLS but this lab runs plaintext (--insecure): "
+                "pass --tls-ca with the federation's ca.pem instead")
+    if tls is False and not insecure:
+        return (f"the coordinator at {server} is not speaking TLS (a plaintext hacfed-server --insecure?) but "
+                "this lab expects TLS (--tls-ca): use the same transport on both sides")
+    return None

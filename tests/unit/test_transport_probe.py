@@ -1,0 +1,67 @@
+"""A lab whose transport is not the coordinator's is told which to use (issue: plaintext lab against a
+TLS coordinator heard only "not reachable yet"). Real gRPC servers on loopback, as the SuperLink is."""
+
+from __future__ import annotations
+
+import socket
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hacfed.certs import init_federation_certs
+from hacfed.clients.transport_probe import speaks_tls, transport_mismatch
+
+
+def _server(tls_dir: Path | None) -> tuple[grpc.Server, str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    if tls_dir is None:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        certs = init_federation_certs(tls_dir, ["127.0.0.1", "localhost"])
+        credentials = grpc.ssl_server_credentials([(certs.server_key.read_bytes(), certs.server_cert.read_bytes())])
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path):
+    server, address = _server(tmp_path / "certs")
+    yield address
+    server.stop(None)
+
+
+@pytest.fixture
+def plaintext_server():
+    server, address = _server(None)
+    yield address
+    server.stop(None)
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_plaintext_lab_against_a_tls_coordinator_is_told_to_pass_its_ca(tls_server: str) -> None:
+    assert speaks_tls(tls_server) is True
+    hint = transport_mismatch(tls_server, insecure=True)
+    assert hint is not None and "speaks TLS" in hint and "--tls-ca" in hint
+    assert transport_mismatch(tls_server, insecure=False) is None
+
+
+def test_a_tls_lab_against_a_plaintext_coordinator_is_told_so(plaintext_server: str) -> None:
+    assert speaks_tls(plaintext_server) is False
+    hint = transport_mismatch(plaintext_server, insecure=False)
+    assert hint is not None and "not speaking TLS" in hint
+    assert transport_mismatch(plaintext_server, insecure=True) is None
+
+
+def test_a_coordinator_that_is_down_gives_no_hint() -> None:
+    address = _closed_port()
+    assert speaks_tls(address, timeout_s=1.0) is None
+    assert transport_mismatch(address, insecure=True, timeout_s=1.0) is None
+    assert transport_mismatch(address, insecure=False, timeout_s=1.0) is None
