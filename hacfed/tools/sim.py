@@ -10,6 +10,10 @@ Modes are listed by `hacfed sim --help` (hacfed.tools.modes): the recommended `x
 `hacpo`, the baselines `naive`, `sapo`, `gspo`, `gspo2` (each agent alone with 2G responses per
 prompt: the paper's GSPO×2) and `grpo`, and the ablations. Every mode uses the same minibatch size
 (prompts × G / 2), so gspo2 makes twice the updates of gspo, as in the paper.
+
+An agent `hostile:KIND` is a weak or hostile lab (hacfed.tools.hostile: copy-gold, canary:TEXT,
+lie-logprob, weak) that the coordinator verifies, weighs and shares like any other; with a canary
+lab, the honest agents' evaluation rows carry `eval_canary_rate`.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import json
 import math
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hacfed.messages import PEER_CHOICES
 from hacfed.metrics_sinks import TruncationWarnings
+from hacfed.tools import hostile
 from hacfed.tools.modes import MODE_NAMES, get_mode, hacpo_config_for
 
 SIM_MODES = MODE_NAMES
@@ -85,6 +90,11 @@ class SimConfig:
             raise ValueError(f"mode must be one of {SIM_MODES}, got {self.mode!r}")
         if not self.agents:
             raise ValueError("agents must name at least one model")
+        specs = [hostile.parse_agent(a) for a in self.agents]  # a bad hostile:KIND fails here, in one line
+        if all(spec is not None for spec in specs):
+            raise ValueError(f"agents must name at least one model (an honest lab), got {','.join(self.agents)}")
+        if self.nproc != 1 and any(spec is not None for spec in specs):
+            raise ValueError(f"hostile agents run with nproc 1 only, got nproc {self.nproc!r}")
         for name in ("rounds", "prompts_per_round", "group_size", "max_new_tokens", "eval_problems"):
             value = getattr(self, name)
             if name == "max_new_tokens" and value is None:
@@ -106,9 +116,11 @@ class SimConfig:
 
 
 def participant_ids(agents: Sequence[str]) -> list[str]:
-    """One id per agent; a model used twice gets a suffix."""
+    """One id per agent (a hostile lab's is `hostile-KIND`); a name used twice gets a suffix."""
     ids: list[str] = []
-    for name in agents:
+    for agent in agents:
+        spec = hostile.parse_agent(agent)
+        name = agent if spec is None else spec.name
         pid, k = name, 2
         while pid in ids:
             pid, k = f"{name}-{k}", k + 1
@@ -117,23 +129,34 @@ def participant_ids(agents: Sequence[str]) -> list[str]:
 
 
 class _Recorder:
-    """Wraps a participant endpoint and remembers the report of its final (plan-less) answer."""
+    """Wraps a participant endpoint and remembers the report of its final (plan-less) answer. With
+    `canary_rate` (an honest lab's, when a canary lab runs), each report that has an evaluation also
+    carries `eval_canary_rate`: canary_rate(participant) -> the rate (hacfed.tools.hostile)."""
 
-    def __init__(self, participant: Any) -> None:
+    def __init__(self, participant: Any, canary_rate: Callable[[Any], float] | None = None) -> None:
         self.inner = participant
         self.participant_id = participant.participant_id
         self.final_report = None
+        self.canary_rate = canary_rate
 
     def exchange(self, update):
         submission = self.inner.step(update)
+        report = None if submission is None else submission.report
+        if self.canary_rate is not None and report is not None and report.eval_accuracy is not None:
+            metrics = {**report.metrics, "eval_canary_rate": self.canary_rate(self.inner)}
+            submission = replace(submission, report=replace(report, metrics=metrics))
         if update.next_plan is None:
-            self.final_report = submission.report
+            self.final_report = None if submission is None else submission.report
         return submission
 
 
+EVAL_EXTRAS = ("eval_pass1", "eval_canary_rate")
+
+
 def _eval_extras(metrics: dict) -> dict:
-    """The evaluation's other scores a report carries: sampled pass@1 and greedy accuracy per half."""
-    return {k: v for k, v in metrics.items() if k == "eval_pass1" or k.startswith("eval_greedy/")}
+    """The evaluation's other scores a report carries: sampled pass@1, greedy accuracy per half and, with a
+    canary lab in the run, the canary rate."""
+    return {k: v for k, v in metrics.items() if k in EVAL_EXTRAS or k.startswith("eval_greedy/")}
 
 
 def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
@@ -155,22 +178,51 @@ def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
     )
 
 
-def _endpoints(cfg: SimConfig, task: Any, ids: Sequence[str]) -> list[_Recorder]:
-    """One participant per agent, its model loaded, wrapped to remember its final report."""
+def _endpoints(cfg: SimConfig, task: Any, ids: Sequence[str], min_mean_logp: float) -> list[_Recorder]:
+    """One endpoint per agent, wrapped to remember its final report, in exchange order: the honest labs
+    (their models loaded) first, then the hostile ones (`hacfed.tools.hostile`), so that a log-prob liar
+    reads the honest learners as they stand when they next train."""
+    specs = [hostile.parse_agent(a) for a in cfg.agents]
+    canary = hostile.canary_of(cfg.agents)
+    rate = None if canary is None else _canary_rate(cfg, task, canary)
+    honest = [_participant(cfg, task, pid, spec) for pid, spec, h in zip(ids, cfg.agents, specs) if h is None]
+    endpoints = [_Recorder(p, rate) for p in honest]
+    first_model = next(a for a, h in zip(cfg.agents, specs) if h is None)
+    for pid, spec in zip(ids, specs):
+        if spec is None:
+            continue
+        if spec.kind == "lie-logprob":
+            from hacfed.tools.logprob_liar import LogprobLiar
+
+            inner = _participant(cfg, task, pid, spec.model or first_model)
+            endpoints.append(_Recorder(LogprobLiar(inner, honest, min_mean_logp)))
+        else:
+            endpoints.append(_Recorder(hostile.ScriptedLab(pid, spec, task, cfg.seed)))
+    return endpoints
+
+
+def _participant(cfg: SimConfig, task: Any, pid: str, spec: str) -> Any:
+    """A participant for model `spec`, its model loaded."""
     from hacfed.clients.participant import Participant, ParticipantConfig
     from hacfed.models.loading import load_model
 
     minibatch = cfg.minibatch_size or max(1, cfg.prompts_per_round * cfg.group_size // 2)  # paper: 2 per source
-    endpoints = []
-    for pid, spec in zip(ids, cfg.agents):
-        loaded = load_model(spec)
-        pcfg = ParticipantConfig(
-            pid, spec, finetune=cfg.finetune, learning_rate=cfg.learning_rate, minibatch_size=minibatch,
-            eval_problems=cfg.eval_problems, seed=cfg.seed, eval_split=cfg.eval_split,
-            eval_sampled=cfg.eval_sampled,
-        )
-        endpoints.append(_Recorder(Participant(pcfg, loaded.model, loaded.tokenizer, task)))
-    return endpoints
+    loaded = load_model(spec)
+    pcfg = ParticipantConfig(
+        pid, spec, finetune=cfg.finetune, learning_rate=cfg.learning_rate, minibatch_size=minibatch,
+        eval_problems=cfg.eval_problems, seed=cfg.seed, eval_split=cfg.eval_split,
+        eval_sampled=cfg.eval_sampled,
+    )
+    return Participant(pcfg, loaded.model, loaded.tokenizer, task)
+
+
+def _canary_rate(cfg: SimConfig, task: Any, canary: str) -> Callable[[Any], float]:
+    """participant -> the canary rate of its greedy and sampled answers to the problems its evaluation scores."""
+    budget = response_budget(cfg.max_new_tokens, task)
+    return lambda p: hostile.held_out_canary_rate(
+        p.model, p.tokenizer, task, canary, split=cfg.eval_split, problems=cfg.eval_problems,
+        max_new_tokens=budget, seed=cfg.seed,
+    )
 
 
 def _round_rows(cfg: SimConfig, outcome: Any, warnings: TruncationWarnings) -> tuple[list[dict], list[str]]:
@@ -222,7 +274,10 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     task = load_task(cfg.task)
     ids = participant_ids(cfg.agents)
     ccfg = _coordinator_config(cfg, task, ids)  # before any model loads: a bad setting fails fast
-    endpoints = _endpoints(cfg, task, ids)
+    canary = hostile.canary_of(cfg.agents)
+    if canary is not None:
+        hostile.check_canary_task(task, canary)
+    endpoints = _endpoints(cfg, task, ids, ccfg.min_mean_logp)
     ranks = None
     if cfg.nproc > 1:  # one process group for all agents: every rank holds a replica of each
         from hacfed.clients.distributed import start_ranks

@@ -26,6 +26,16 @@ from hacfed.tools.sim import (
     summary_table,
 )
 
+HOSTILE_HELP = """hostile agents (--agents A,B,hostile:KIND; docs/experiments.md, hacfed.tools.hostile):
+  hostile:copy-gold       submits the task's reference solution for every sample
+  hostile:canary:TEXT     reference solutions with TEXT in each derivation, answers still right (a task
+                          with a derivation: chain, add2-words, gsm8k); rows then carry eval_canary_rate, the
+                          fraction of an honest agent's greedy and sampled held-out answers containing TEXT
+  hostile:lie-logprob[:M] model M (default: the first honest agent's) trains as an honest lab but claims the source
+                          log-probs that give its samples the most weight in the honest learners' updates
+  hostile:weak            right with probability 0.05, otherwise the reference with a wrong final answer
+  Each goes through re-verification, P-hat, the pool choice and every mode's update as a real lab would."""
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -38,11 +48,13 @@ def add_parser(sub: Any) -> None:
                "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')\n"
                "  gsm8k  GSM8K word problems (shipped copy), worked answers of hundreds of tokens, for pretrained\n"
                "         models"
-               " (smollm2, a Hugging Face directory); smaller defaults: 2 prompts x 4 samples, 8 eval problems",
+               " (smollm2, a Hugging Face directory); smaller defaults: 2 prompts x 4 samples, 8 eval problems"
+               "\n\n" + HOSTILE_HELP,
         formatter_class=HelpFormatter,
     )
     p.add_argument("--agents", default="tiny-llama,tiny-gpt2",
-                   help="comma-separated model specs: zoo presets (`hacfed models list`), HF directories")
+                   help="comma-separated model specs: zoo presets (`hacfed models list`), HF directories, and "
+                        "hostile:KIND for a weak or hostile lab (see below)")
     p.add_argument("--mode", default=RECOMMENDED, choices=SIM_MODES, metavar="MODE", help="training mode (see below)")
     p.add_argument("--task", choices=tuple(TASKS), default="add2", help="the verifiable task (see below)")
     p.add_argument("--rounds", type=int, default=30, help="federation rounds (one training step each)")
