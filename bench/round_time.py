@@ -13,6 +13,9 @@ first and again last, and its median is over both (the CPU's speed may drift dur
 `runner` is hacfed's default (a resident ClientApp runner in each SuperNode,
 `hacfed.clients.clientapp_runner`), `subprocess` is stock Flower's (a SuperExec starting a fresh
 `flwr-clientapp` per message): the before/after of docs/results.md, "Round time over Flower".
+`--baseline DIR` first runs each Flower federation once more with the hacfed package found on
+PYTHONPATH=DIR (an export of an earlier commit, laid out as the installed package), labelled
+"baseline", so a change to the transport is measured before and after in one run.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def in_process(agents: list[str], rounds: int, prompts: int, group: int, seed: i
 
 
 def through_flower(agents: list[str], rounds: int, prompts: int, group: int, seed: int,
-                   isolation: str = "runner") -> list[dict]:
+                   isolation: str = "runner", pythonpath: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="hacfed-bench-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         cmd = [str(Path(sys.executable).parent / "hacfed"), "demo", "--agents", ",".join(agents),
@@ -55,6 +58,8 @@ def through_flower(agents: list[str], rounds: int, prompts: int, group: int, see
                "--eval-every", "0", "--seed", str(seed), "--metrics-out", str(metrics),
                "--plot", str(Path(tmp) / "plot.png")]
         env = dict(os.environ, HACFED_CLIENTAPP_ISOLATION=isolation)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, start_new_session=True, env=env)
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return [r for r in rows if not r.get("final")]
@@ -71,6 +76,8 @@ def main() -> int:
                         help="comma-separated ClientApp modes to run through Flower, each once: runner (hacfed's "
                              "resident ClientApp runner, the default) and/or subprocess (stock Flower: a fresh "
                              "flwr-clientapp per message)")
+    parser.add_argument("--baseline", metavar="DIR", default=None,
+                        help="also run each Flower federation with the hacfed package on PYTHONPATH=DIR, first")
     args = parser.parse_args()
     agents = [a for a in args.agents.split(",") if a]
     modes = [m for m in args.isolation.split(",") if m]
@@ -80,8 +87,10 @@ def main() -> int:
     # The in-process federation runs before and after the Flower runs and its median is taken over both,
     # so a machine whose speed drifts during the run (a shared CPU) skews the ratios less.
     before = in_process(agents, args.rounds, args.prompts_per_round, args.group_size, args.seed)
-    flower = {mode: through_flower(agents, args.rounds, args.prompts_per_round, args.group_size, args.seed, mode)
-              for mode in modes}
+    runs = [(f"baseline {mode}", mode, args.baseline) for mode in modes if args.baseline] + \
+        [(mode, mode, None) for mode in modes]
+    flower = {label: through_flower(agents, args.rounds, args.prompts_per_round, args.group_size, args.seed, mode,
+                                    path) for label, mode, path in runs}
     after = in_process(agents, args.rounds, args.prompts_per_round, args.group_size, args.seed)
     local_median = statistics.median(before + after)
     print(f"agents {agents}, {args.prompts_per_round} prompts x G={args.group_size}, rounds 1..{args.rounds - 1}")

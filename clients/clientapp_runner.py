@@ -164,6 +164,7 @@ def serve_tasks(
     poll_s: float = DEFAULT_POLL_S,
     on_task: Callable[[TaskOutcome], None] | None = None,
     content_wait_s: float = CONTENT_WAIT_S,
+    wake: threading.Event | None = None,
 ) -> None:
     """Claim and run the SuperNode's ClientApp tasks one at a time until `stop` is set.
 
@@ -171,6 +172,7 @@ def serve_tasks(
     reply of the last one). A task whose content has not come after `content_wait_s` is given up
     (`CONTENT_WAIT_S`). A ClientAppIo API that is not up yet or went away is retried every
     `poll_s`; the thread ends with `stop` (the SuperNode process ending ends it too: it is a daemon).
+    `wake`, set by the SuperNode when it has stored a message, ends the wait before the next poll at once.
     """
     if not poll_s > 0:
         raise ValueError(f"poll_s must be > 0, got {poll_s}")
@@ -203,19 +205,22 @@ def serve_tasks(
                 transient = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
                 if err.code() not in transient:  # type: ignore[attr-defined]
                     log(WARNING, "hacfed ClientApp runner: ClientAppIo call failed: %s", err)
-            stop.wait(poll_s)
+            if wake is None:
+                stop.wait(poll_s)
+            elif wake.wait(poll_s):
+                wake.clear()
     finally:
         channel.close()
 
 
 def start_runner(
     address: str, app: ClientApp, *, poll_s: float = DEFAULT_POLL_S,
-    on_task: Callable[[TaskOutcome], None] | None = None,
+    on_task: Callable[[TaskOutcome], None] | None = None, wake: threading.Event | None = None,
 ) -> tuple[threading.Thread, threading.Event]:
     """`serve_tasks` on a daemon thread; returns it and the event that stops it."""
     stop = threading.Event()
     thread = threading.Thread(target=serve_tasks, args=(address, app, stop),
-                              kwargs={"poll_s": poll_s, "on_task": on_task}, name="hacfed-clientapp-runner",
-                              daemon=True)
+                              kwargs={"poll_s": poll_s, "on_task": on_task, "wake": wake},
+                              name="hacfed-clientapp-runner", daemon=True)
     thread.start()
     return thread, stop

@@ -8,7 +8,10 @@ Flower's message cap lowered to hacfed's (`hacfed.flower_protocol.FLOWER_MAX_MES
   no `flower-superexec` polling every 1 s, no fresh `flwr-clientapp` process per message; isolation
   "subprocess" (`$HACFED_CLIENTAPP_ISOLATION=subprocess`, for comparison) runs stock Flower's;
 - unless `idle_poll_s` is None, every sleep of the SuperNode loop capped (its fixed 3 s after an empty
-  pull, its 0.5 s while waiting for the reply; a reply from the runner ends the wait at once),
+  pull, its 0.5 s while waiting for the reply; a reply from the runner ends the wait at once), the
+  pulls after a message quick at first (`IdlePolls`: 20 ms, then each wait 1.3x longer, back to
+  `idle_poll_s` within about 2.5 s: an idle lab pulls as often as before), a stored message waking the
+  runner at once instead of at its next 50 ms poll,
   hacfed's reconnect backoff (`hacfed.clients.backoff`: 1 s x1.6, jitter, max 30 s, every attempt
   logged) and a 20 ms first retry when it pulls a message's content that is still arriving
   (`hacfed.flower_pulls`; Flower waits 1 s). These are the Flower internals still patched: flwr 1.32
@@ -34,10 +37,10 @@ group; the ClientAppIo port is read back from its log):
 
 Where a message's time goes on this path (echo participants, 2 SuperNodes, 2 busy cores, one run
 each, poll 0.2 s): ~0.6-0.9 s per round trip with the runner against ~12 s with a fresh
-`flwr-clientapp` per message on the same loaded machine; the runner's own share is 30-90 ms. What is
-left is polling (the SuperNode's capped sleeps, the ServerApp's `server.poll_interval_s`) and, now and then,
-Flower's 1 s first retry when a message's content is pulled while its sender is still pushing it
-(docs/results.md, "Round time over Flower").
+`flwr-clientapp` per message on the same loaded machine; the runner's own share is 30-90 ms. With
+2 tiny labs the exchange (round trip minus the lab's compute) was 0.52 s per lab and round, 80 % of
+it the SuperNode's idle poll and the ServerApp's; with the quick polls after a message and the
+ServerApp's 0.05 s poll it is 0.15-0.17 s (docs/results.md, "Round time over Flower").
 """
 
 from __future__ import annotations
@@ -61,12 +64,18 @@ from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor, flower
 # SuperNode pull interval when idle (stock flwr: 3 s). Measured on 2 busy cores, 2 nodes:
 # ~5.0 s per round with stock Flower, ~2.1-2.6 s with 0.5 s.
 DEFAULT_IDLE_POLL_S = 0.5
+# After each message the SuperNode pulls again after BURST_POLL_S, each empty pull waiting BURST_GROWTH
+# times longer, up to the idle interval (`IdlePolls`): the coordinator's next message usually follows
+# soon after a reply. From 0.5 s idle that is 14 pulls in the 2.5 s after a message, against 5.
+BURST_POLL_S = 0.02
+BURST_GROWTH = 1.3
 
 # How the SuperNode's ClientApp messages run (see the module docstring).
 RUNNER, SUBPROCESS = "runner", "subprocess"
 ISOLATION_ENV = "HACFED_CLIENTAPP_ISOLATION"
 _APPIO_LINE = "Starting ClientAppIo API on"  # flwr's log line naming the bound ClientAppIo address
 _REPLY_READY = threading.Event()  # set by the runner thread after each task (see `_speed_up`)
+_MESSAGE_STORED = threading.Event()  # set by the SuperNode loop after each pulled message: wakes the runner
 
 # The SuperNode exits with this code, after a line starting with HEARTBEAT_LOST_LINE, when its heartbeat
 # thread died (see `_exit_when_heartbeat_dies`); hacfed-client then starts a new one.
@@ -171,8 +180,8 @@ def run_supernode(idle_poll_s: float | None, max_message_bytes: int, isolation: 
 
     cap_flower_messages(loop_module, [loop_module._init_connection], max_message_bytes)
     if idle_poll_s is not None:
+        shorten_pull_retries(loop_module, [loop_module._pull_and_store_message])  # before `_speed_up` wraps it
         _speed_up(loop_module, idle_poll_s)
-        shorten_pull_retries(loop_module, [loop_module._pull_and_store_message])
     if isolation == RUNNER:
         _start_runner_when_serving()
     _exit_when_heartbeat_dies()
@@ -200,7 +209,8 @@ class _AppIoAddressWatch(logging.Handler):
 
         self.started = True
         # A finished task wakes the SuperNode loop from its (capped) sleep: it is waiting for that reply.
-        start_runner(str(record.args[-1]), app, on_task=lambda _outcome: _REPLY_READY.set())  # type: ignore[index]
+        start_runner(str(record.args[-1]), app, on_task=lambda _outcome: _REPLY_READY.set(),  # type: ignore[index]
+                     wake=_MESSAGE_STORED)
 
 
 def _exit_when_heartbeat_dies() -> None:
@@ -265,12 +275,46 @@ def _start_runner_when_serving() -> None:
     FLOWER_LOGGER.addHandler(_AppIoAddressWatch())
 
 
+class IdlePolls:
+    """How long the SuperNode loop sleeps after each empty pull: `burst_s` after a message, then each
+    sleep `growth` times the one before, up to `idle_s` (see `BURST_POLL_S`). Idle labs pull every `idle_s`."""
+
+    def __init__(self, idle_s: float, burst_s: float = BURST_POLL_S, growth: float = BURST_GROWTH) -> None:
+        if not 0 < burst_s <= idle_s:
+            raise ValueError(f"burst_s must be in (0, idle_s={idle_s}], got {burst_s}")
+        if not growth > 1:
+            raise ValueError(f"growth must be > 1, got {growth}")
+        self.idle_s, self.burst_s, self.growth = idle_s, burst_s, growth
+        self._next = idle_s
+
+    def pulled(self, got_message: bool) -> None:
+        """A pull ended; after a message the next empty pulls come quickly again."""
+        if got_message:
+            self._next = self.burst_s
+
+    def sleep_s(self) -> float:
+        """The sleep after this empty pull (and the schedule moves on)."""
+        seconds, self._next = self._next, min(self._next * self.growth, self.idle_s)
+        return seconds
+
+
 def _speed_up(loop_module: ModuleType, idle_poll_s: float) -> None:
-    """The capped idle sleep and hacfed's reconnect backoff (see `run_supernode`)."""
+    """The quick idle sleeps and hacfed's reconnect backoff (see `run_supernode`)."""
     if "time.sleep(3)" not in inspect.getsource(loop_module.start_client_internal):
         raise RuntimeError("this flwr's SuperNode loop has no time.sleep(3): drop idle_poll_s")
     if not hasattr(loop_module, "_make_fleet_connection_retry_invoker"):
         raise RuntimeError("this flwr's SuperNode has no _make_fleet_connection_retry_invoker: update hacfed's backoff")
+    polls = IdlePolls(idle_poll_s)
+    pull = loop_module._pull_and_store_message
+    last_pull_empty = [False]
+
+    def pull_and_store(*args: object, **kwargs: object) -> int | None:
+        run_id = pull(*args, **kwargs)
+        last_pull_empty[0] = run_id is None
+        polls.pulled(run_id is not None)
+        if run_id is not None:
+            _MESSAGE_STORED.set()  # the runner claims its task now, not at its next poll
+        return run_id
 
     class _CappedSleepTime:
         def __getattr__(self, name: str) -> object:
@@ -278,11 +322,14 @@ def _speed_up(loop_module: ModuleType, idle_poll_s: float) -> None:
 
         @staticmethod
         def sleep(seconds: float) -> None:
-            # Ends early when hacfed's runner has stored a reply (`_REPLY_READY`): the loop's wait for it
-            # (`time.sleep(0.5)` per check in flwr 1.32) then costs nothing; a stray wake only adds one pull.
-            if _REPLY_READY.wait(min(seconds, idle_poll_s)):
+            # After an empty pull (flwr's 3 s): the `IdlePolls` schedule. Any sleep ends early when hacfed's
+            # runner has stored a reply (`_REPLY_READY`): the loop's wait for it (`time.sleep(0.5)` per check
+            # in flwr 1.32) then costs nothing; a stray wake only adds one pull.
+            wait = polls.sleep_s() if last_pull_empty[0] else idle_poll_s
+            if _REPLY_READY.wait(min(seconds, wait)):
                 _REPLY_READY.clear()
 
+    loop_module._pull_and_store_message = pull_and_store
     loop_module.time = _CappedSleepTime()  # type: ignore[assignment]
     # Reconnect with hacfed's backoff (1 s x1.6, jitter, max 30 s) and log every attempt (R5).
     make_invoker = loop_module._make_fleet_connection_retry_invoker

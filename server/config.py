@@ -61,7 +61,7 @@ class ServerSettings:
     keys_dir: Path | None = None
     metrics_out: Path | None = None
     trust_on_first_use: bool = False
-    poll_interval_s: float = 0.2
+    poll_interval_s: float = 0.05
     retry_interval_s: float = 2.0
     max_run_restarts: int = 3
     dashboard: str | None = None

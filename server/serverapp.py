@@ -4,7 +4,7 @@ Runs in the coordinator's ServerApp process, which the SuperLink started by hacf
 for the submitted run (`hacfed.server.superlink.submit_run`).
 
 Why push/pull and not `grid.send_and_receive`: the latter sleeps 3 s between pulls; here
-the loop polls every `poll_interval_s` (hacfed: `server.poll_interval_s`, 0.2 s by default) and
+the loop polls every `poll_interval_s` (hacfed: `server.poll_interval_s`, 0.05 s by default) and
 closes each round at its own deadline, so a round costs what the SuperNodes cost and no more.
 
 The ServerApp knows nothing of the payload. Each round it asks the driver for one payload

@@ -191,3 +191,24 @@ def test_a_task_whose_content_never_comes_is_given_up_and_the_next_one_runs(node
 def test_content_wait_must_be_positive() -> None:
     with pytest.raises(ValueError, match="content_wait_s must be > 0, got 0"):
         serve_tasks("127.0.0.1:1", app, threading.Event(), content_wait_s=0)
+
+
+def test_a_stored_message_wakes_the_runner_before_its_next_poll(node: Node, participant) -> None:
+    """The SuperNode sets `wake` after storing a message: the task runs at once, not after poll_s (here 60 s)."""
+    port, seen = participant
+    stop, wake, done = threading.Event(), threading.Event(), threading.Event()
+    thread = threading.Thread(target=serve_tasks, args=(node.address, app, stop),
+                              kwargs={"poll_s": 60.0, "on_task": lambda _o: done.set(), "wake": wake})
+    thread.start()
+    try:
+        time.sleep(1.0)  # its first (empty) poll is done: it now waits for poll_s or `wake`
+        started = time.monotonic()
+        node.deliver(b"now", _fab(), port)
+        wake.set()
+        assert done.wait(30.0), "the woken runner did not run the task"
+        assert time.monotonic() - started < 30.0 and seen == [b"now"]
+    finally:
+        stop.set()
+        wake.set()  # the stop is seen after this wait
+        thread.join(10.0)
+    assert not thread.is_alive()

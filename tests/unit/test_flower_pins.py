@@ -15,6 +15,7 @@ import time
 
 import flwr
 import flwr.supernode.start_client_internal as loop_module
+import pytest
 from flwr.proto.clientappio_pb2_grpc import ClientAppIoStub
 
 from hacfed.clients import supernode
@@ -37,6 +38,7 @@ def test_speed_up_caps_every_sleep_of_the_loop_module_and_a_finished_task_ends_i
     class FakeLoop:
         time = time
         _make_fleet_connection_retry_invoker = staticmethod(lambda *a, **kw: None)
+        _pull_and_store_message = staticmethod(lambda message: message)  # the run id, or None when empty
 
         @staticmethod
         def start_client_internal() -> None:
@@ -65,6 +67,53 @@ def test_speed_up_caps_every_sleep_of_the_loop_module_and_a_finished_task_ends_i
     monkeypatch.setattr(supernode, "_REPLY_READY", woken)
     fake.time.sleep(0.5)
     assert woken.timeouts == [0.2] and woken.cleared == 1
+
+
+def test_speed_up_pulls_quickly_after_a_message_and_wakes_the_runner(monkeypatch) -> None:
+    class FakeLoop:
+        time = time
+        _make_fleet_connection_retry_invoker = staticmethod(lambda *a, **kw: None)
+        _pull_and_store_message = staticmethod(lambda message: message)
+
+        @staticmethod
+        def start_client_internal() -> None:
+            time.sleep(3)
+
+    timeouts: list[float] = []
+
+    class NeverFired:
+        def wait(self, timeout: float) -> bool:
+            timeouts.append(timeout)
+            return False
+
+    stored = supernode.threading.Event()
+    monkeypatch.setattr(supernode, "_REPLY_READY", NeverFired())
+    monkeypatch.setattr(supernode, "_MESSAGE_STORED", stored)
+    fake = FakeLoop()
+    supernode._speed_up(fake, 0.5)  # type: ignore[arg-type]
+    assert fake._pull_and_store_message(None) is None and not stored.is_set()
+    fake.time.sleep(3)
+    assert fake._pull_and_store_message(42) == 42 and stored.is_set()  # the runner claims its task at once
+    fake.time.sleep(0.5)  # waiting for the reply: capped at the idle interval
+    for _ in range(3):
+        fake._pull_and_store_message(None)
+        fake.time.sleep(3)
+    assert timeouts[:2] == [0.5, 0.5]
+    burst = supernode.BURST_POLL_S
+    assert timeouts[2:] == pytest.approx([burst, burst * supernode.BURST_GROWTH, burst * supernode.BURST_GROWTH ** 2])
+
+
+def test_idle_polls_speed_up_after_a_message_and_back_off_to_the_idle_interval() -> None:
+    polls = supernode.IdlePolls(0.5, burst_s=0.1, growth=2.0)
+    assert [polls.sleep_s() for _ in range(2)] == [0.5, 0.5]  # idle: as before
+    polls.pulled(True)
+    assert [polls.sleep_s() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    polls.pulled(False)  # an empty pull does not restart the burst
+    assert polls.sleep_s() == 0.5
+    with pytest.raises(ValueError, match="burst_s must be in"):
+        supernode.IdlePolls(0.5, burst_s=0.6)
+    with pytest.raises(ValueError, match="growth must be > 1, got 1"):
+        supernode.IdlePolls(0.5, growth=1)
 
 
 def test_process_isolation_starts_no_superexec_and_logs_the_bound_clientappio_address() -> None:

@@ -167,4 +167,4 @@ def test_the_federation_driver_times_the_loop_from_its_config(tmp_path) -> None:
     from tests.unit.test_server_driver import Federation
 
     fed = Federation(tmp_path, FakeClock(), round_deadline_s=42.0)
-    assert fed.driver.timing == LoopTiming(poll_interval_s=0.2, round_timeout_s=42.0)
+    assert fed.driver.timing == LoopTiming(poll_interval_s=0.05, round_timeout_s=42.0)
