@@ -11,14 +11,13 @@ from __future__ import annotations
 import re
 import shutil
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from hacfed.keys import ensure_key_pair
-from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants
+from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants, wait_nothing_left
 
 SERVER_TOML = """
 run_id = "it-reconnect"
@@ -81,7 +80,4 @@ def test_client_prints_a_down_coordinator_and_its_reconnect_attempts(tmp_path: P
     finally:
         for proc in reversed(procs):
             proc.stop()
-    deadline = time.monotonic() + 30
-    while _running_descendants() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _running_descendants() - before == set()
+    wait_nothing_left(before)

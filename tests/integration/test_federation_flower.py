@@ -102,6 +102,14 @@ def _running_descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
+def wait_nothing_left(before: set[int], timeout_s: float = 30.0) -> None:
+    """Every process started since `before` was taken has exited (a stopped tree may take a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while _running_descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _running_descendants() - before == set()
+
+
 def _still_running(pids: set[int]) -> set[int]:
     alive = set()
     for pid in pids:

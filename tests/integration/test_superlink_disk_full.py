@@ -30,7 +30,7 @@ from hacfed.clients.supernode import HEARTBEAT_LOST_EXIT, HEARTBEAT_LOST_LINE, h
 from hacfed.keys import ensure_key_pair
 from hacfed.procs import ProcessSupervisor, flower_env, free_port, wait_for_log_line
 from hacfed.server.superlink import superlink_argv
-from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants
+from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants, wait_nothing_left
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +189,4 @@ def test_hacfed_client_rejoins_a_coordinator_restarted_after_its_disk_was_full(
     finally:
         for proc in reversed(procs):
             proc.stop()
-    deadline = time.monotonic() + 30
-    while _running_descendants() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _running_descendants() - before == set()
+    wait_nothing_left(before)

@@ -31,8 +31,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
+
+from tests.integration.test_federation_flower import _running_descendants
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -116,10 +117,6 @@ class Walkthrough:
             return db.execute(query).fetchall()
 
 
-def _descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
-
-
 def _run(argv: list[str], root: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
@@ -162,7 +159,7 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthroug
         ["hacfed-server", "register"], ["hacfed-server", "register"], ["hacfed-server", "--config"],
         ["hacfed-client", "--model"], ["hacfed-client", "--model"], ["hacfed-server", "revoke"]], commands
     run = Walkthrough(root, commands)
-    before = _descendants()
+    before = _running_descendants()
     try:
         _play(run, env, free_port())
         run.server_code = run.procs["server"].popen.wait(timeout=1800)
@@ -175,7 +172,7 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthroug
     finally:
         for proc in run.procs.values():
             proc.stop()
-        run.leftovers = _descendants() - before
+        run.leftovers = _running_descendants() - before
 
 
 @pytest.mark.slow
