@@ -159,5 +159,7 @@ def verify_last_integer(gold: str, response: str) -> Verdict:
     found = _LAST_INT_RE.findall(response)
     if not found:
         return Verdict(0.0, "no integer in the response")
-    value = int(found[-1].replace(",", ""))
-    return Verdict(1.0, "last integer matches") if value == int(gold) else Verdict(0.0, "wrong answer")
+    digits = found[-1].replace(",", "")
+    if len(digits) > 64:  # no gold answer is this long; int() of over 4,300 digits would raise
+        return Verdict(0.0, "last integer too long for an answer")
+    return Verdict(1.0, "last integer matches") if int(digits) == int(gold) else Verdict(0.0, "wrong answer")

@@ -85,3 +85,13 @@ def test_sim_task_add2_words_carries_its_own_budget() -> None:
     assert task.eval_problems()[0].messages[0].content.startswith("What is ")
     assert response_budget(None, task) == WORDS_MAX_NEW_TOKENS and response_budget(12, task) == 12
     assert _task_spec("add2-words", 3)["digits"] == 3 and _task_spec("add2", 2)["kind"] == "arithmetic"
+
+
+def test_a_hostile_lab_s_endless_integer_scores_zero_instead_of_raising() -> None:
+    """int() refuses strings of over 4,300 digits: a lab's response ending in one must be a wrong answer
+    for the coordinator's re-verification, not a ValueError."""
+    assert verify_last_integer("80", "9" * 5000).reward == 0.0
+    assert verify_last_integer("80", "1," * 3000 + "000").reward == 0.0
+    assert verify_last_integer("80", "9" * 5000 + " so the answer is 80").reward == 1.0
+    task = ArithmeticTask(style="words")
+    assert task.verify(task.train_problems()[0], "7" * 100_000).reward == 0.0
