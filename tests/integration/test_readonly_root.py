@@ -33,8 +33,12 @@ pytestmark = pytest.mark.slow
 # through the environment. Every process's output ends up on stdout.
 SCRIPT = r"""
 set -eu
+case "$REPO" in /tmp/*) mount --bind /tmp /mnt ;; esac  # a clone under /tmp: kept reachable through /mnt
 mount -o remount,bind,ro /
 mount -t tmpfs -o size=1g tmpfs /tmp
+case "$REPO" in /tmp/*)  # ...and put back, read-only, at its own path (its venv's scripts name that path)
+    mkdir -p "$REPO"; mount --bind "/mnt/${REPO#/tmp/}" "$REPO"; mount -o remount,bind,ro "$REPO" ;;
+esac
 if touch "$REPO/.readonly-probe" 2>/dev/null; then rm -f "$REPO/.readonly-probe"; echo "ROOT WRITABLE"; exit 3; fi
 mkdir -p /tmp/coordinator /tmp/lab-volume/home
 [ -z "$MODELS" ] || cp -r "$MODELS" /tmp/lab-volume/home/models
