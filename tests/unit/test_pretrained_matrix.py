@@ -18,6 +18,7 @@ def test_pretrained_matrix_tunes_on_validation_and_reports_on_the_test_split():
         run = matrix.setting(name).run
         assert run.eval_split == "validation" and run.finetune == "lora", name
     assert sorted(matrix.setting(name).run.lr for name in TUNING) == [1e-4, 3e-4, 1e-3]
+    assert all(matrix.setting(name).run.modes == ("gspo2",) for name in TUNING)  # tuned on the baseline
     words = matrix.setting("words")
     assert words.agents == ("smollm2", "tiny-llama-words") and words.run.task == "add2-words"
     assert set(words.run.modes) == {"gspo2", "xhacpo", "naive"} and words.run.baseline == "gspo2"
@@ -34,3 +35,13 @@ def test_finetune_reaches_hacfed_sim_and_a_bad_one_is_refused_by_name():
     assert {r.sim_args[-2:] for r in full} == {("--finetune", "full")}
     with pytest.raises(MatrixError, match=r"\[settings.pair\]: finetune must be one of auto, full, lora, got 'qlora'"):
         _matrix({"pair": {"agents": ["m1", "m2"], "finetune": "qlora"}})
+
+
+def test_eval_sampled_false_drops_the_sampled_evaluation_and_a_non_bool_is_refused():
+    assert all("--eval-sampled" in r.sim_args for r in plan_runs(_matrix()))  # absent: sampled pass@1 too
+    greedy = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "eval_sampled": False}}))
+    assert greedy and all("--eval-sampled" not in r.sim_args for r in greedy)
+    words = plan_runs(load_matrix(ROOT / "bench" / "pretrained.toml"), ["words"])
+    assert all("--eval-sampled" not in r.sim_args for r in words)
+    with pytest.raises(MatrixError, match=r"\[settings.pair\]: eval_sampled must be true or false, got 'no'"):
+        _matrix({"pair": {"agents": ["m1", "m2"], "eval_sampled": "no"}})
