@@ -46,6 +46,7 @@ from flwr.supercore.superexec import run_superexec as flwr_superexec
 from flwr.supernode.runtime import run_clientapp as flwr_clientapp
 from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
+from hacfed.clients.rpc_deadline import DeadlineInterceptor
 from hacfed.flower_protocol import check_loopback_address
 from hacfed.flower_pulls import FIRST_RETRY_S, MAX_RETRY_WAIT_S
 
@@ -65,6 +66,9 @@ DEFAULT_POLL_S = 0.05  # a PullPendingTasks on loopback costs well under a milli
 # (tests/faults/test_coordinator_outage.py). After this long the task is abandoned: the SuperNode
 # answers it with Flower's "ClientApp crashed" once its token expires, and the coordinator resends.
 CONTENT_WAIT_S = 120.0
+# Every ClientAppIo call of the runner, Flower's helpers' included, has this deadline (they set none;
+# security.md R7): each is one loopback round trip to this very process, well under a second.
+APPIO_CALL_TIMEOUT_S = 60.0
 # The SuperNode creates a task before it has pulled the message's content from the SuperLink, so a
 # task claimed at once often finds its content not there yet; flwr's pull would then wait 1 s, 2 s, ...
 # (hacfed.flower_pulls: the first retry after 20 ms, waits of at most 0.5 s, flwr's 2 h limit).
@@ -120,7 +124,8 @@ def run_one_task(
     """
     started = time.monotonic()
     channel = create_channel(server_address=address, insecure=True, interceptors=[
-        RuntimeVersionClientInterceptor(component_name="flwr-clientapp"), AppIoTokenClientInterceptor(token)])
+        RuntimeVersionClientInterceptor(component_name="flwr-clientapp"), AppIoTokenClientInterceptor(token),
+        DeadlineInterceptor(APPIO_CALL_TIMEOUT_S)])
     stub = ClientAppIoStub(channel)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_grpc(stub))
     context: Context | None = None
@@ -183,7 +188,8 @@ def serve_tasks(
     except ValueError:
         raise ValueError(f"the ClientAppIo API is plaintext and must be on loopback, got {address!r}") from None
     channel = create_channel(server_address=address, insecure=True,
-                             interceptors=[RuntimeVersionClientInterceptor(component_name="SuperExec")])
+                             interceptors=[RuntimeVersionClientInterceptor(component_name="SuperExec"),
+                                           DeadlineInterceptor(APPIO_CALL_TIMEOUT_S)])
     stub = ClientAppIoStub(channel)
     try:
         while not stop.is_set():

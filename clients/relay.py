@@ -145,6 +145,9 @@ def serve_participant(
     (`HACFED-E-INVALID-REQUEST`), any other exception INTERNAL (`HACFED-E-PARTICIPANT-FAILED`),
     each with the exception's message and the `hacfed-error-code` trailer. Requests may run
     concurrently on up to `max_workers` threads: a handler that holds a model serializes itself.
+    A request whose deadline passes while it waits for a worker never reaches `handler` (gRPC
+    drops it; tests/faults/test_deadlines.py); one already running completes (a lab's step is kept
+    in its outbox and resent), and its caller gets DEADLINE_EXCEEDED (`HACFED-E-PARTICIPANT-TIMEOUT`).
     Stop with `server.stop(grace)`.
     """
     check_loopback_address(f"[{host}]:{port}")
@@ -202,8 +205,8 @@ def call_participant(
     Fails fast when nothing listens (no wait-for-ready): the coordinator should learn at
     once that a participant is down rather than after the whole timeout.
     """
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if timeout_s is None or isinstance(timeout_s, bool) or not timeout_s > 0:  # R7: no call without a deadline
+        raise ValueError(f"a call to the participant needs a timeout_s > 0, got {timeout_s!r}")
     check_participant_address(address)
     with grpc.insecure_channel(address, options=_grpc_options(max_message_bytes)) as channel:
         exchange = channel.unary_unary(
