@@ -28,6 +28,7 @@ from hacfed.clients.checkpoints import restore_participant, save_participant
 from hacfed.clients.context import model_context, readable_pool
 from hacfed.clients.participant_config import ParticipantConfig
 from hacfed.clients.rollout_and_eval import Evaluation, evaluate_held_out, export_for_vllm, rollout_plan
+from hacfed.clients.textfilter import filter_pool, filters_for, withhold_groups
 from hacfed.clients.training import prepare_training, train_on_pool
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan
@@ -66,6 +67,7 @@ class Participant:
         cfg = replace(cfg, max_prompt_len=cfg.max_prompt_len or self.context,
                       max_response_len=cfg.max_response_len or self.context)
         self.cfg = cfg
+        self._inbound, self._outbound = filters_for(cfg, task)  # peers' text in, own text out (textfilter)
         self.model, self._reference, self.optimizer = prepare_training(model, cfg)
         self.policy_version = 0
         self.last_round: int | None = None  # the last plan rolled out
@@ -147,6 +149,8 @@ class Participant:
             rewards = [t.reward for t in trajectories]
             metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
             metrics["rollout_truncated_frac"] = truncated_fraction(trajectories)
+            trajectories, withheld = withhold_groups(trajectories, self._outbound)
+            metrics["withheld_outbound"] = float(withheld)
             self.last_round = plan.round_id
             self._eval_max_new_tokens = plan.sampling.max_new_tokens
         self.last_pool_round = update.pool_round
@@ -172,11 +176,13 @@ class Participant:
         return submission
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
-        readable = readable_pool(update.pool, self.participant_id, self.tokenizer, self.context, self._own)
+        pool, skipped_filter = filter_pool(update.pool, self.participant_id, self._inbound)
+        readable = readable_pool(pool, self.participant_id, self.tokenizer, self.context, self._own)
         update = replace(update, pool=readable.pool)
         metrics = self._train(update)
         metrics["skipped_context_own"] = float(readable.skipped_own)
         metrics["skipped_context"] = float(readable.skipped_peers)
+        metrics["skipped_filter"] = float(skipped_filter)
         return metrics
 
     def _train(self, update: RoundUpdate) -> dict[str, float]:

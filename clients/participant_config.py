@@ -12,9 +12,12 @@ line (naming the field and the value) before torch or a model loads.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from hacfed.clients.textfilter import DEFAULT_DENY_PATTERNS
 
 MAX_NPROC = 64
 
@@ -47,6 +50,13 @@ class ParticipantConfig:
     keep_checkpoints: int = 3  # how many rounds back a purge can roll this lab back (hacfed-client replay)
     rollout_backend: Literal["hf", "vllm"] = "hf"
     nproc: int = 1  # data-parallel processes training this model (hacfed.clients.distributed)
+    # Text checks (hacfed.clients.textfilter): peers' samples before they train the learner (the task's
+    # format and the deny-list), the lab's own before they are sent (the deny-list); each a regular
+    # expression or a literal string (a known canary), matched anywhere in a response.
+    inbound_filter: bool = True
+    outbound_filter: bool = True
+    deny_patterns: tuple[str, ...] = DEFAULT_DENY_PATTERNS
+    deny_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("participant_id", "model"):
@@ -69,8 +79,10 @@ class ParticipantConfig:
                 _integer(self, name, 1, " (or unset)")
         _integer(self, "seed", 0)
         _integer(self, "keep_checkpoints", 2)
-        if not isinstance(self.eval_sampled, bool):
-            _bad("eval_sampled", self.eval_sampled, "true or false")
+        for name in ("eval_sampled", "inbound_filter", "outbound_filter"):
+            if not isinstance(getattr(self, name), bool):
+                _bad(name, getattr(self, name), "true or false")
+        _deny_list(self)
         if self.checkpoint_dir is not None:
             if not isinstance(self.checkpoint_dir, (str, Path)) or not str(self.checkpoint_dir):
                 _bad("checkpoint_dir", self.checkpoint_dir, "a directory path (or unset: no checkpoints)")
@@ -83,6 +95,26 @@ class ParticipantConfig:
 
 def _bad(name: str, value: object, requirement: str) -> None:
     raise ValueError(f"ParticipantConfig.{name} must be {requirement}, got {value!r}")
+
+
+def _deny_list(cfg: ParticipantConfig) -> None:
+    """deny_patterns: regular expressions that compile and cannot match an empty response; deny_strings:
+    non-empty strings. Lists (from TOML) become tuples."""
+    for name in ("deny_patterns", "deny_strings"):
+        value = getattr(cfg, name)
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            _bad(name, value, "a list of strings")
+        for item in value:
+            if not isinstance(item, str) or not item:
+                _bad(name, item, "a list of non-empty strings")
+        object.__setattr__(cfg, name, tuple(value))
+    for pattern in cfg.deny_patterns:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            _bad("deny_patterns", pattern, f"a list of regular expressions ({exc})")
+        if compiled.search("") is not None:
+            _bad("deny_patterns", pattern, "a list of regular expressions that cannot match an empty response")
 
 
 def _choice(cfg: ParticipantConfig, name: str, choices: tuple[str, ...]) -> None:

@@ -256,9 +256,11 @@ class Client:
 
 
 def run_client(cfg: ClientConfig) -> int:
+    from hacfed.clients.textfilter import filters_for
     from hacfed.tasks.registry import load_task
 
     task = load_task(cfg.task, base_dir=cfg.config_dir)  # a bad [task] fails before any file exists
+    filters_for(cfg.participant, task)  # so does a deny-list that refuses the task's reference solutions
     coordinator_key = load_public_key(cfg.coordinator_key)
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,186 @@
+"""What a lab lets through: peers' text before it trains its learner, its own text before it is sent.
+
+Runs in a lab's participant (`hacfed.clients.participant`, in hacfed-client and `hacfed sim`); pure:
+no model, no torch. Two filters, each switched by the lab's `[participant]` table
+(`hacfed.clients.participant_config`):
+
+inbound (`inbound_filter`, on by default): each peer sample of the pool must
+  1. fit the task's response format (`response_format`): at most `max_chars` characters; only the
+     characters the format allows (printable text, newline and tab; ASCII alone where the whole
+     format is ASCII); and a success (verified reward > 0) must be written in the task's answer form
+     (chain: only worked steps `a+b=c` and a last line `Answer: N`; add2: one integer; add2-words:
+     an integer; a math task: the `\\boxed{}` or number its verifier reads);
+  2. match none of the deny-list: the regular expressions `deny_patterns` (by default a URL with a
+     scheme or `www.`, and an e-mail address) and the literal strings `deny_strings` (known canaries).
+  A failure is held to the length and the characters, not the answer form: its advantage is never
+  positive, so its text is pushed down, not learnt, and an honest model's failures seldom have the form.
+  A peer's sample that fails is left out with the rest of that peer's group for the prompt (a group
+  with some samples taken out would bias the prompt's baseline, which an attacker could steer) and
+  counted (`skipped_filter`). The learner's own samples come back in the pool and are not checked.
+
+outbound (`outbound_filter`, on by default): the deny-list alone, on the lab's own samples before
+  they are sent; the format is not checked (a lab's own failures are often malformed, and sending
+  them is no leak). A group with any flagged sample is withheld whole (`withheld_outbound`), since
+  the coordinator takes exactly G samples per prompt or none (INCOMPLETE-GROUP): a replaced sample
+  would be text the model never wrote, with a log-prob claim that is not its own.
+
+What this cannot do: a deny-list finds only what it names (a bare domain such as `evil.example` is
+not a URL to the default list), and the format bounds where text can go but cannot tell a trigger
+phrase written in plain words in a free-text answer (add2-words, gsm8k) from honest prose.
+
+    flt = inbound(task, deny_patterns=DEFAULT_DENY_PATTERNS, deny_strings=("see-evil.example",))
+    kept, dropped = filter_pool(pool, "lab-a", flt)
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.tasks.chain import MAX_RESPONSE_CHARS, ChainTask
+from hacfed.tasks.math_data import MathDataTask
+from hacfed.tasks.math_verifier import MathVerifierConfig
+from hacfed.trajectory import Trajectory
+
+# A URL with a scheme or starting `www.`; an e-mail address (the lookbehind starts a match only where
+# a run of address characters starts, so a long run without `@` is read once).
+URL_PATTERN = r"(?i)\b(?:https?|ftp|file)://|\bwww\.[a-z0-9-]+\."
+EMAIL_PATTERN = r"(?i)(?<![a-z0-9._%+-])[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}"
+DEFAULT_DENY_PATTERNS = (URL_PATTERN, EMAIL_PATTERN)
+# A response cap for a task whose verifier has none: the math verifier's default (hacfed.tasks.math_verifier).
+GENERIC_MAX_CHARS = MathVerifierConfig().max_response_chars
+_NUMBER = r"\d{1,12}"
+CHAIN_SUCCESS = re.compile(rf"\A(?:[ \t]*{_NUMBER}[+-]{_NUMBER}=-?{_NUMBER}[ \t]*\n)*[ \t]*Answer: -?{_NUMBER}\Z")
+_ASCII_BAD = re.compile(r"[^\x20-\x7e\n\t]")
+_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})  # controls, format, unassigned, separators
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A task's response format. success: what a success's stripped text must match (re.search);
+    marker: the same in words, for messages and docs."""
+
+    task: str
+    max_chars: int
+    ascii_only: bool
+    success: re.Pattern[str]
+    marker: str
+
+    def why_not(self, text: str, reward: float) -> str | None:
+        """Why `text` does not fit the format (None when it fits); `reward`: its verified reward."""
+        if len(text) > self.max_chars:
+            return f"longer than {self.max_chars} characters"
+        bad = _bad_character(text, self.ascii_only)
+        if bad is not None:
+            return f"character {ascii(bad)} is not allowed"
+        if reward > 0 and self.success.search(text.strip()) is None:
+            return f"a success without {self.marker}"
+        return None
+
+
+def response_format(task: Any) -> ResponseFormat:
+    """The response format of a built-in task, from what its verifier reads; a generic one (printable
+    text within GENERIC_MAX_CHARS, no answer form) for any other task, a plugin's included."""
+    if isinstance(task, ChainTask):
+        return ResponseFormat(task.name, MAX_RESPONSE_CHARS, True, CHAIN_SUCCESS,
+                              "the worked steps 'a+b=c' and a last line 'Answer: N' only")
+    if isinstance(task, ArithmeticTask) and task.style == "symbols":  # verify_exact_integer: <= 64 characters
+        return ResponseFormat(task.name, 64, True, re.compile(r"\A-?\d+\Z"), "one integer only")
+    if isinstance(task, ArithmeticTask):  # words: the last integer of free text
+        return ResponseFormat(task.name, GENERIC_MAX_CHARS, False, re.compile(r"\d"), "an integer")
+    if isinstance(task, MathDataTask):
+        mode = task.verifier.answer_mode
+        success, marker = {"boxed": (r"\\boxed", "a \\boxed{} answer"), "last_number": (r"\d", "a number")}.get(
+            mode, (r"\\boxed|\d", "a \\boxed{} answer or a number"))
+        return ResponseFormat(task.name, task.verifier.max_response_chars, False, re.compile(success), marker)
+    return ResponseFormat(getattr(task, "name", "task"), GENERIC_MAX_CHARS, False, re.compile(""), "an answer")
+
+
+def _bad_character(text: str, ascii_only: bool) -> str | None:
+    """The first character outside printable text, newline and tab (outside ASCII too when ascii_only)."""
+    if text.isascii() or ascii_only:
+        found = _ASCII_BAD.search(text)
+        return None if found is None else found.group()
+    for ch in text:
+        if ch not in "\n\t" and unicodedata.category(ch) in _BAD_CATEGORIES:
+            return ch
+    return None
+
+
+@dataclass(frozen=True)
+class TextFilter:
+    """A lab's check of sample text: a format (None: not checked) and a deny-list."""
+
+    format: ResponseFormat | None
+    deny_patterns: tuple[re.Pattern[str], ...]
+    deny_strings: tuple[str, ...]
+
+    def why_not(self, t: Trajectory) -> str | None:
+        """Why `t` may not pass (None when it may)."""
+        text = t.response_text
+        if self.format is not None:
+            reason = self.format.why_not(text, t.reward)
+            if reason is not None:
+                return reason
+        for pattern in self.deny_patterns:
+            if pattern.search(text) is not None:
+                return f"matches deny pattern {pattern.pattern!r}"
+        for literal in self.deny_strings:
+            if literal in text:
+                return f"contains {literal!r}"
+        return None
+
+
+def inbound(task: Any, deny_patterns: Iterable[str] = DEFAULT_DENY_PATTERNS,
+            deny_strings: Iterable[str] = ()) -> TextFilter:
+    """The filter for peers' samples: the task's format and the deny-list."""
+    return TextFilter(response_format(task), tuple(re.compile(p) for p in deny_patterns), tuple(deny_strings))
+
+
+def outbound(deny_patterns: Iterable[str] = DEFAULT_DENY_PATTERNS, deny_strings: Iterable[str] = ()) -> TextFilter:
+    """The filter for the lab's own samples: the deny-list alone."""
+    return TextFilter(None, tuple(re.compile(p) for p in deny_patterns), tuple(deny_strings))
+
+
+def filter_pool(pool: Sequence[Trajectory], learner: str, flt: TextFilter | None) -> tuple[tuple[Trajectory, ...], int]:
+    """(the pool without every peer group, per prompt and source, that holds a sample `flt` refuses,
+    how many samples that left out). The learner's own samples always stay; None: no filter."""
+    if flt is None:
+        return tuple(pool), 0
+    refused = {(t.prompt_id, t.source_id) for t in pool if t.source_id != learner and flt.why_not(t) is not None}
+    kept = tuple(t for t in pool if (t.prompt_id, t.source_id) not in refused)
+    return kept, len(pool) - len(kept)
+
+
+def withhold_groups(samples: Sequence[Trajectory], flt: TextFilter | None) -> tuple[tuple[Trajectory, ...], int]:
+    """(the lab's own samples without every prompt's group that holds a sample `flt` refuses, how many
+    samples that withheld); None: no filter."""
+    if flt is None:
+        return tuple(samples), 0
+    refused = {t.prompt_id for t in samples if flt.why_not(t) is not None}
+    kept = tuple(t for t in samples if t.prompt_id not in refused)
+    return kept, len(samples) - len(kept)
+
+
+def check_task_solutions(flt: TextFilter, task: Any, problems: int = 8) -> None:
+    """ValueError, in one line, when `flt` refuses the reference solution of one of the task's first
+    training problems (as a success): a deny pattern that would leave out honest answers."""
+    for problem in list(task.train_problems())[:problems]:
+        probe = Trajectory("probe", problem.prompt_id, "probe", 0, problem.messages, problem.solution, 1.0, 0.0, 0,
+                           "stop")
+        reason = flt.why_not(probe)
+        if reason is not None:
+            raise ValueError(f"the text filter refuses the reference solution of {problem.prompt_id} "
+                             f"({reason}): loosen deny_patterns / deny_strings or set inbound_filter = false")
+
+
+def filters_for(cfg: Any, task: Any) -> tuple[TextFilter | None, TextFilter | None]:
+    """(inbound, outbound) filters of a lab's ParticipantConfig `cfg` (None where switched off); the
+    inbound one is first checked against the task's reference solutions (`check_task_solutions`)."""
+    inbound_filter = inbound(task, cfg.deny_patterns, cfg.deny_strings) if cfg.inbound_filter else None
+    if inbound_filter is not None:
+        check_task_solutions(inbound_filter, task)
+    return inbound_filter, outbound(cfg.deny_patterns, cfg.deny_strings) if cfg.outbound_filter else None
