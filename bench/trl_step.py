@@ -3,6 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py            # needs: pip install -e '.[bench]'
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --rounds 5 --json runs/trl-step.json
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --task chain --model chain-llama --max-new-tokens 40
+    hacfed models export smollm2 models/smollm2     # a plain HF directory TRL accepts (GGUF: "purely quantized")
+    OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --model models/smollm2 --task add2-words --finetune lora \
+        --prompts 4 --group-size 4 --max-new-tokens 48 --rounds 4
 
 One round of each side = one rollout of P prompts x G completions and U optimizer updates on them:
 
@@ -13,7 +16,10 @@ One round of each side = one rollout of P prompts x G completions and U optimize
     sequence, then over sequences: hacfed's GSPO objective), the same clip window (epsilon 3e-4,
     epsilon_high 4e-4), beta 0 (no reference model; hacfed's kl_coef set to 0 too), the same G,
     P*G completions per generation, steps_per_generation U, the same max tokens, temperature 1,
-    top_p 1, no top-k, constant learning rate, AdamW, clip-grad-norm, transformers generate (no vLLM).
+    top_p 1, no top-k, constant learning rate, AdamW, clip-grad-norm, transformers generate (no vLLM),
+    no activation checkpointing (TRL's default turns it on; hacfed's memory plan leaves it off below
+    300M parameters, and the run refuses a model where it would not), the same full fine-tune or
+    LoRA adapter (hacfed's rank, alpha and all-linear targets, no dropout), the same weights dtype.
 
 Both start from the same weights (two copies of the same preset) on the same prompts, one thread.
 The two alternate inside one process: a TRL callback runs one hacfed round after every U TRL
@@ -31,16 +37,19 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-TASKS = ("add2", "chain")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trl_step_report import format_summary, summarize  # noqa: E402  (the pure summary, beside this file)
+
+TASKS = ("add2", "add2-words", "chain")
+FINETUNES = ("full", "lora")
 
 
 def make_task(name: str) -> Any:
@@ -50,6 +59,8 @@ def make_task(name: str) -> Any:
         return ChainTask()
     from hacfed.tasks.arithmetic import ArithmeticTask
 
+    if name == "add2-words":  # `hacfed sim --task add2-words`: the sums in a sentence, for chat models
+        return ArithmeticTask(style="words", num_eval=500, num_validation=200)
     return ArithmeticTask()
 
 
@@ -59,6 +70,7 @@ class BenchSettings:
 
     model: str = "tiny-llama"
     task: str = "add2"  # add2: 2-digit addition (2-4 token answers); chain: worked 3-term chains (20-40)
+    finetune: str = "full"  # or "lora": an adapter on both sides (hacfed's rank and alpha)
     prompts: int = 16
     group_size: int = 8
     updates: int = 2
@@ -78,6 +90,8 @@ class BenchSettings:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {self.task!r}")
+        if self.finetune not in FINETUNES:
+            raise ValueError(f"finetune must be one of {list(FINETUNES)}, got {self.finetune!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an int >= 0, got {self.warmup!r}")
         if (self.prompts * self.group_size) % self.updates:
@@ -107,7 +121,8 @@ def hacfed_hacpo(s: BenchSettings) -> Any:
 
 def hacfed_participant_kwargs(s: BenchSettings) -> dict[str, Any]:
     return dict(
-        participant_id="bench", model=s.model, learning_rate=s.learning_rate, minibatch_size=s.minibatch,
+        participant_id="bench", model=s.model, finetune=s.finetune, learning_rate=s.learning_rate,
+        minibatch_size=s.minibatch,
         max_grad_norm=s.max_grad_norm, max_response_len=s.max_new_tokens + 1,
         rollout_batch_size=s.completions_per_round, seed=s.seed,
     )
@@ -127,8 +142,18 @@ def trl_config_kwargs(s: BenchSettings, output_dir: str) -> dict[str, Any]:
         max_grad_norm=s.max_grad_norm, optim="adamw_torch",
         max_steps=s.total_rounds * s.updates, shuffle_dataset=False, disable_dropout=True,
         logging_steps=10_000, save_strategy="no", report_to=[], disable_tqdm=True,
-        dataloader_num_workers=0, seed=s.seed,
+        dataloader_num_workers=0, seed=s.seed, gradient_checkpointing=False,
     )
+
+
+def trl_peft_config(s: BenchSettings, participant: Any) -> Any:
+    """TRL's LoRA adapter for `s.finetune == "lora"`: hacfed's own (`hacfed.clients.training`); else None."""
+    if s.finetune != "lora":
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=participant.lora_rank, lora_alpha=participant.lora_alpha, lora_dropout=0.0,
+                      target_modules="all-linear")
 
 
 def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any) -> list[str]:
@@ -165,59 +190,10 @@ def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any) ->
         ("top_p (TRL)", trl_args.top_p, 1.0),
         ("top_k off (TRL)", trl_args.top_k in (0, None), True),
         ("no vLLM (TRL)", trl_args.use_vllm, False),
+        ("finetune (hacfed)", participant.finetune, s.finetune),
+        ("activation checkpointing (TRL)", trl_args.gradient_checkpointing, False),
     ]
     return [f"{name}: {got!r}, want {want!r}" for name, got, want in checks if got != want]
-
-
-def summarize(hacfed_s: Sequence[float], trl_s: Sequence[float], completions: int) -> dict[str, Any]:
-    """Completions per second of each side (median over measured rounds) and hacfed/TRL ratios.
-
-    `ratio` is the ratio of the two medians; `ratio_per_round` pairs round i of each side (run
-    back to back, so they saw the same CPU speed) and `ratio_median` is their median."""
-    if not hacfed_s or len(hacfed_s) != len(trl_s):
-        raise ValueError(f"need the same number (>= 1) of rounds per side, got {len(hacfed_s)} and {len(trl_s)}")
-    if min(list(hacfed_s) + list(trl_s)) <= 0:
-        raise ValueError("round times must be > 0")
-    per_round = [(completions / h) / (completions / t) for h, t in zip(hacfed_s, trl_s)]
-    hacfed_cps = completions / statistics.median(hacfed_s)
-    trl_cps = completions / statistics.median(trl_s)
-    return {
-        "completions_per_round": completions,
-        "hacfed_round_s": list(hacfed_s), "trl_round_s": list(trl_s),
-        "hacfed_completions_per_s": hacfed_cps, "trl_completions_per_s": trl_cps,
-        "ratio": hacfed_cps / trl_cps,
-        "ratio_per_round": per_round, "ratio_median": statistics.median(per_round),
-    }
-
-
-def format_summary(summary: Mapping[str, Any]) -> str:
-    per_round = " ".join(f"{r:.2f}" for r in summary["ratio_per_round"])
-    return (
-        f"hacfed: {summary['hacfed_completions_per_s']:.1f} completions/s, "
-        f"TRL GRPOTrainer (GSPO): {summary['trl_completions_per_s']:.1f} completions/s "
-        f"({summary['completions_per_round']} per round)\n"
-        f"hacfed / TRL = {summary['ratio']:.2f}x (per round: {per_round}; median {summary['ratio_median']:.2f}x)"
-    ) + _cpu(summary) + _lengths(summary)
-
-
-def _cpu(summary: Mapping[str, Any]) -> str:
-    cpu = summary.get("cpu")
-    if not cpu:
-        return ""
-    per_round = " ".join(f"{r:.2f}" for r in cpu["ratio_per_round"])
-    return (
-        f"\nby process CPU time: hacfed {cpu['hacfed_completions_per_s']:.1f}, TRL {cpu['trl_completions_per_s']:.1f} "
-        f"completions per CPU-second; hacfed / TRL = {cpu['ratio']:.2f}x (per round: {per_round}; "
-        f"median {cpu['ratio_median']:.2f}x)"
-    )
-
-
-def _lengths(summary: Mapping[str, Any]) -> str:
-    """Mean completion length of each side: equal work only if the two sample alike."""
-    h, t = summary.get("hacfed_completion_tokens"), summary.get("trl_completion_tokens")
-    if not h or not t:
-        return ""
-    return f"\nmean completion length: hacfed {statistics.mean(h):.2f} tokens, TRL {statistics.mean(t):.2f} tokens"
 
 
 def round_problems(s: BenchSettings, task: Any) -> list[list[Any]]:
@@ -309,7 +285,7 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
         [{"prompt": messages_as_dicts(p.messages), "prompt_id": p.prompt_id} for r in rounds for p in r]
     )
     args = trl.GRPOConfig(**trl_config_kwargs(s, out_dir))
-    problems = mismatches(s, hacfed.hacpo, hacfed.cfg, args)
+    problems = mismatches(s, hacfed.hacpo, hacfed.cfg, args) + _loaded_mismatches(hacfed.participant, loaded.model)
     if problems:
         raise RuntimeError("the two sides are not configured alike: " + "; ".join(problems))
 
@@ -335,7 +311,8 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
             self.start = (time.perf_counter(), time.process_time())
 
     trainer = trl.GRPOTrainer(model=loaded.model, reward_funcs=reward, args=args, train_dataset=dataset,
-                              processing_class=loaded.tokenizer, callbacks=[Alternate()])
+                              processing_class=loaded.tokenizer, callbacks=[Alternate()],
+                              peft_config=trl_peft_config(s, hacfed.cfg))
     trainer.train()
     if len(trl_times) != s.total_rounds:
         raise RuntimeError(f"TRL ran {len(trl_times)} rounds, expected {s.total_rounds}")
@@ -349,11 +326,23 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
     return summary
 
 
+def _loaded_mismatches(participant: Any, trl_model: Any) -> list[str]:
+    """What the two loaded models disagree on: the weights' dtype; hacfed checkpointing activations."""
+    problems = []
+    if participant.memory.gradient_checkpointing:
+        problems.append("activation checkpointing (hacfed): True, want False (a model above 300M parameters)")
+    ours, theirs = next(participant.model.parameters()).dtype, next(trl_model.parameters()).dtype
+    if ours != theirs:
+        problems.append(f"weights dtype: hacfed {ours}, TRL {theirs}")
+    return problems
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[BenchSettings, str | None]:
     d = BenchSettings()
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=d.model, help=f"hacfed model preset (default {d.model})")
     ap.add_argument("--task", default=d.task, choices=TASKS, help=f"default {d.task} (chain: use a chain-* model)")
+    ap.add_argument("--finetune", default=d.finetune, choices=FINETUNES, help=f"both sides (default {d.finetune})")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per round (default {d.prompts})")
     ap.add_argument("--group-size", type=int, default=d.group_size, help=f"G (default {d.group_size})")
     ap.add_argument("--updates", type=int, default=d.updates, help=f"optimizer updates per round (default {d.updates})")
@@ -364,7 +353,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[BenchSettings, str | None]:
     ap.add_argument("--json", default=None, help="also write the summary to this JSON file")
     a = ap.parse_args(argv)
     try:
-        s = BenchSettings(model=a.model, task=a.task, prompts=a.prompts, group_size=a.group_size, updates=a.updates,
+        s = BenchSettings(model=a.model, task=a.task, finetune=a.finetune, prompts=a.prompts,
+                          group_size=a.group_size, updates=a.updates,
                           max_new_tokens=a.max_new_tokens, rounds=a.rounds, warmup=a.warmup, seed=a.seed)
     except ValueError as exc:
         ap.error(str(exc))

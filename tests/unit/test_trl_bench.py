@@ -54,6 +54,7 @@ def test_both_sides_configured_alike(bench):
     (dict(lr_scheduler_type="linear"), "constant lr (TRL)"),
     (dict(top_k=50), "top_k off (TRL)"),
     (dict(use_vllm=True), "no vLLM (TRL)"),
+    (dict(gradient_checkpointing=True), "activation checkpointing (TRL)"),  # GRPOConfig's own default
 ])
 def test_a_differing_trl_setting_is_named(bench, override, named):
     s = bench.BenchSettings()
@@ -83,7 +84,7 @@ def test_settings_refuse_an_uneven_split(bench):
         bench.BenchSettings(prompts=5, group_size=3)
     with pytest.raises(ValueError, match="rounds must be an int >= 1, got 0"):
         bench.BenchSettings(rounds=0)
-    with pytest.raises(ValueError, match=r"task must be one of \['add2', 'chain'\], got 'gsm8k'"):
+    with pytest.raises(ValueError, match=r"task must be one of \['add2', 'add2-words', 'chain'\], got 'gsm8k'"):
         bench.BenchSettings(task="gsm8k")
 
 
@@ -105,14 +106,26 @@ def test_summarize_refuses_unpaired_rounds(bench):
         bench.summarize([0.0], [1.0], 8)
 
 
-@pytest.mark.parametrize("task", ["add2", "chain"])
+@pytest.mark.parametrize("task", ["add2", "add2-words", "chain"])
 def test_round_problems_are_distinct_and_seeded(bench, task):
     s = bench.BenchSettings(task=task, prompts=4, group_size=2, rounds=3, warmup=1)
     rounds = bench.round_problems(s, bench.make_task(task))
     ids = [p.prompt_id for r in rounds for p in r]
     assert [len(r) for r in rounds] == [4, 4, 4, 4] and len(set(ids)) == 16
     assert ids == [p.prompt_id for r in bench.round_problems(s, bench.make_task(task)) for p in r]
-    assert type(bench.make_task(task)).__name__ == {"add2": "ArithmeticTask", "chain": "ChainTask"}[task]
+    assert type(bench.make_task(task)).__name__ == {"chain": "ChainTask"}.get(task, "ArithmeticTask")
+    assert ("Reply with only the number" in rounds[0][0].messages[-1].content) == (task == "add2-words")
+
+
+def test_lora_on_both_sides_or_neither(bench):
+    s = bench.BenchSettings(finetune="lora")
+    hacpo, participant, trl_args = _sides(bench, s)
+    assert participant.finetune == "lora" and bench.mismatches(s, hacpo, participant, trl_args) == []
+    lora = bench.trl_peft_config(s, participant)  # TRL's adapter is hacfed's (`hacfed.clients.training`)
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (participant.lora_rank, participant.lora_alpha, 0.0)
+    assert bench.trl_peft_config(bench.BenchSettings(), participant) is None
+    full = ParticipantConfig(**bench.hacfed_participant_kwargs(bench.BenchSettings()))
+    assert bench.mismatches(s, hacpo, full, trl_args) == ["finetune (hacfed): 'full', want 'lora'"]
 
 
 def test_missing_trl_is_a_clear_message_and_exit_2(bench, monkeypatch, capsys):
