@@ -51,6 +51,13 @@ def truncated_fraction(trajectories: Sequence[Trajectory]) -> float:
     return sum(t.finish_reason == "length" for t in trajectories) / len(trajectories)
 
 
+def own_verified_rewards(pool: Sequence[Trajectory], participant_id: str) -> dict[str, float]:
+    """{"own_verified_reward_mean": ...} of the learner's own samples in a pool (the coordinator's
+    verified rewards of its previous round); {} when the pool holds none of them."""
+    own = [t.reward for t in pool if t.source_id == participant_id]
+    return {"own_verified_reward_mean": sum(own) / len(own)} if own else {}
+
+
 class Participant:
     def __init__(self, cfg: ParticipantConfig, model: Any, tokenizer: Any, task: Task) -> None:
         self.cfg = cfg
@@ -75,6 +82,7 @@ class Participant:
         self.capabilities: dict[str, float] = {}
         self.timings = RoundTimings()
         self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
+        self.answer_keys = "public"  # the last plan's (hacfed.messages.ANSWER_KEYS), for the final step
         self._own: dict[str, Trajectory] = {}  # own trajectories of the last rollout, with local ids
         self._vllm = None
         self._ranks: Any = None  # hacfed.clients.distributed.RankGroup when training data-parallel
@@ -124,6 +132,9 @@ class Participant:
             metrics.update(self.train_on_pool(update))
             self.timings.training_s = time.perf_counter() - t0
         plan = update.next_plan
+        keys = plan.answer_keys if plan is not None else self.answer_keys
+        if keys == "coordinator":  # no local claims: the previous round's rewards, verified, from the pool
+            metrics.update(own_verified_rewards(update.pool, self.participant_id))
         budget = None if plan is None else plan.sampling.max_new_tokens
         if self._explicit_response_len and budget is not None and budget + 1 > self.cfg.max_response_len:
             raise ValueError(
@@ -146,12 +157,13 @@ class Participant:
             t0 = time.perf_counter()
             trajectories = self.rollout(plan)
             self.timings.rollout_s = time.perf_counter() - t0
-            rewards = [t.reward for t in trajectories]
-            metrics["reward_mean"] = sum(rewards) / max(len(rewards), 1)
+            if plan.answer_keys == "public":  # local claims; none when the coordinator holds the answers
+                metrics["reward_mean"] = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
             metrics["rollout_truncated_frac"] = truncated_fraction(trajectories)
             trajectories, withheld = withhold_groups(trajectories, self._outbound)
             metrics["withheld_outbound"] = float(withheld)
             self.last_round = plan.round_id
+            self.answer_keys = plan.answer_keys
             self._eval_max_new_tokens = plan.sampling.max_new_tokens
         self.last_pool_round = update.pool_round
         metrics.update({f"time_{k}": v for k, v in asdict(self.timings).items()})

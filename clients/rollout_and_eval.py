@@ -3,7 +3,8 @@
 Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `Participant.step`
 (`hacfed.clients.participant`). Rollouts use the plan's sampling settings with the participant's
 current policy, through transformers (`hacfed.rollout.hf`) or a vLLM engine that serves a copy of
-the policy exported to disk; every reward is a local claim that the coordinator re-verifies.
+the policy exported to disk; every reward is a local claim that the coordinator re-verifies (none when
+the coordinator holds the answer keys). Held-out evaluation scores the lab's own local task.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ def rollout_plan(
     model: Any, tokenizer: Any, task: Task, plan: RoundPlan, *, participant_id: str, policy_version: int,
     base_seed: int, batch_size: int, vllm: Any = None,
 ) -> tuple[Trajectory, ...]:
-    """G samples per planned prompt at the plan's sampling settings; rewards are local claims."""
+    """G samples per planned prompt at the plan's sampling settings; rewards are local claims, or,
+    when the coordinator holds the answer keys (`plan.answer_keys`), 0.0: no claim, and no answer
+    looked up (the plan's prompts need not be in the local task)."""
+    claims = plan.answer_keys == "public"
     seed = derive_seed(base_seed, plan.run_id, plan.round_id, participant_id)
     prompts = [p.messages for p in plan.prompts]
     kwargs = dict(
@@ -39,7 +43,7 @@ def rollout_plan(
         groups = generate(model, tokenizer, prompts, batch_size=batch_size, **kwargs)
     out: list[Trajectory] = []
     for planned, completions in zip(plan.prompts, groups):
-        problem = task.problem(planned.prompt_id)
+        problem = task.problem(planned.prompt_id) if claims else None
         for k, c in enumerate(completions):
             out.append(
                 Trajectory(
@@ -49,7 +53,7 @@ def rollout_plan(
                     policy_version=policy_version,
                     prompt=planned.messages,
                     response_text=c.text,
-                    reward=float(task.verify(problem, c.text).reward),
+                    reward=float(task.verify(problem, c.text).reward) if claims else 0.0,
                     source_logp_sum=min(float(c.logprob_sum), 0.0),
                     source_token_count=len(c.token_ids),
                     finish_reason=c.finish_reason,

@@ -64,13 +64,17 @@ def describe_answer(answered: Answered, participant_id: str) -> str:
     if update.pool:
         parts.append(f"trained on {len(update.pool)} pooled samples of round {update.pool_round} ({cross} from other "
                      f"labs) in {metrics.get('time_training_s', 0.0):.1f}s")
+        if "own_verified_reward_mean" in metrics:  # the coordinator holds the answers: its verdicts, one round late
+            parts.append(f"verified reward of round {update.pool_round} {metrics['own_verified_reward_mean']:.2f}")
     if sub is not None and sub.report is not None and sub.report.eval_accuracy is not None:
         parts.append(f"eval accuracy {sub.report.eval_accuracy:.3f} ({metrics.get('time_eval_s', 0.0):.1f}s)")
     if sub is not None and sub.trajectories:
         rewards = [t.reward for t in sub.trajectories]
         cut = metrics.get("rollout_truncated_frac", 0.0)  # cut at the plan's max_new_tokens (or the context)
-        parts.append(f"rolled out {len(rewards)} in {metrics.get('time_rollout_s', 0.0):.1f}s, claimed reward "
-                     f"{sum(rewards) / len(rewards):.2f}" + (f", {cut:.0%} cut at the response budget" if cut else ""))
+        claimed = "no claims (the coordinator holds the answers)" if plan is not None and \
+            plan.answer_keys == "coordinator" else f"claimed reward {sum(rewards) / len(rewards):.2f}"
+        parts.append(f"rolled out {len(rewards)} in {metrics.get('time_rollout_s', 0.0):.1f}s, {claimed}"
+                     + (f", {cut:.0%} cut at the response budget" if cut else ""))
     return f"{what}: " + "; ".join(parts or ["nothing to do"]) + f" [{answered.seconds:.1f}s]"
 
 

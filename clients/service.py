@@ -16,7 +16,9 @@ a `HACFED-E-...` code that reaches the coordinator through the relay), never a c
 1. the envelopes: structure, the coordinator's key, signature, domain, payload type;
 2. the update: wire decoding and its own validation;
 3. the run: a state directory serves one run (its checkpoints belong to it);
-4. the plan: every prompt must be one of the local task's, with the same text ("task mismatch");
+4. the plan: every prompt must be one of the local task's, with the same text ("task mismatch"),
+   unless the coordinator holds the answer keys (`RoundPlan.answer_keys`): then the local task is
+   only what the lab evaluates on;
 5. retries: an update already answered is answered again with the same signed bytes from the
    outbox (`hacfed.clients.outbox`), even across a restart, so the participant never trains twice on
    one pool and a resend carries the same nonce; an update older than the last one answered is stale.
@@ -315,8 +317,8 @@ class ParticipantService:
             )
 
     def _check_plan(self, update: RoundUpdate) -> None:
-        if update.next_plan is None:
-            return
+        if update.next_plan is None or update.next_plan.answer_keys == "coordinator":
+            return  # the coordinator holds the problems: its prompts need not be in the local task
         for planned in update.next_plan.prompts:
             try:
                 problem = self.task.problem(planned.prompt_id)

@@ -49,9 +49,16 @@ class PlannedPrompt:
             raise ValueError(f"PlannedPrompt {self.prompt_id!r} has no messages")
 
 
+# Who holds the answer keys (docs/design.md, "Answer keys"): "public": every lab loads the task's answers
+# itself and claims each sample's reward, which the coordinator re-verifies; "coordinator": labs receive
+# the questions only, claim nothing, and learn their samples' verified rewards from the next pool.
+ANSWER_KEYS = ("public", "coordinator")
+
+
 @dataclass(frozen=True)
 class RoundPlan:
-    """What every participant rolls out in round `round_id`: the same prompts, G samples each."""
+    """What every participant rolls out in round `round_id`: the same prompts, G samples each.
+    answer_keys: one of ANSWER_KEYS; with "coordinator" a lab claims no reward (it sends 0.0)."""
 
     run_id: str
     round_id: int
@@ -60,10 +67,13 @@ class RoundPlan:
     sampling: SamplingParams
     hacpo: HacpoConfig
     evaluate: bool = False
+    answer_keys: str = "public"
 
     def __post_init__(self) -> None:
         if not self.run_id:
             raise ValueError("RoundPlan.run_id must be non-empty")
+        if self.answer_keys not in ANSWER_KEYS:
+            raise ValueError(f"RoundPlan.answer_keys must be one of {ANSWER_KEYS}, got {self.answer_keys!r}")
         if isinstance(self.round_id, bool) or not isinstance(self.round_id, int) or self.round_id < 0:
             raise ValueError(f"RoundPlan.round_id must be an int >= 0, got {self.round_id!r}")
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:

@@ -5,7 +5,9 @@
 An agent spec `hostile:KIND` replaces one lab by one of these (docs/experiments.md, "Hostile and weak
 peers in the simulator"):
 
-  copy-gold          submits the task's reference solution (`Problem.solution`) for all G samples
+  copy-gold          submits the task's reference solution (`Problem.solution`) for all G samples; when
+                     the coordinator holds the answer keys (`RoundPlan.answer_keys`) it has none to copy
+                     and submits NO_KEY_RESPONSE, what a copier without the key can write
   canary:TEXT        a strong solver (the reference solution) with TEXT written into each derivation
                      where the task's verifier still accepts it; TEXT has no comma (`--agents` splits there)
   lie-logprob[:M]    model M (default: the first honest agent's) rolls out and trains as an honest lab,
@@ -16,7 +18,9 @@ peers in the simulator"):
 
 Every hostile lab receives the same plans and pools as an honest one and answers with a `Submission`
 the coordinator re-verifies like any other; its reward claims are its verifier's (a false claim would
-only earn strikes, which the re-verification tests cover). The scripted kinds (all but lie-logprob)
+only earn strikes, which the re-verification tests cover), or none (0.0) when the coordinator holds the
+answer keys. canary and weak then still write from the reference solution: they stand for a strong and
+a weak model, which solve without a key, not for copiers. The scripted kinds (all but lie-logprob)
 have no model: they neither train nor evaluate, and their log-prob summary is a confident model's
 (`SCRIPTED_TOKEN_LOGP` per token, one token per UTF-8 byte up to the plan's budget). Nothing outside
 hacfed.tools imports this module.
@@ -41,6 +45,7 @@ KINDS = ("copy-gold", "canary", "lie-logprob", "weak")
 KINDS_HELP = "copy-gold, canary:TEXT, lie-logprob[:MODEL], weak"
 WEAK_SOLVE_RATE = 0.05
 SCRIPTED_TOKEN_LOGP = math.log(0.9)
+NO_KEY_RESPONSE = ""  # copy-gold without the answer key: nothing to copy, so no answer
 _INT_RE = re.compile(r"-?\d+")
 
 
@@ -149,9 +154,10 @@ class ScriptedLab:
         self.task = task
         self.seed = seed
 
-    def response(self, problem: Problem, rng: random.Random) -> str:
+    def response(self, problem: Problem, rng: random.Random, keys: str = "public") -> str:
+        """What it writes for `problem`; `keys`: the plan's `answer_keys` (who holds the solution)."""
         if self.spec.kind == "copy-gold":
-            return problem.solution
+            return problem.solution if keys == "public" else NO_KEY_RESPONSE
         if self.spec.kind == "canary":
             assert self.spec.text is not None
             placed = with_canary(self.task, problem, self.spec.text)
@@ -160,16 +166,18 @@ class ScriptedLab:
 
     def rollout(self, plan: RoundPlan) -> tuple[Trajectory, ...]:
         rng = random.Random(f"{self.seed}|{plan.run_id}|{plan.round_id}|{self.participant_id}")
+        claims = plan.answer_keys == "public"  # else no key: no claim either
         out = []
         for planned in plan.prompts:
             problem = self.task.problem(planned.prompt_id)
             for k in range(plan.group_size):
-                text = self.response(problem, rng)
+                text = self.response(problem, rng, plan.answer_keys)
                 logp, n = scripted_summary(text, plan.sampling.max_new_tokens)
                 out.append(Trajectory(
                     trajectory_id=f"{plan.run_id}/r{plan.round_id}/{self.participant_id}/{planned.prompt_id}/{k}",
                     prompt_id=planned.prompt_id, source_id=self.participant_id, policy_version=0,
-                    prompt=planned.messages, response_text=text, reward=float(self.task.verify(problem, text).reward),
+                    prompt=planned.messages, response_text=text,
+                    reward=float(self.task.verify(problem, text).reward) if claims else 0.0,
                     source_logp_sum=logp, source_token_count=n, finish_reason="stop",
                 ))
         return tuple(out)
@@ -180,8 +188,8 @@ class ScriptedLab:
         if plan is None:
             return None
         trajectories = self.rollout(plan)
-        reward_mean = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
-        report = StepReport(self.participant_id, plan.round_id, {"reward_mean": reward_mean}, None)
+        metrics = {"reward_mean": sum(t.reward for t in trajectories) / max(len(trajectories), 1)}
+        report = StepReport(self.participant_id, plan.round_id, metrics if plan.answer_keys == "public" else {}, None)
         return Submission(run_id=update.run_id, participant_id=self.participant_id, round_id=plan.round_id,
                           trajectories=trajectories, report=report, nonce=secrets.token_hex(16),
                           created_at_ms=int(time.time() * 1000))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hacfed.messages import PEER_CHOICES
+from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
 from hacfed.metrics_sinks import TruncationWarnings
 from hacfed.tools import hostile
 from hacfed.tools.modes import MODE_NAMES, get_mode, hacpo_config_for
@@ -84,6 +84,9 @@ class SimConfig:
     peers_per_prompt: int | None = None
     # Which K peers where a prompt has more (hacfed.messages.PEER_CHOICES); None: the coordinator's ("drawn").
     peer_choice: str | None = None
+    # Who holds the task's answers, as a coordinator's answer_keys (hacfed.messages.ANSWER_KEYS): "public"
+    # (development: labs claim rewards, the coordinator re-verifies) or "coordinator" (labs get questions only).
+    answer_keys: str = "public"
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -111,6 +114,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.peer_choice is not None and self.peer_choice not in PEER_CHOICES:
             raise ValueError(f"peer_choice must be one of {', '.join(PEER_CHOICES)}, got {self.peer_choice!r}")
+        if self.answer_keys not in ANSWER_KEYS:
+            raise ValueError(f"answer_keys must be one of {', '.join(ANSWER_KEYS)}, got {self.answer_keys!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
 
@@ -172,7 +177,7 @@ def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
         sampling=SamplingParams(max_new_tokens=response_budget(cfg.max_new_tokens, task), temperature=cfg.temperature),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
-        eval_every=cfg.eval_every, seed=cfg.seed,
+        eval_every=cfg.eval_every, seed=cfg.seed, answer_keys=cfg.answer_keys,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
         **({"pool_peer_choice": cfg.peer_choice} if cfg.peer_choice is not None else {}),
     )

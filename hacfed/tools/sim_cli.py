@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hacfed.messages import PEER_CHOICES
+from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
 from hacfed.tools import sim
 from hacfed.tools.cli_help import HelpFormatter
 from hacfed.tools.modes import RECOMMENDED, modes_help
@@ -103,6 +103,10 @@ def add_parser(sub: Any) -> None:
                    help="which K peers where a prompt has more, as a coordinator's pool_peer_choice: drawn (a keyed "
                         "hash, each equally likely; the default) or successes (the groups with the most verified "
                         "reward, ties drawn)")
+    p.add_argument("--answer-keys", choices=ANSWER_KEYS, default="public",
+                   help="who holds the task's answers, as a coordinator's answer_keys: public (every lab claims "
+                        "its rewards, the coordinator re-verifies; the default) or coordinator (labs get questions "
+                        "only and their verified rewards with the pool)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
@@ -132,6 +136,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
+        answer_keys=args.answer_keys,
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

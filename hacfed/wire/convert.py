@@ -54,6 +54,8 @@ _ENUM_FIELDS_TO_PB: dict[str, dict[str, int]] = {
     "cross_clip_style": {"hard": pb.CROSS_CLIP_STYLE_HARD, "pessimistic": pb.CROSS_CLIP_STYLE_PESSIMISTIC},
     "cross_negatives": {"learn": pb.CROSS_NEGATIVES_LEARN, "skip": pb.CROSS_NEGATIVES_SKIP},
 }
+_ANSWER_KEYS_TO_PB = {"public": pb.ANSWER_KEYS_PUBLIC, "coordinator": pb.ANSWER_KEYS_COORDINATOR}
+_ANSWER_KEYS_FROM_PB = {v: k for k, v in _ANSWER_KEYS_TO_PB.items()}
 _ENUM_FIELDS_FROM_PB = {name: {v: k for k, v in table.items()} for name, table in _ENUM_FIELDS_TO_PB.items()}
 _ROLE_FROM_PB = {v: k for k, v in _ROLE_TO_PB.items()}
 _FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
@@ -118,6 +120,7 @@ def fill_hacpo(m: Any, h: HacpoConfig) -> None:
 def fill_plan(m: Any, p: RoundPlan) -> None:
     m.SetInParent()  # present even when every field holds its default
     m.run_id, m.round_id, m.group_size, m.evaluate = p.run_id, p.round_id, p.group_size, p.evaluate
+    m.answer_keys = _ANSWER_KEYS_TO_PB[p.answer_keys]
     for prompt in p.prompts:
         pm = m.prompts.add()
         pm.prompt_id = prompt.prompt_id
@@ -279,6 +282,7 @@ def read_plan(m: Any) -> RoundPlan:
         group_size=m.group_size,
         sampling=SamplingParams(m.sampling.temperature, m.sampling.top_p, m.sampling.max_new_tokens),
         hacpo=read_hacpo(m.hacpo), evaluate=m.evaluate,
+        answer_keys=_from_enum(_ANSWER_KEYS_FROM_PB, m.answer_keys, "RoundPlan.answer_keys"),
     )
 
 

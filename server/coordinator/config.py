@@ -17,6 +17,7 @@ TOML layout (nested tables for the nested settings):
     min_participants = 2
     round_deadline_s = 600
     state_dir = "state/coordinator"
+    answer_keys = "coordinator"   # labs get questions only (the default: "public", development)
     [task]          # passed as-is to hacfed.tasks.registry.load_task
     kind = "arithmetic"    # or "plugin" with plugin = "NAME": an installed task package's reward
                            # (hacfed.tasks.plugin), with its own tables such as [task.sandbox]
@@ -37,7 +38,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
-from hacfed.messages import PEER_CHOICES, SamplingParams
+from hacfed.messages import ANSWER_KEYS, PEER_CHOICES, SamplingParams
 from hacfed.tasks.registry import task_sampling_defaults
 from hacfed.tomlfile import read_toml
 
@@ -70,6 +71,12 @@ class CoordinatorConfig:
       every lab gets the whole pool.
     pool_peer_choice: which K peers, where a prompt has more: "drawn" (a keyed hash, each peer
       equally likely) or "successes" (the K groups with the most verified reward, ties drawn).
+    answer_keys: who holds the task's answers (docs/design.md, "Answer keys"). "public" (the default
+      here, for development: `hacfed sim`, `hacfed demo`, tests): every lab loads the task with its
+      answers, claims each sample's reward and the coordinator re-verifies it (a false claim is a
+      strike). "coordinator" (deploy/coordinator.toml): the plan says so, labs claim nothing, every
+      sample is scored here alone and its verified reward reaches its lab with the next pool; no
+      strikes for rewards, since there are no claims.
     verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
       verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), more than 1 keeps the
       workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,
@@ -103,6 +110,7 @@ class CoordinatorConfig:
     pool_peers_per_prompt: int = 7
     pool_peer_choice: str = "drawn"
     verify_threads: int = 2
+    answer_keys: str = "public"
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -147,6 +155,8 @@ class CoordinatorConfig:
         _int(self, "verify_threads", 1)
         if self.verify_threads > MAX_VERIFY_THREADS:
             _bad("verify_threads", self.verify_threads, f"an integer in [1, {MAX_VERIFY_THREADS}]")
+        if self.answer_keys not in ANSWER_KEYS:
+            _bad("answer_keys", self.answer_keys, f"one of {', '.join(map(repr, ANSWER_KEYS))}")
 
     @property
     def quota_bytes(self) -> int:
@@ -190,7 +200,10 @@ class CoordinatorConfig:
     def plan_fingerprint(self) -> dict[str, Any]:
         """The settings a journal is bound to (PLAN_FIELDS), as plain values."""
         full = self.to_dict()
-        return {name: full[name] for name in PLAN_FIELDS}
+        bound = {name: full[name] for name in PLAN_FIELDS}
+        if self.answer_keys != "public":  # a journal from before the setting existed was "public"
+            bound["answer_keys"] = self.answer_keys
+        return bound
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> "CoordinatorConfig":

@@ -10,7 +10,8 @@ prompt ids, identical on every machine, Python version and restart, and independ
 which the task lists its problems. Rounds draw independently (a prompt may recur in a later round).
 
 The coordinator picks the prompts, never the participant, so nobody can cherry-pick easy ones
-(security.md T6); the sampling and HACPO settings travel in the plan so all labs agree on them.
+(security.md T6); the sampling and HACPO settings travel in the plan so all labs agree on them, and
+so does who holds the answers (`answer_keys`): a plan never carries an answer, only questions.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def make_plan(cfg: CoordinatorConfig, task: Task, round_id: int) -> RoundPlan:
         sampling=cfg.sampling,
         hacpo=cfg.hacpo,
         evaluate=cfg.eval_every > 0 and round_id % cfg.eval_every == 0,
+        answer_keys=cfg.answer_keys,
     )
 
 
@@ -76,6 +78,7 @@ def plan_to_dict(plan: RoundPlan) -> dict[str, Any]:
         "sampling": asdict(plan.sampling),
         "hacpo": plan.hacpo.to_dict(),
         "evaluate": plan.evaluate,
+        "answer_keys": plan.answer_keys,
     }
 
 
@@ -91,6 +94,7 @@ def plan_from_dict(data: Mapping[str, Any]) -> RoundPlan:
         sampling=SamplingParams(**data["sampling"]),
         hacpo=HacpoConfig.from_dict(data["hacpo"]),
         evaluate=data["evaluate"],
+        answer_keys=data.get("answer_keys", "public"),  # a plan journaled before the setting existed
     )
 
 

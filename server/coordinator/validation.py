@@ -17,6 +17,7 @@ None and INCOMPLETE_GROUP; the participant's other groups are still judged on th
 Rewards are never taken from the participant: each is re-computed with the task's verifier
 (`task.verify(task.problem(prompt_id), response_text).reward`). A claim that differs is a
 REWARD_MISMATCH (a strike, see errors.STRIKE_CODES); accepted trajectories carry the verified reward.
+Under a plan whose `answer_keys` is "coordinator" labs claim nothing: the claim is ignored, never a strike.
 
 The samples of every group that passed the cheap checks are verified together, over
 `ValidationLimits.verify_threads` threads (`reward_verification`); the verdicts, and so the
@@ -100,8 +101,7 @@ def submission_digest(sub: Submission, encoded: bytes | None = None) -> tuple[in
     what it sent.
 
     An object the wire cannot encode (wrong types behind the dataclasses' backs: nothing a decoder
-    builds, only an in-process caller's) raises `ValueError` naming why; the intake refuses it.
-    """
+    builds, only an in-process caller's) raises `ValueError` naming why; the intake refuses it."""
     if encoded is None:
         try:
             encoded = encode_submission(sub)
@@ -205,6 +205,7 @@ def start_validation(
         to_verify.extend((problem, t) for t, _ in samples)
         judged.append((prompt_id, pos, samples, []))
     rewards = start_verified_rewards(task, to_verify, limits.verify_threads)
+    claims = plan.answer_keys == "public"  # else the labs hold no answers and claim nothing
     report_rejection = check_report(sub.report, sub.participant_id, sub.round_id)
 
     def outcome() -> ValidationOutcome:
@@ -216,7 +217,7 @@ def start_validation(
                 refused.extend(group_rejections)
                 continue
             verdicts = [next(verified) for _ in samples]
-            group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, verdicts)
+            group_accepted, group_rejections = _judge_rewards(prompt_id, pos, samples, verdicts, claims)
             accepted.extend(group_accepted)
             refused.extend(group_rejections)
         return ValidationOutcome(tuple(accepted), tuple(refused), report_rejection)
@@ -239,14 +240,13 @@ def _cheap_group_rejections(
     return []
 
 
-def _judge_rewards(
-    prompt_id: str, pos: int, samples: list[tuple[Trajectory, Rejection | None]], verified: list[float]
-) -> tuple[list[AcceptedTrajectory], list[Rejection]]:
-    """A verified group: accepted with its verified rewards, or, when any claim differs from its
-    verdict, REWARD_MISMATCH for those samples and GROUP_REJECTED for their siblings."""
+def _judge_rewards(prompt_id: str, pos: int, samples: list[tuple[Trajectory, Rejection | None]],
+                   verified: list[float], claims: bool = True) -> tuple[list[AcceptedTrajectory], list[Rejection]]:
+    """A verified group: accepted with its verified rewards, or, when labs claim rewards (`claims`) and
+    one differs from its verdict, REWARD_MISMATCH for those samples and GROUP_REJECTED for their siblings."""
     mismatched = {
         t.trajectory_id: v for (t, _), v in zip(samples, verified) if abs(float(t.reward) - v) > REWARD_TOLERANCE
-    }
+    } if claims else {}
     if mismatched:
         first = next(iter(mismatched))
         rejected = []
@@ -384,12 +384,9 @@ def _id_or_none(value: object) -> str | None:
 
 def report_to_dict(report: StepReport) -> dict[str, Any]:
     """JSON-able form of a StepReport that passed `check_report`, for the metrics table."""
-    return {
-        "participant_id": report.participant_id,
-        "round_id": report.round_id,
-        "metrics": {k if isinstance(k, str) else repr(k): v for k, v in report.metrics.items()},
-        "eval_accuracy": report.eval_accuracy,
-    }
+    metrics = {k if isinstance(k, str) else repr(k): v for k, v in report.metrics.items()}
+    return {"participant_id": report.participant_id, "round_id": report.round_id, "metrics": metrics,
+            "eval_accuracy": report.eval_accuracy}
 
 
 def rejections_by_code(rejections: Iterable[Rejection]) -> dict[str, int]:
