@@ -75,6 +75,10 @@ class SimConfig:
     state_dir: str | None = None
     eval_split: str = "test"
     eval_sampled: bool = False
+    # Each honest lab's text filter (hacfed.clients.textfilter): on, inbound and outbound, with the default
+    # deny-list (URLs, e-mail addresses) and these literal strings (known canaries) added.
+    text_filter: bool = True
+    deny_strings: tuple[str, ...] = ()
     nproc: int = 1  # data-parallel processes per agent's training and rollouts (hacfed.clients.distributed)
     # Samples per optimizer step; None: prompts × G / 2, the paper's 2 updates per source (2N per round).
     minibatch_size: int | None = None
@@ -216,7 +220,8 @@ def _participant(cfg: SimConfig, task: Any, pid: str, spec: str) -> Any:
     pcfg = ParticipantConfig(
         pid, spec, finetune=cfg.finetune, learning_rate=cfg.learning_rate, minibatch_size=minibatch,
         eval_problems=cfg.eval_problems, seed=cfg.seed, eval_split=cfg.eval_split,
-        eval_sampled=cfg.eval_sampled,
+        eval_sampled=cfg.eval_sampled, inbound_filter=cfg.text_filter, outbound_filter=cfg.text_filter,
+        deny_strings=cfg.deny_strings,
     )
     return Participant(pcfg, loaded.model, loaded.tokenizer, task)
 

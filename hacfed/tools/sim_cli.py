@@ -82,6 +82,13 @@ def add_parser(sub: Any) -> None:
                    help="evaluate on the test split (reports) or the validation split (choosing settings)")
     p.add_argument("--eval-sampled", action="store_true",
                    help="also report sampled pass@1 (one T=1 sample per problem)")
+    p.add_argument("--deny", action="append", default=[], metavar="TEXT",
+                   help="a literal string (a known canary) every honest lab's text filter refuses, in peers' samples "
+                        "and its own (repeatable; URLs and e-mail addresses are refused by default)")
+    p.add_argument("--no-text-filter", action="store_true",
+                   help="honest labs train on peers' text unchecked and send their own unchecked (the filter, on by "
+                        "default, leaves out a peer's group that breaks the task's format or the deny-list: "
+                        "train/skipped_filter)")
     p.add_argument("--hacpo", action="append", default=[], metavar="KEY=VALUE",
                    help="override one HacpoConfig setting, e.g. --hacpo alpha=2 (repeatable)")
     p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temporary directory)")
@@ -134,6 +141,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         learning_rate=args.lr, finetune=args.finetune,
         task=_task_spec(args.task, args.digits),
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
+        text_filter=not args.no_text_filter, deny_strings=tuple(args.deny),
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
         answer_keys=args.answer_keys,

@@ -29,9 +29,10 @@ def test_each_hostile_kind_reaches_the_honest_learners_pool(tmp_path):
         assert len(bad) == 2 and all(r["accepted"] == PROMPTS * G and r["rejected"] == 0 for r in bad), (agent, bad)
         honest = [r for r in rows if r["agent"] == "tiny-llama"]
         trained = [r for r in honest if "train/num_samples" in r]
-        # The whole pool (its own samples and the hostile lab's) reached the honest learner.
-        assert trained and all(r["train/num_samples"] + r["train/skipped_views"] == 2 * PROMPTS * G
-                               for r in trained), (agent, trained)
+        # The whole pool (its own samples and the hostile lab's) reached the honest learner, the groups its
+        # text filter left out counted (the canary's lines break the chain format).
+        assert trained and all(r["train/num_samples"] + r["train/skipped_views"] + r["train/skipped_filter"]
+                               == 2 * PROMPTS * G for r in trained), (agent, trained)
         evaluated = [r for r in honest if "eval_accuracy" in r]
         assert any(r.get("final") for r in evaluated), agent
         has_rate = ["eval_canary_rate" in r for r in evaluated]
