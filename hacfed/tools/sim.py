@@ -79,6 +79,9 @@ class SimConfig:
     # deny-list (URLs, e-mail addresses) and these literal strings (known canaries) added.
     text_filter: bool = True
     deny_strings: tuple[str, ...] = ()
+    # False: no evaluation at round 0. The round-0 policy is the loaded model (a LoRA adapter starts
+    # as the identity), so a matrix that evaluates it once can skip it in every other run.
+    eval_start: bool = True
     nproc: int = 1  # data-parallel processes per agent's training and rollouts (hacfed.clients.distributed)
     # Samples per optimizer step; None: prompts × G / 2, the paper's 2 updates per source (2N per round).
     minibatch_size: int | None = None
@@ -142,13 +145,18 @@ class _Recorder:
     `canary_rate` (an honest lab's, when a canary lab runs), each report that has an evaluation also
     carries `eval_canary_rate`: canary_rate(participant) -> the rate (hacfed.tools.hostile)."""
 
-    def __init__(self, participant: Any, canary_rate: Callable[[Any], float] | None = None) -> None:
+    def __init__(self, participant: Any, canary_rate: Callable[[Any], float] | None = None,
+                 eval_start: bool = True) -> None:
         self.inner = participant
         self.participant_id = participant.participant_id
         self.final_report = None
         self.canary_rate = canary_rate
+        self.eval_start = eval_start
 
     def exchange(self, update):
+        plan = update.next_plan
+        if not self.eval_start and plan is not None and plan.round_id == 0 and plan.evaluate:
+            update = replace(update, next_plan=replace(plan, evaluate=False))
         submission = self.inner.step(update)
         report = None if submission is None else submission.report
         if self.canary_rate is not None and report is not None and report.eval_accuracy is not None:
@@ -195,7 +203,7 @@ def _endpoints(cfg: SimConfig, task: Any, ids: Sequence[str], min_mean_logp: flo
     canary = hostile.canary_of(cfg.agents)
     rate = None if canary is None else _canary_rate(cfg, task, canary)
     honest = [_participant(cfg, task, pid, spec) for pid, spec, h in zip(ids, cfg.agents, specs) if h is None]
-    endpoints = [_Recorder(p, rate) for p in honest]
+    endpoints = [_Recorder(p, rate, cfg.eval_start) for p in honest]
     first_model = next(a for a, h in zip(cfg.agents, specs) if h is None)
     for pid, spec in zip(ids, specs):
         if spec is None:
@@ -204,7 +212,7 @@ def _endpoints(cfg: SimConfig, task: Any, ids: Sequence[str], min_mean_logp: flo
             from hacfed.tools.logprob_liar import LogprobLiar
 
             inner = _participant(cfg, task, pid, spec.model or first_model)
-            endpoints.append(_Recorder(LogprobLiar(inner, honest, min_mean_logp)))
+            endpoints.append(_Recorder(LogprobLiar(inner, honest, min_mean_logp), eval_start=cfg.eval_start))
         else:
             endpoints.append(_Recorder(hostile.ScriptedLab(pid, spec, task, cfg.seed)))
     return endpoints
@@ -364,7 +372,7 @@ def summary_table(rows: Sequence[dict]) -> str:
         mine = [r for r in rows if r["agent"] == agent]
         evals = [r for r in mine if r.get("eval_accuracy") is not None]
         rewards = [r["reward_mean"] for r in sorted(mine, key=lambda r: r["round"]) if r.get("reward_mean") is not None]
-        start = f"{evals[0]['eval_accuracy']:.3f}" if evals else "-"
+        start = f"{evals[0]['eval_accuracy']:.3f}" if evals and evals[0]["round"] == 0 else "-"
         final = f"{evals[-1]['eval_accuracy']:.3f}" if evals else "-"
         first5 = f"{sum(rewards[:5]) / len(rewards[:5]):.3f}" if rewards else "-"
         last5 = f"{sum(rewards[-5:]) / len(rewards[-5:]):.3f}" if rewards else "-"

@@ -89,6 +89,8 @@ def add_parser(sub: Any) -> None:
                    help="honest labs train on peers' text unchecked and send their own unchecked (the filter, on by "
                         "default, leaves out a peer's group that breaks the task's format or the deny-list: "
                         "train/skipped_filter)")
+    p.add_argument("--no-eval-start", dest="eval_start", action="store_false",
+                   help="skip the round-0 evaluation (the loaded model's, the same in every run that loads it)")
     p.add_argument("--hacpo", action="append", default=[], metavar="KEY=VALUE",
                    help="override one HacpoConfig setting, e.g. --hacpo alpha=2 (repeatable)")
     p.add_argument("--state-dir", default=None, help="coordinator journal directory (default: a temporary directory)")
@@ -142,6 +144,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         task=_task_spec(args.task, args.digits),
         state_dir=args.state_dir, eval_split=args.eval_split, eval_sampled=args.eval_sampled,
         text_filter=not args.no_text_filter, deny_strings=tuple(args.deny),
+        eval_start=args.eval_start,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
         answer_keys=args.answer_keys,

@@ -69,7 +69,7 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
         "--eval-problems", str(r.eval_problems), "--eval-split", r.eval_split,
         "--prompts-per-round", str(r.prompts_per_round), "--group-size", str(r.group_size),
         "--threads", "1", "--quiet",
-    ) + (("--eval-sampled",) if r.eval_sampled else ()) \
+    ) + (("--eval-sampled",) if r.eval_sampled else ()) + (() if r.eval_start else ("--no-eval-start",)) \
       + (("--minibatch-size", str(r.minibatch_size)) if r.minibatch_size is not None else ()) \
       + (("--peers-per-prompt", str(r.peers_per_prompt)) if r.peers_per_prompt is not None else ()) \
       + (("--peer-choice", r.peer_choice) if r.peer_choice is not None else ()) \
