@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hacfed.tools import sim
 from hacfed.tools.cli import main
 from hacfed.tools.sim import SimConfig, participant_ids
 from hacfed.tools.sim_cli import parse_hacpo_overrides
@@ -108,3 +109,36 @@ def test_a_rows_evaluation_keys_are_pass1_and_the_halves_only():
 
     metrics = {"eval_pass1": 0.2, "eval_greedy/sym": 0.5, "eval_greedy/word": 0.1, "loss": 1.0, "time_eval_s": 3.0}
     assert _eval_extras(metrics) == {"eval_pass1": 0.2, "eval_greedy/sym": 0.5, "eval_greedy/word": 0.1}
+
+
+def test_no_eval_start_drops_only_the_round_0_evaluation(capsys):
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Plan:
+        round_id: int
+        evaluate: bool
+
+    @dataclass(frozen=True)
+    class Update:
+        next_plan: Plan | None
+
+    class Inner:
+        participant_id = "a"
+
+        def __init__(self):
+            self.seen = []
+
+        def step(self, update):
+            self.seen.append(update.next_plan)
+            return None
+
+    updates = [Update(Plan(0, True)), Update(Plan(3, True)), Update(None)]
+    for eval_start, first in ((True, Plan(0, True)), (False, Plan(0, False))):
+        inner = Inner()
+        recorder = sim._Recorder(inner, eval_start=eval_start)
+        for update in updates:
+            recorder.exchange(update)
+        assert inner.seen == [first, Plan(3, True), None]
+    assert SimConfig().eval_start and main(["sim", "--no-eval-start", "--rounds", "0"]) == 2
+    assert "rounds must be an int >= 1" in capsys.readouterr().err  # the flag parsed; the bad value named
