@@ -24,15 +24,18 @@ def test_pretrained_matrix_tunes_on_validation_and_reports_on_the_test_split():
     assert set(words.run.modes) == {"gspo2", "xhacpo", "naive"} and words.run.baseline == "gspo2"
     assert words.run.seeds == (0, 1, 2) and words.run.finetune == "lora"
     assert (words.run.eval_split, words.run.eval_problems) == ("test", 500)
-    assert words.run.eval_every == words.run.rounds  # evaluated at the start and the end only
+    assert words.run.eval_every == words.run.rounds and not words.run.eval_start  # evaluated at the end only
     runs = plan_runs(matrix, ["words"])
-    assert len(runs) == 9 and all(r.sim_args[-2:] == ("--finetune", "lora") for r in runs)
+    assert len(runs) == 9 and all(r.sim_args[-3:] == ("--finetune", "lora", "--no-text-filter") for r in runs)
 
 
 def test_finetune_reaches_hacfed_sim_and_a_bad_one_is_refused_by_name():
     assert all("--finetune" not in r.sim_args for r in plan_runs(_matrix()))
     full = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "finetune": "full"}}))
     assert {r.sim_args[-2:] for r in full} == {("--finetune", "full")}
+    assert all("--no-text-filter" not in r.sim_args for r in full)  # absent: the filter stays on
+    off = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "text_filter": False}}))
+    assert off and all(r.sim_args[-1] == "--no-text-filter" for r in off)
     with pytest.raises(MatrixError, match=r"\[settings.pair\]: finetune must be one of auto, full, lora, got 'qlora'"):
         _matrix({"pair": {"agents": ["m1", "m2"], "finetune": "qlora"}})
 

@@ -9,7 +9,9 @@ paper's prompts × G / 2, as `hacfed sim` without --minibatch-size), `peers_per_
 coordinator's K, as `hacfed sim` without --peers-per-prompt), `peer_choice` (absent: the coordinator's,
 "drawn"), `finetune` (absent: `hacfed sim`'s "auto", LoRA above 300M parameters), `eval_sampled`
 (absent: true, each evaluation also scores one temperature-1 sample per problem), `eval_start`
-(absent: true; false skips the round-0 evaluation, which is the loaded model's in every run) and a setting's
+(absent: true; false skips the round-0 evaluation, which is the loaded model's in every run),
+`text_filter` (absent: true, `hacfed sim`'s default: each honest lab's text filter checks peers' text) and a
+setting's
 `archived` (absent: false; true keeps an earlier design in the report without rerunning it), and
 unknown keys are errors, so a typo never silently runs the wrong experiment. Errors are
 `MatrixError`s naming the file, table and key.
@@ -33,7 +35,8 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
             "group_size", "seeds", "modes", "baseline")
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
-OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start")
+OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
+                     "text_filter")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -66,6 +69,7 @@ class RunSettings:
     finetune: str | None = None
     eval_sampled: bool = True
     eval_start: bool = True
+    text_filter: bool = True
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -205,6 +209,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
                   if "finetune" in merged else None),
         eval_sampled=_bool(merged.get("eval_sampled", True), origin("eval_sampled"), "eval_sampled"),
         eval_start=_bool(merged.get("eval_start", True), origin("eval_start"), "eval_start"),
+        text_filter=_bool(merged.get("text_filter", True), origin("text_filter"), "text_filter"),
     )
 
 
