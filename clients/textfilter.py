@@ -5,15 +5,17 @@ no model, no torch. Two filters, each switched by the lab's `[participant]` tabl
 (`hacfed.clients.participant_config`):
 
 inbound (`inbound_filter`, on by default): each peer sample of the pool must
-  1. fit the task's response format (`response_format`): at most `max_chars` characters; only the
-     characters the format allows (printable text, newline and tab; ASCII alone where the whole
-     format is ASCII); and a success (verified reward > 0) must be written in the task's answer form
-     (chain: only worked steps `a+b=c` and a last line `Answer: N`; add2: one integer; add2-words:
-     an integer; a math task: the `\\boxed{}` or number its verifier reads);
+  1. fit the task's response format (`response_format`): at most `max_chars` characters (what the
+     task's verifier reads); and a success (verified reward > 0) must hold only printable text,
+     newlines and tabs (no control or format character: no terminal escape, bidi override or
+     zero-width character) and be written in the task's answer form (chain: only worked steps
+     `a+b=c` and a last line `Answer: N`; add2: one integer; add2-words: an integer; a math task:
+     the `\\boxed{}` or number its verifier reads);
   2. match none of the deny-list: the regular expressions `deny_patterns` (by default a URL with a
      scheme or `www.`, and an e-mail address) and the literal strings `deny_strings` (known canaries).
-  A failure is held to the length and the characters, not the answer form: its advantage is never
-  positive, so its text is pushed down, not learnt, and an honest model's failures seldom have the form.
+  A failure is held to the length and the deny-list only: its advantage is never positive, so its
+  text is pushed down, not learnt, and an honest model's failures hold whatever it sampled (a
+  byte-level model writes a control byte now and then).
   A peer's sample that fails is left out with the rest of that peer's group for the prompt (a group
   with some samples taken out would bias the prompt's baseline, which an attacker could steer) and
   counted (`skipped_filter`). The learner's own samples come back in the pool and are not checked.
@@ -65,7 +67,6 @@ class ResponseFormat:
 
     task: str
     max_chars: int
-    ascii_only: bool
     success: re.Pattern[str]
     marker: str
 
@@ -73,10 +74,12 @@ class ResponseFormat:
         """Why `text` does not fit the format (None when it fits); `reward`: its verified reward."""
         if len(text) > self.max_chars:
             return f"longer than {self.max_chars} characters"
-        bad = _bad_character(text, self.ascii_only)
+        if reward <= 0:
+            return None
+        bad = _bad_character(text)
         if bad is not None:
             return f"character {ascii(bad)} is not allowed"
-        if reward > 0 and self.success.search(text.strip()) is None:
+        if self.success.search(text.strip()) is None:
             return f"a success without {self.marker}"
         return None
 
@@ -85,23 +88,23 @@ def response_format(task: Any) -> ResponseFormat:
     """The response format of a built-in task, from what its verifier reads; a generic one (printable
     text within GENERIC_MAX_CHARS, no answer form) for any other task, a plugin's included."""
     if isinstance(task, ChainTask):
-        return ResponseFormat(task.name, MAX_RESPONSE_CHARS, True, CHAIN_SUCCESS,
+        return ResponseFormat(task.name, MAX_RESPONSE_CHARS, CHAIN_SUCCESS,
                               "the worked steps 'a+b=c' and a last line 'Answer: N' only")
     if isinstance(task, ArithmeticTask) and task.style == "symbols":  # verify_exact_integer: <= 64 characters
-        return ResponseFormat(task.name, 64, True, re.compile(r"\A-?\d+\Z"), "one integer only")
+        return ResponseFormat(task.name, 64, re.compile(r"\A-?\d+\Z"), "one integer only")
     if isinstance(task, ArithmeticTask):  # words: the last integer of free text
-        return ResponseFormat(task.name, GENERIC_MAX_CHARS, False, re.compile(r"\d"), "an integer")
+        return ResponseFormat(task.name, GENERIC_MAX_CHARS, re.compile(r"\d"), "an integer")
     if isinstance(task, MathDataTask):
         mode = task.verifier.answer_mode
         success, marker = {"boxed": (r"\\boxed", "a \\boxed{} answer"), "last_number": (r"\d", "a number")}.get(
             mode, (r"\\boxed|\d", "a \\boxed{} answer or a number"))
-        return ResponseFormat(task.name, task.verifier.max_response_chars, False, re.compile(success), marker)
-    return ResponseFormat(getattr(task, "name", "task"), GENERIC_MAX_CHARS, False, re.compile(""), "an answer")
+        return ResponseFormat(task.name, task.verifier.max_response_chars, re.compile(success), marker)
+    return ResponseFormat(getattr(task, "name", "task"), GENERIC_MAX_CHARS, re.compile(""), "an answer")
 
 
-def _bad_character(text: str, ascii_only: bool) -> str | None:
-    """The first character outside printable text, newline and tab (outside ASCII too when ascii_only)."""
-    if text.isascii() or ascii_only:
+def _bad_character(text: str) -> str | None:
+    """The first character that is not printable text, a newline or a tab."""
+    if text.isascii():
         found = _ASCII_BAD.search(text)
         return None if found is None else found.group()
     for ch in text:

@@ -60,6 +60,8 @@ def test_every_reference_solution_of_every_built_in_task_passes_as_a_success(gsm
     ("add2-words", "Sure!\u00a0It is 95 \u2014 easy.", 1.0), ("add2-words", "I don't know", 0.0),
     ("chain", "47+28=75\n75+15=90\nAnswer: 90", 1.0), ("chain", "47+28=75\n75+15=90\nAnswer: 91", 0.0),
     ("chain", "47+28=7", 0.0), ("chain", "the sum\tis big", 0.0),
+    # a failure holds whatever the model sampled: a byte-level model's control bytes, non-ASCII
+    ("chain", "4\x087+2\ufffd", 0.0), ("chain", "47+28=75\n75+15=90\nAnswer: 90\u00e9", 0.0),
     ("gsm8k", "She sold 48/2 = 24 clips, so \\boxed{72}.", 1.0), ("gsm8k", "72", 1.0),
     ("gsm8k", "Natalia sold clips in May, then more in April", 0.0),
 ])
@@ -72,11 +74,12 @@ def test_honest_answers_pass(gsm8k, name: str, text: str, reward: float) -> None
     # length: longer than the task's verifier reads
     ("add2", "9" * 65, 0.0, "longer than 64 characters"),
     ("chain", "1+1=2\n" * 90 + "Answer: 2", 1.0, "longer than 512 characters"),
-    # characters: control and format characters anywhere; non-ASCII where the format is ASCII
+    # characters of a success: no control or format character
     ("add2-words", "It is 95\x1b[2J", 1.0, "character '\\x1b' is not allowed"),
     ("gsm8k", "so \u200b\\boxed{72}", 1.0, "character '\\u200b' is not allowed"),
-    ("gsm8k", "so \u202e\\boxed{72}", 0.0, "character '\\u202e' is not allowed"),
-    ("chain", "47+28=75\n75+15=90\nAnswer: 90\u00e9", 0.0, "character '\\xe9' is not allowed"),
+    ("gsm8k", "so \u202e\\boxed{72}", 1.0, "character '\\u202e' is not allowed"),
+    ("gsm8k", "line one\u2028\\boxed{72}", 1.0, "character '\\u2028' is not allowed"),
+    ("chain", "47+28=75\n75+15=90\nAnswer: 90\u00e9", 1.0, "a success without the worked steps"),
     # the answer form of a success
     ("chain", "47+28=75\nvisit us\nAnswer: 90", 1.0, "a success without the worked steps"),
     ("chain", "see-evil 47+28=75\n75+15=90\nAnswer: 90", 1.0, "a success without the worked steps"),
@@ -127,7 +130,7 @@ def test_outbound_a_planted_canary_never_leaves_and_its_group_is_withheld_whole(
     flt = outbound(DEFAULT_DENY_PATTERNS, (CANARY,))
     leaking = [sample(CHAIN, "47+28=75\n75+15=90\nAnswer: 90", 1.0, "me", n) for n in range(3)] + \
               [sample(CHAIN, f"my notes at {CANARY}", 0.0, "me", 3)]
-    clean = [sample(CHAIN, "garbled \u00e9 text", 0.0, "me", n, prompt=1) for n in range(4)]  # format not checked
+    clean = [sample(CHAIN, "garbled \x1b text", 1.0, "me", n, prompt=1) for n in range(4)]  # format not checked
     sent, withheld = withhold_groups(leaking + clean, flt)
     assert withheld == 4 and sent == tuple(clean)
     assert not any(CANARY in t.response_text for t in sent)
