@@ -14,7 +14,8 @@ Flower's message cap lowered to hacfed's (`hacfed.flower_protocol.FLOWER_MAX_MES
   runner at once instead of at its next 50 ms poll,
   hacfed's reconnect backoff (`hacfed.clients.backoff`: 1 s x1.6, jitter, max 30 s, every attempt
   logged) and a 20 ms first retry when it pulls a message's content that is still arriving
-  (`hacfed.flower_pulls`; Flower waits 1 s). These are the Flower internals still patched: flwr 1.32
+  (`hacfed.flower_pulls`; Flower waits 1 s), and gRPC keepalive on its channels
+  (`hacfed.flower_keepalive`: a dead link noticed within 15 s). These are the Flower internals still patched: flwr 1.32
   has no option or environment variable for any of them (`tests/unit/test_flower_pins.py` fails on
   an upgrade that changes them).
 Before the SuperNode starts, hacfed-client serves `hacfed.clients.relay.serve_participant_unix(handler)`
@@ -57,6 +58,7 @@ from pathlib import Path
 from types import ModuleType
 
 from hacfed.clients.backoff import install as install_backoff
+from hacfed.flower_keepalive import install as install_keepalive
 from hacfed.flower_protocol import FLOWER_MAX_MESSAGE_BYTES, ConfigValue, cap_flower_messages, to_toml
 from hacfed.flower_pulls import shorten_pull_retries
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor, flower_env, wait_for_log_line
@@ -179,6 +181,7 @@ def run_supernode(idle_poll_s: float | None, max_message_bytes: int, isolation: 
     from flwr.supernode.cli import flower_supernode
 
     cap_flower_messages(loop_module, [loop_module._init_connection], max_message_bytes)
+    install_keepalive()  # a dead link to the coordinator is noticed within seconds (security.md R6)
     if idle_poll_s is not None:
         shorten_pull_retries(loop_module, [loop_module._pull_and_store_message])  # before `_speed_up` wraps it
         _speed_up(loop_module, idle_poll_s)

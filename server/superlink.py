@@ -197,10 +197,14 @@ def superlink_argv(
 def run_capped_superlink(max_message_bytes: int, argv: list[str]) -> None:
     """Run `flower-superlink argv...` with its Fleet API capped at `max_message_bytes` per message
     (hacfed's cap; Flower's default is 2 GiB and 1.32 has no option: `cap_flower_messages`). The
-    Control and ServerAppIo APIs, on loopback only, keep Flower's default."""
+    Control and ServerAppIo APIs, on loopback only, keep Flower's default. Its servers accept the
+    labs' keepalive pings (`hacfed.flower_keepalive`)."""
     import flwr.server.app as app_module
 
+    from hacfed.flower_keepalive import install as install_keepalive
+
     cap_flower_messages(app_module, [app_module._run_fleet_api_grpc_rere], max_message_bytes)
+    install_keepalive()  # labs' keepalive pings are accepted (security.md R6)
     sys.argv = ["flower-superlink", *argv]
     app_module.run_superlink()
 
