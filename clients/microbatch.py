@@ -6,6 +6,7 @@ rows, its normalisation, one optimizer step); only its forward/backward is split
 whose padded size, rows x longest row, stays within `token_budget`, and their gradients add up.
 
     micro = split_by_tokens([120, 340, 90, 400], token_budget=800)   # [[0, 1], [2], [3]]
+    micro = split_rows(prompt_lengths, response_lengths, token_budget=4096)   # as the update packs rows
     weights = accumulation_weights(micro, [120, 340, 90, 400], per="sequence")  # each microbatch's share
 
 Rows keep their order (own samples first, as the update orders them), so a microbatch never mixes
@@ -23,19 +24,28 @@ Normalisation = Literal["sequence", "token"]
 def split_by_tokens(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     """Consecutive row indices grouped so each group's padded size (rows x longest row) is at most
     `token_budget`; a row longer than the budget alone is one group."""
+    return split_rows([0] * len(lengths), lengths, token_budget)
+
+
+def split_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Like `split_by_tokens` for rows packed as the update packs them (`hacfed.rollout.logprobs`:
+    prompts left-padded to the longest prompt, responses right-padded to the longest response), so
+    a group's padded size is rows x (longest prompt + longest response)."""
     if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
         raise ValueError(f"token_budget must be an int >= 1, got {token_budget!r}")
+    if len(prompt_lengths) != len(response_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompt lengths for {len(response_lengths)} responses")
     groups: list[list[int]] = []
     current: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"row {i}: length must be an int >= 1, got {n!r}")
-        if current and (len(current) + 1) * max(longest, n) > token_budget:
+    wide_p = wide_r = 0
+    for i, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in (p, r)) or p + r < 1:
+            raise ValueError(f"row {i}: lengths must be ints, prompt + response >= 1, got {p!r} + {r!r}")
+        if current and (len(current) + 1) * (max(wide_p, p) + max(wide_r, r)) > token_budget:
             groups.append(current)
-            current, longest = [], 0
+            current, wide_p, wide_r = [], 0, 0
         current.append(i)
-        longest = max(longest, n)
+        wide_p, wide_r = max(wide_p, p), max(wide_r, r)
     if current:
         groups.append(current)
     return groups

@@ -36,6 +36,15 @@ class ParticipantConfig:
     learning_rate: float = 5e-5  # tiny full-FT models; the paper's 1e-6 is for 1.7B-8B models
     minibatch_size: int | None = None  # None: prompts × G / 2 of the pool (the paper's 2 updates per source)
     max_grad_norm: float = 1.0
+    # The most padded tokens (rows x (longest prompt + longest response)) one training forward holds:
+    # a larger minibatch runs as microbatches with gradient accumulation, the same step up to float
+    # rounding (hacfed.clients.update). hacfed.models.memory's SmolLM2-135M measurement (6 GSM8K rows,
+    # 1,446 padded tokens in one pass, 832 in the largest microbatch of a 1,024 budget: peak 5.0 GB ->
+    # 0.72x) is ~2.3 MB per padded token, so 4,096 bounds its step's activations near 9 GB beside its
+    # 2.7 GB of training state (a 16 GB machine; lower it on a smaller one). SmolLM2's add2-words and
+    # gsm8k minibatches (up to ~1,700 tokens) and the tiny presets' default ones (64 rows of at most 68
+    # tokens) stay in one pass, but for tiny-gpt2 on chain (up to 4,352 tokens: two). None: never split.
+    microbatch_tokens: int | None = 4096
     # Longest prompt / response (in this model's tokens) the update takes. None: the model's context
     # for each, a sample being read when prompt + response fit in it (hacfed.clients.context).
     max_prompt_len: int | None = None
@@ -74,7 +83,7 @@ class ParticipantConfig:
                 _bad(name, value, "a number > 0")
         for name in ("lora_rank", "lora_alpha", "eval_problems", "rollout_batch_size"):
             _integer(self, name, 1)
-        for name in ("minibatch_size", "max_prompt_len", "max_response_len"):
+        for name in ("minibatch_size", "microbatch_tokens", "max_prompt_len", "max_response_len"):
             if getattr(self, name) is not None:
                 _integer(self, name, 1, " (or unset)")
         _integer(self, "seed", 0)

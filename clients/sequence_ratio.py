@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from hacfed.clients.microbatch import split_rows
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.rollout.logprobs import sequence_logprobs
 from hacfed.trajectory import TrainingView
@@ -63,16 +64,28 @@ def mean_logp_over_ratio_tokens(logp: Tensor, views: Sequence[TrainingView]) -> 
 
 
 def score_old_logps(model: Any, views: Sequence[TrainingView], indices: Sequence[int],
-                    pad_id: int) -> dict[int, Tensor]:
-    """{i: the model's log-probs of views[i]'s ratio tokens} for each i in `indices`, no gradient."""
+                    pad_id: int, token_budget: int | None = None) -> dict[int, Tensor]:
+    """{i: the model's log-probs of views[i]'s ratio tokens} for each i in `indices`, no gradient;
+    in forwards of at most SCORE_CHUNK rows and, with `token_budget`, of that many padded tokens."""
     out: dict[int, Tensor] = {}
     with torch.no_grad():
-        for start in range(0, len(indices), SCORE_CHUNK):
-            chunk = indices[start:start + SCORE_CHUNK]
+        for chunk in _score_chunks(views, indices, token_budget):
             sub = [views[i] for i in chunk]
             logp, _ = sequence_logprobs(model, [v.prompt_ids for v in sub], [v.response_ids for v in sub], pad_id)
             for row, i in enumerate(chunk):
                 out[i] = logp[row, : views[i].ratio_token_count].float().cpu()
+    return out
+
+
+def _score_chunks(views: Sequence[TrainingView], indices: Sequence[int], token_budget: int | None) -> list[list[int]]:
+    chunks = [list(indices[s:s + SCORE_CHUNK]) for s in range(0, len(indices), SCORE_CHUNK)]
+    if token_budget is None:
+        return chunks
+    out = []
+    for chunk in chunks:
+        groups = split_rows([len(views[i].prompt_ids) for i in chunk], [len(views[i].response_ids) for i in chunk],
+                            token_budget)
+        out += [[chunk[k] for k in g] for g in groups]
     return out
 
 
@@ -89,13 +102,16 @@ class OldSide:
     tokens: list[Tensor | None]
     pending: list[int]
 
-    def fill_pending(self, views: Sequence[TrainingView], logp: Tensor, learner_norm: Tensor | None) -> None:
-        """Minibatch 0 trains on the pre-update policy: its forward (rows 0..b-1), detached, is the
-        old log-prob of its pending rows; `learner_norm` (None for grpo) gives their `norm`."""
-        for i in self.pending:
-            self.tokens[i] = logp[i, : views[i].ratio_token_count].detach().float().cpu()
-        if learner_norm is not None and self.pending:
-            self.norm[self.pending] = learner_norm.detach().cpu()[self.pending]
+    def fill_pending(self, views: Sequence[TrainingView], logp: Tensor, learner_norm: Tensor | None,
+                     start: int = 0) -> None:
+        """Minibatch 0 trains on the pre-update policy: its forward (rows start..start+b-1, all of
+        it or one microbatch), detached, is the old log-prob of the pending rows among them;
+        `learner_norm` (None for grpo) gives their `norm`."""
+        rows = [i for i in self.pending if start <= i < start + logp.shape[0]]
+        for i in rows:
+            self.tokens[i] = logp[i - start, : views[i].ratio_token_count].detach().float().cpu()
+        if learner_norm is not None and rows:
+            self.norm[rows] = learner_norm.detach().cpu()[[i - start for i in rows]]
 
 
 def old_side(views: Sequence[TrainingView], scored: dict[int, Tensor], by_bytes: Tensor,

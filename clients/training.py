@@ -42,6 +42,8 @@ class TrainingConfig(Protocol):
     @property
     def max_grad_norm(self) -> float: ...
     @property
+    def microbatch_tokens(self) -> int | None: ...
+    @property
     def max_prompt_len(self) -> int | None: ...
     @property
     def max_response_len(self) -> int | None: ...
@@ -97,7 +99,7 @@ def train_on_pool(
         policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo,
         minibatch_size=cfg.minibatch_size or default_minibatch(pool), max_grad_norm=cfg.max_grad_norm,
         max_prompt_len=cfg.max_prompt_len, max_response_len=cfg.max_response_len,
-        split=DataParallel(shards) if shards is not None else None,
+        split=DataParallel(shards) if shards is not None else None, microbatch_tokens=cfg.microbatch_tokens,
     )
 
 

@@ -14,7 +14,11 @@ Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `hacfed.c
 
 Where a minibatch's rows are computed is the `RowSplit` it is handed: all in this process
 (`OneProcess`, the default) or split over a lab's data-parallel ranks
-(`hacfed.clients.update_parallel.DataParallel`).
+(`hacfed.clients.update_parallel.DataParallel`). In one process, a minibatch whose padded tokens
+exceed the lab's `microbatch_tokens` runs its forward/backward in microbatches within that budget
+(`hacfed.clients.microbatch`), each loss weighted by its share of the minibatch's normalisation
+(included sequences; tokens for grpo; own sequences for the KL), so the accumulated gradient, the
+optimizer step and the metrics are the one-pass ones up to float rounding.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from torch import Tensor
 
 from hacfed.algorithm import HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3
+from hacfed.clients.microbatch import split_rows
 from hacfed.clients.sequence_ratio import (
     OldSide,
     learner_norms,
@@ -134,6 +139,7 @@ class RowSplit(Protocol):
         self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
     ) -> dict[int, Tensor]: ...
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]: ...
+    def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None: ...
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]: ...
 
@@ -149,16 +155,28 @@ class OneProcess:
 
     defers_first_minibatch = True
 
+    def __init__(self, token_budget: int | None = None) -> None:
+        self.token_budget = token_budget  # padded tokens per forward; None: a minibatch in one pass
+
     def wrap(self, model: Any) -> Any:
         return model
 
     def score_old(
         self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
     ) -> dict[int, Tensor]:
-        return score_old_logps(model, views, wanted, pad_id)
+        return score_old_logps(model, views, wanted, pad_id, self.token_budget)
 
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]:
         return slice(start, start + size), True
+
+    def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None:
+        """The minibatch's rows (`views`, the first at `start`) as microbatches within the token
+        budget, or None when it fits in one pass."""
+        if self.token_budget is None:
+            return None
+        groups = split_rows([len(v.prompt_ids) for v in views], [len(v.response_ids) for v in views],
+                            self.token_budget)
+        return [slice(start + g[0], start + g[-1] + 1) for g in groups] if len(groups) > 1 else None
 
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]:
@@ -186,6 +204,7 @@ def hacpo_update(
     max_prompt_len: int,
     max_response_len: int,
     split: RowSplit | None = None,
+    microbatch_tokens: int | None = None,
 ) -> dict[str, float]:
     """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
 
@@ -194,8 +213,9 @@ def hacpo_update(
     settings (the minibatch size, the gradient clip, the longest prompt and response it trains on)
     come checked from its ParticipantConfig (`hacfed.clients.training`). `split`: where the
     minibatches' rows are computed (module docstring); every data-parallel rank calls with the same pool.
+    `microbatch_tokens`: the most padded tokens one training forward holds (the default split's).
     """
-    split = split if split is not None else OneProcess()
+    split = split if split is not None else OneProcess(microbatch_tokens)
     # The learner's batch: own samples first, then each other source in agent order (§5).
     views, skipped = build_views(order_pool(pool, learner, agent_order, cfg), learner, tokenizer, max_prompt_len,
                                  max_response_len)
@@ -220,12 +240,16 @@ def hacpo_update(
     update_log = UpdateLog()
     for m, start in enumerate(range(0, len(views), minibatch_size)):
         minibatch = slice(start, min(start + minibatch_size, len(views)))
-        # Mechanisms 3-4 (§5): the loss of minibatch m, with the stepwise bound L_m.
-        part = _minibatch_loss(trainee, reference, m, split.local_rows(start, minibatch.stop - start), batch,
-                               tokenizer.pad_token_id, cfg)
-        loss, metrics, cross = split.combine(part, m, minibatch, batch, cfg)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        micro = split.microbatches(views[minibatch], start)
+        if micro is None:
+            # Mechanisms 3-4 (§5): the loss of minibatch m, with the stepwise bound L_m.
+            part = _minibatch_loss(trainee, reference, m, split.local_rows(start, minibatch.stop - start), batch,
+                                   tokenizer.pad_token_id, cfg)
+            loss, metrics, cross = split.combine(part, m, minibatch, batch, cfg)
+            loss.backward()
+        else:  # the same loss and gradient, accumulated over microbatches within the token budget
+            metrics, cross = _accumulate(trainee, reference, m, minibatch, micro, batch, tokenizer.pad_token_id, cfg)
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
         update_log.add(metrics, cross)
@@ -255,7 +279,7 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
     norm, cross = None, []
     if cfg.mode == "grpo":
         if m == 0:
-            batch.old.fill_pending(batch.views, logp, None)
+            batch.old.fill_pending(batch.views, logp, None, idx.start)
         token_mask = ratio_mask(logp, views) * mask
         old = pad_rows(batch.old.tokens[idx], logp.shape[1], device)
         loss, metrics = grpo_token_loss(logp, old, token_mask, adv.to(device), cfg)
@@ -263,7 +287,7 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
     else:
         norm = learner_norms(logp, views, batch.by_bytes[idx].to(device))  # (b,)
         if m == 0:
-            batch.old.fill_pending(batch.views, logp, norm)
+            batch.old.fill_pending(batch.views, logp, norm, idx.start)
         loss, metrics, flags = hacpo_policy_loss(
             norm, batch.old.norm[idx].to(device), adv.to(device), is_self, batch.omega[idx].to(device), m, cfg
         )
@@ -273,6 +297,49 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
     if reference is not None and cfg.kl_coef > 0 and bool(is_self.any()):
         kl = _own_kl(reference, logp, mask, is_self, views, pad_id)
     return MinibatchPart(has_rows, loss, metrics, count, int(is_self.sum()), norm, kl, cross)
+
+
+def _accumulate(trainee: Any, reference: Reference | None, m: int, minibatch: slice, micro: Sequence[slice],
+                batch: LearnerBatch, pad_id: int, cfg: HacpoConfig) -> tuple[dict[str, float], list[CrossRow]]:
+    """Minibatch m's forward/backward over its microbatches `micro`, each loss weighted by its share
+    of the minibatch's normalisation so that the gradients add up to the one-pass gradient; returns
+    the minibatch's metrics and cross rows as one pass computes them."""
+    counts = [_normaliser(batch.views[rows], cfg) for rows in micro]
+    total, own_total = sum(counts), sum(v.is_self for v in batch.views[minibatch])
+    parts: list[MinibatchPart] = []
+    for rows, count in zip(micro, counts):
+        if count == 0:  # grpo: no ratio token in these rows (EOS-only responses) adds nothing to the loss
+            continue
+        part = _minibatch_loss(trainee, reference, m, (rows, True), batch, pad_id, cfg)
+        loss = part.loss * (count / total)
+        if part.kl is not None:
+            loss = loss + cfg.kl_coef * part.kl * (part.num_own / own_total)
+        loss.backward()
+        parts.append(part)
+    if cfg.mode == "grpo":  # token-weighted means of the microbatches' token-level metrics
+        metrics = {key: sum(p.metrics[key] * p.count for p in parts) / total
+                   for key in ("loss", "self_ratio_mean", "self_clip_frac")}
+        metrics.update(num_self=float(minibatch.stop - minibatch.start), num_cross=0.0)
+        cross: list[CrossRow] = []
+    else:  # the minibatch's loss function over every row's learner side, as one pass computes it
+        views, adv = batch.views[minibatch], batch.advantages[minibatch]
+        is_self = torch.tensor([v.is_self for v in views], dtype=torch.bool)
+        norm = torch.cat([p.learner_norm.detach().cpu() for p in parts])
+        _, metrics, flags = hacpo_policy_loss(norm, batch.old.norm[minibatch], adv, is_self, batch.omega[minibatch],
+                                              m, cfg)
+        cross = cross_rows(views, adv, flags)
+    kls = [(float(p.kl.detach()), p.num_own) for p in parts if p.kl is not None]
+    if kls:
+        metrics["kl"] = sum(kl * own for kl, own in kls) / own_total
+    return metrics, cross
+
+
+def _normaliser(views: Sequence[TrainingView], cfg: HacpoConfig) -> int:
+    """What the minibatch loss of these rows is averaged over: the sequences the objective includes
+    (gspo: own ones), or for grpo the ratio tokens (`ratio_mask` within the response)."""
+    if cfg.mode == "grpo":
+        return sum(min(v.ratio_token_count, len(v.response_ids)) for v in views)
+    return sum(1 for v in views if v.is_self or cfg.mode != "gspo")
 
 
 def _own_kl(reference: Reference, logp: Tensor, mask: Tensor, is_self: Tensor, views: Sequence[TrainingView],

@@ -55,6 +55,10 @@ class DataParallel:
         first = start + (lo if hi > lo else 0)
         return slice(first, first + max(hi - lo, 1)), hi > lo
 
+    def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None:
+        """None: each rank's shard (1/N of the minibatch) runs in one pass; DDP reduces in that backward."""
+        return None
+
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]:
         """This rank's loss scaled to the minibatch's global normalisation, and the minibatch's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hacfed.clients.microbatch import accumulation_weights, padded_tokens, split_by_tokens
+from hacfed.clients.microbatch import accumulation_weights, padded_tokens, split_by_tokens, split_rows
 
 
 def test_groups_keep_order_and_the_budget():
@@ -49,3 +49,14 @@ def test_weighted_microbatch_gradients_equal_the_whole_minibatch_gradient(per):
     total = sum(weight * loss(g) for g, weight in zip(groups, accumulation_weights(groups, lengths, per)))
     (accumulated,) = torch.autograd.grad(total, w)
     assert torch.allclose(whole, accumulated, atol=1e-6)
+
+
+def test_split_rows_bounds_the_packed_width():
+    # the update left-pads prompts and right-pads responses: a group is rows x (longest prompt + longest response)
+    prompts, responses = [10, 2, 2, 10], [2, 10, 10, 2]
+    assert split_rows(prompts, responses, token_budget=36) == [[0], [1, 2], [3]]  # [0, 1] would pack 2 x 20
+    assert split_by_tokens([12, 12, 12, 12], token_budget=36) == [[0, 1, 2], [3]]  # no prompt/response split
+    with pytest.raises(ValueError, match="row 1"):
+        split_rows([1, 0], [1, 0], 10)
+    with pytest.raises(ValueError, match="2 prompt lengths for 1 responses"):
+        split_rows([1, 1], [1], 10)
