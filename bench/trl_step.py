@@ -3,9 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py            # needs: pip install -e '.[bench]'
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --rounds 5 --json runs/trl-step.json
     OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --task chain --model chain-llama --max-new-tokens 40
-    hacfed models export smollm2 models/smollm2     # a plain HF directory TRL accepts (GGUF: "purely quantized")
-    OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --model models/smollm2 --task add2-words --finetune lora \
-        --prompts 4 --group-size 4 --max-new-tokens 48 --rounds 4
+    hacfed models export smollm2 runs/smollm2-hf     # a plain HF directory TRL accepts (GGUF: "purely quantized")
+    OMP_NUM_THREADS=1 .venv/bin/python bench/trl_step.py --model runs/smollm2-hf --task add2-words --finetune lora \
+        --prompts 4 --group-size 4 --max-new-tokens 48 --rounds 5 --json runs/trl-step-smollm2.json
 
 One round of each side = one rollout of P prompts x G completions and U optimizer updates on them:
 
