@@ -231,3 +231,14 @@ def test_the_lab_console_says_no_claims_and_shows_the_verified_reward_one_round_
     line = describe_answer(Answered(update, sub, 1.0, False), "a")
     assert "verified reward of round 0 1.00" in line and "no claims (the coordinator holds the answers)" in line
     assert "claimed reward" not in line
+
+
+def test_hacfed_sim_hands_the_setting_to_its_coordinator(tmp_path) -> None:
+    from hacfed.tasks.registry import load_task
+    from hacfed.tools.sim import SimConfig, _coordinator_config
+
+    cfg = SimConfig(agents=("tiny-llama", "hostile:copy-gold"), answer_keys="coordinator", state_dir=str(tmp_path))
+    assert _coordinator_config(cfg, load_task(cfg.task), ["tiny-llama", COPIER]).answer_keys == "coordinator"
+    assert SimConfig().answer_keys == "public"  # development: labs hold the answers
+    with pytest.raises(ValueError, match="answer_keys must be one of public, coordinator, got 'lab'"):
+        SimConfig(answer_keys="lab")
