@@ -87,7 +87,7 @@ def test_four_labs_quorum_three_a_5s_deadline_survive_a_straggler_and_a_dropout(
     fed = federation
     fed.configure(rounds=ROUNDS, expected=4, minimum=3, deadline_s=DEADLINE_S, run_id="faults-rows")
     server = fed.start(LABS)
-    healthy = _all_four(fed, server, 0)
+    healthy = _all_four(fed, server, 0, tries=40)  # a lab that loads its model late joins a few rounds in
 
     # -- R4: lab-b freezes after taking in its task
     straggled = _freeze_after_receiving(fed, "lab-b", healthy + 1, whole_tree=True)
