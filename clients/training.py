@@ -99,7 +99,8 @@ def train_on_pool(
         policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo,
         minibatch_size=cfg.minibatch_size or default_minibatch(pool), max_grad_norm=cfg.max_grad_norm,
         max_prompt_len=cfg.max_prompt_len, max_response_len=cfg.max_response_len,
-        split=DataParallel(shards) if shards is not None else None, microbatch_tokens=cfg.microbatch_tokens,
+        split=DataParallel(shards, cfg.microbatch_tokens) if shards is not None else None,
+        microbatch_tokens=cfg.microbatch_tokens,
     )
 
 

@@ -14,11 +14,11 @@ Runs in a lab's hacfed-client process (and in `hacfed sim`), called by `hacfed.c
 
 Where a minibatch's rows are computed is the `RowSplit` it is handed: all in this process
 (`OneProcess`, the default) or split over a lab's data-parallel ranks
-(`hacfed.clients.update_parallel.DataParallel`). In one process, a minibatch whose padded tokens
-exceed the lab's `microbatch_tokens` runs its forward/backward in microbatches within that budget
-(`hacfed.clients.microbatch`), each loss weighted by its share of the minibatch's normalisation
-(included sequences; tokens for grpo; own sequences for the KL), so the accumulated gradient, the
-optimizer step and the metrics are the one-pass ones up to float rounding.
+(`hacfed.clients.update_parallel.DataParallel`). Where a process's rows of a minibatch hold more
+padded tokens than the lab's `microbatch_tokens`, their forward/backward runs in microbatches within
+that budget (`hacfed.clients.microbatch`), each loss weighted by its share of the minibatch's
+normalisation (included sequences; tokens for grpo; own sequences for the KL), so the accumulated
+gradient, the optimizer step and the metrics are the one-pass ones up to float rounding.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class RowSplit(Protocol):
     """Where each step of the update runs: `OneProcess`, or `update_parallel.DataParallel`."""
 
     defers_first_minibatch: bool
+    world: int  # processes whose gradients are averaged (DDP's mean); 1 in one process
 
     def wrap(self, model: Any) -> Any: ...
     def score_old(
@@ -140,6 +141,7 @@ class RowSplit(Protocol):
     ) -> dict[int, Tensor]: ...
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]: ...
     def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None: ...
+    def no_sync(self, trainee: Any) -> contextlib.AbstractContextManager[Any]: ...
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]: ...
 
@@ -154,6 +156,7 @@ class OneProcess:
     0.637 scoring every row ahead (5 % less), with bitwise the same parameters and metrics."""
 
     defers_first_minibatch = True
+    world = 1
 
     def __init__(self, token_budget: int | None = None) -> None:
         self.token_budget = token_budget  # padded tokens per forward; None: a minibatch in one pass
@@ -172,11 +175,10 @@ class OneProcess:
     def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None:
         """The minibatch's rows (`views`, the first at `start`) as microbatches within the token
         budget, or None when it fits in one pass."""
-        if self.token_budget is None:
-            return None
-        groups = split_rows([len(v.prompt_ids) for v in views], [len(v.response_ids) for v in views],
-                            self.token_budget)
-        return [slice(start + g[0], start + g[-1] + 1) for g in groups] if len(groups) > 1 else None
+        return token_slices(views, start, self.token_budget)
+
+    def no_sync(self, trainee: Any) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
 
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]:
@@ -186,6 +188,15 @@ class OneProcess:
             loss = loss + cfg.kl_coef * part.kl
             metrics["kl"] = float(part.kl.detach())
         return loss, metrics, part.cross
+
+
+def token_slices(views: Sequence[TrainingView], start: int, token_budget: int | None) -> list[slice] | None:
+    """Rows `views` (the first at index `start`) as consecutive slices within `token_budget` padded
+    tokens (`hacfed.clients.microbatch.split_rows`); None when one pass fits or there is no budget."""
+    if token_budget is None:
+        return None
+    groups = split_rows([len(v.prompt_ids) for v in views], [len(v.response_ids) for v in views], token_budget)
+    return [slice(start + g[0], start + g[-1] + 1) for g in groups] if len(groups) > 1 else None
 
 
 def hacpo_update(
@@ -249,7 +260,8 @@ def hacpo_update(
             loss, metrics, cross = split.combine(part, m, minibatch, batch, cfg)
             loss.backward()
         else:  # the same loss and gradient, accumulated over microbatches within the token budget
-            metrics, cross = _accumulate(trainee, reference, m, minibatch, micro, batch, tokenizer.pad_token_id, cfg)
+            metrics, cross = _accumulate(trainee, reference, m, minibatch, micro, batch, tokenizer.pad_token_id, cfg,
+                                         split)
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
         update_log.add(metrics, cross)
@@ -300,38 +312,54 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
 
 
 def _accumulate(trainee: Any, reference: Reference | None, m: int, minibatch: slice, micro: Sequence[slice],
-                batch: LearnerBatch, pad_id: int, cfg: HacpoConfig) -> tuple[dict[str, float], list[CrossRow]]:
-    """Minibatch m's forward/backward over its microbatches `micro`, each loss weighted by its share
-    of the minibatch's normalisation so that the gradients add up to the one-pass gradient; returns
-    the minibatch's metrics and cross rows as one pass computes them."""
-    counts = [_normaliser(batch.views[rows], cfg) for rows in micro]
-    total, own_total = sum(counts), sum(v.is_self for v in batch.views[minibatch])
+                batch: LearnerBatch, pad_id: int, cfg: HacpoConfig,
+                split: RowSplit) -> tuple[dict[str, float], list[CrossRow]]:
+    """Minibatch m's forward/backward over `micro`, this process's rows of it in microbatches: each
+    loss weighted by its share of the minibatch's normalisation (x the ranks DDP averages over), so
+    the gradients add up to the one-pass gradient. Returns the minibatch's metrics and cross rows as
+    one pass computes them. Under DDP every backward but the last skips the all-reduce, and the last
+    comes after `combine`, in the same order of collectives as a rank that runs one pass."""
+    views, span = batch.views[minibatch], slice(micro[0].start, micro[-1].stop)  # this process's rows
+    total, own_total = _normaliser(views, cfg), sum(v.is_self for v in views)
+    micro = [rows for rows in micro if _normaliser(batch.views[rows], cfg) > 0]  # grpo: EOS-only rows add nothing
     parts: list[MinibatchPart] = []
-    for rows, count in zip(micro, counts):
-        if count == 0:  # grpo: no ratio token in these rows (EOS-only responses) adds nothing to the loss
-            continue
-        part = _minibatch_loss(trainee, reference, m, (rows, True), batch, pad_id, cfg)
-        loss = part.loss * (count / total)
-        if part.kl is not None:
-            loss = loss + cfg.kl_coef * part.kl * (part.num_own / own_total)
-        loss.backward()
+    last: Tensor | None = None
+    for j, rows in enumerate(micro):
+        final = j == len(micro) - 1
+        with contextlib.nullcontext() if final else split.no_sync(trainee):  # DDP: forward and backward inside
+            part = _minibatch_loss(trainee, reference, m, (rows, True), batch, pad_id, cfg)
+            loss = part.loss * (part.count / total)
+            if part.kl is not None:
+                loss = loss + cfg.kl_coef * part.kl * (part.num_own / own_total)
+            loss = loss * split.world
+            if not final:
+                loss.backward()
+        last = loss if final else None
         parts.append(part)
-    if cfg.mode == "grpo":  # token-weighted means of the microbatches' token-level metrics
-        metrics = {key: sum(p.metrics[key] * p.count for p in parts) / total
-                   for key in ("loss", "self_ratio_mean", "self_clip_frac")}
-        metrics.update(num_self=float(minibatch.stop - minibatch.start), num_cross=0.0)
-        cross: list[CrossRow] = []
-    else:  # the minibatch's loss function over every row's learner side, as one pass computes it
-        views, adv = batch.views[minibatch], batch.advantages[minibatch]
-        is_self = torch.tensor([v.is_self for v in views], dtype=torch.bool)
-        norm = torch.cat([p.learner_norm.detach().cpu() for p in parts])
-        _, metrics, flags = hacpo_policy_loss(norm, batch.old.norm[minibatch], adv, is_self, batch.omega[minibatch],
-                                              m, cfg)
-        cross = cross_rows(views, adv, flags)
-    kls = [(float(p.kl.detach()), p.num_own) for p in parts if p.kl is not None]
-    if kls:
-        metrics["kl"] = sum(kl * own for kl, own in kls) / own_total
+    _, metrics, cross = split.combine(_merged(parts, m, span, batch, cfg), m, minibatch, batch, cfg)
+    if last is not None:
+        last.backward()
     return metrics, cross
+
+
+def _merged(parts: Sequence[MinibatchPart], m: int, rows: slice, batch: LearnerBatch,
+            cfg: HacpoConfig) -> MinibatchPart:
+    """The microbatches' parts as one part over their `rows`, its metrics as one pass computes them
+    (its loss is only a metric: each microbatch's loss has had, or will have, its own backward)."""
+    views, adv = batch.views[rows], batch.advantages[rows]
+    count, num_own = sum(p.count for p in parts), sum(p.num_own for p in parts)
+    kls = [(p.kl.detach(), p.num_own) for p in parts if p.kl is not None]
+    kl = sum(k * n for k, n in kls) / sum(n for _, n in kls) if kls else None
+    if cfg.mode == "grpo":  # token-weighted means of the microbatches' token-level metrics
+        metrics = {key: sum(p.metrics[key] * p.count for p in parts) / count
+                   for key in ("loss", "self_ratio_mean", "self_clip_frac")}
+        metrics.update(num_self=float(len(views)), num_cross=0.0)
+        return MinibatchPart(True, torch.tensor(metrics["loss"]), metrics, count, num_own, None, kl, [])
+    # the loss function over every row's learner side
+    is_self = torch.tensor([v.is_self for v in views], dtype=torch.bool)
+    norm = torch.cat([p.learner_norm.detach().cpu() for p in parts])
+    loss, metrics, flags = hacpo_policy_loss(norm, batch.old.norm[rows], adv, is_self, batch.omega[rows], m, cfg)
+    return MinibatchPart(True, loss, metrics, count, num_own, norm, kl, cross_rows(views, adv, flags))
 
 
 def _normaliser(views: Sequence[TrainingView], cfg: HacpoConfig) -> int:

@@ -13,6 +13,7 @@ default; `hacfed.clients.training.train_on_pool` builds it from the ranks' `Shar
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -21,7 +22,7 @@ from torch import Tensor
 from hacfed.algorithm import hacpo_policy_loss
 from hacfed.clients.sequence_ratio import score_old_logps
 from hacfed.clients.shards import Shards, global_scale
-from hacfed.clients.update import LearnerBatch, MinibatchPart
+from hacfed.clients.update import LearnerBatch, MinibatchPart, token_slices
 from hacfed.clients.update_metrics import CrossRow, cross_rows
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.trajectory import TrainingView
@@ -32,8 +33,13 @@ class DataParallel:
 
     defers_first_minibatch = False  # every rank scores every old log-prob ahead, sharded
 
-    def __init__(self, shards: Shards) -> None:
+    def __init__(self, shards: Shards, token_budget: int | None = None) -> None:
         self.shards = shards
+        self.token_budget = token_budget  # padded tokens per forward of this rank's rows; None: one pass
+
+    @property
+    def world(self) -> int:
+        return self.shards.world
 
     def wrap(self, model: Any) -> Any:
         return self.shards.wrap(model)  # DDP averages the gradients in backward
@@ -42,7 +48,7 @@ class DataParallel:
         self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
     ) -> dict[int, Tensor]:
         lo, hi = self.shards.bounds(len(wanted))
-        mine = score_old_logps(model, views, wanted[lo:hi], pad_id) if hi > lo else {}
+        mine = score_old_logps(model, views, wanted[lo:hi], pad_id, self.token_budget) if hi > lo else {}
         out: dict[int, Tensor] = {}
         for part in self.shards.all_gather(sorted(mine.items())):
             out.update(part)
@@ -56,8 +62,15 @@ class DataParallel:
         return slice(first, first + max(hi - lo, 1)), hi > lo
 
     def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None:
-        """None: each rank's shard (1/N of the minibatch) runs in one pass; DDP reduces in that backward."""
-        return None
+        """This rank's rows of the minibatch (`views`, the first at `start`) as microbatches within
+        the token budget; None for one pass (a rank without rows runs its one stand-in row)."""
+        mine, has_rows = self.local_rows(start, len(views))
+        if not has_rows:
+            return None
+        return token_slices(views[mine.start - start:mine.stop - start], mine.start, self.token_budget)
+
+    def no_sync(self, trainee: Any) -> contextlib.AbstractContextManager[Any]:
+        return trainee.no_sync()  # gradients accumulate locally; the last backward all-reduces them
 
     def combine(self, part: MinibatchPart, m: int, minibatch: slice, batch: LearnerBatch,
                 cfg: HacpoConfig) -> tuple[Tensor, dict[str, float], list[CrossRow]]:

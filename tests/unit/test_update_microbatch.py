@@ -85,6 +85,34 @@ def test_microbatches_within_the_budget_train_like_one_pass(mode, minibatch, fin
     assert max(n for n, _ in one_forwards) > BUDGET  # ... where one pass holds more
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, minibatch", [("hacpo", None), ("grpo", 5)])
+def test_two_ranks_with_microbatches_train_like_one_pass(mode, minibatch):
+    """Each rank splits its shard within the budget; DDP all-reduces once per minibatch (the last
+    microbatch's backward), after the metrics' gather, in the order a one-pass rank keeps."""
+    from hacfed.clients.distributed import start_ranks
+
+    one, pool = mixed_pool(mode, "full")
+    if minibatch:
+        one.cfg = dataclasses.replace(one.cfg, minibatch_size=minibatch)
+    twin = copy.deepcopy(one)
+    twin.cfg = dataclasses.replace(twin.cfg, microbatch_tokens=BUDGET // 2)  # about one row per microbatch
+    ranks = start_ranks(2, [twin])
+    forwards = record_forwards(twin)  # after the replicas are made: a hook does not travel
+    try:
+        twin.attach_ranks(ranks)
+        update = RoundUpdate("run", 0, pool, {"a": 0.5, "b": 0.25}, None, ("a", "b"), hacpo=HacpoConfig(mode=mode))
+        a, b = one.train_on_pool(update), twin.train_on_pool(update)
+        assert set(a) == set(b) and a["num_updates"] == b["num_updates"] >= 2
+        for key in a:
+            assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-6), (key, a[key], b[key])
+        diff = float((params(one) - params(twin)).abs().max())
+        assert diff <= 1e-5 * max(1.0, float(params(one).abs().max())), diff
+    finally:
+        ranks.close()
+    assert max(n for n, _ in forwards) <= BUDGET // 2  # rank 0's training and scoring forwards
+
+
 def test_microbatch_tokens_is_checked():
     with pytest.raises(ValueError, match=r"ParticipantConfig.microbatch_tokens must be an integer >= 1 \(or unset\)"):
         ParticipantConfig("a", "tiny-llama", microbatch_tokens=0)
