@@ -80,6 +80,7 @@ def test_labs_without_the_answers_train_and_get_verified_rewards(tmp_path: Path,
         address = server.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
         lab_a = client("lab-a", "tiny-llama", "--task", "digits=3")  # holds none of the plan's prompts
         lab_b = client("lab-b", "tiny-gpt2")
+        server.wait_for(r"round 0 closed \(quorum\)", timeout=180)  # both answered: nobody refused the plan
         assert server.exit_code(600) == 0, server.text()[-5000:]
         assert lab_a.exit_code(180) == 0, lab_a.text()[-5000:]
         assert lab_b.exit_code(180) == 0, lab_b.text()[-5000:]
