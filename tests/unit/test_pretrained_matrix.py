@@ -21,12 +21,12 @@ def test_pretrained_matrix_tunes_on_validation_and_reports_on_the_test_split():
     assert all(matrix.setting(name).run.modes == ("gspo2",) for name in TUNING)  # tuned on the baseline
     words = matrix.setting("words")
     assert words.agents == ("smollm2", "tiny-llama-words") and words.run.task == "add2-words"
-    assert set(words.run.modes) == {"gspo2", "xhacpo", "naive"} and words.run.baseline == "gspo2"
+    assert set(words.run.modes) == {"gspo2", "xhacpo", "naive", "hacpo"} and words.run.baseline == "gspo2"
     assert words.run.seeds == (0, 1, 2) and words.run.finetune == "lora"
     assert (words.run.eval_split, words.run.eval_problems) == ("test", 500)
     assert words.run.eval_every == words.run.rounds and not words.run.eval_start  # evaluated at the end only
     runs = plan_runs(matrix, ["words"])
-    assert len(runs) == 9 and all(r.sim_args[-3:] == ("--finetune", "lora", "--no-text-filter") for r in runs)
+    assert len(runs) == 12 and all(r.sim_args[-3:] == ("--finetune", "lora", "--no-text-filter") for r in runs)
 
 
 def test_finetune_reaches_hacfed_sim_and_a_bad_one_is_refused_by_name():
