@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 LABS = ("lab-a", "lab-b", "lab-c", "lab-d")
 DEADLINE_S = 5.0
 CLOSE_SLACK_S = 1.0  # R3: the round closes within deadline + 1 s
-ROUNDS = 60  # never reached: the test stops the federation once lab-c is back
+ROUNDS = 1000  # never reached: the test stops the federation once lab-c is back (a loaded machine joins late)
 REJOIN_S = 2 * HEARTBEAT_DEFAULT_INTERVAL
 
 
@@ -111,11 +111,12 @@ def test_four_labs_quorum_three_a_5s_deadline_survive_a_straggler_and_a_dropout(
     lab_c = fed.lab("lab-c", log="lab-c-2.log")  # the same command
     fed.console(lab_c, r"using this lab's keys")
     assert (fed.tmp / "lab-c" / "participant.pub").read_bytes() == key
-    fed.console(server, r"rejoined: lab-c", timeout=REJOIN_S + 60, since=since)
+    # Rejoined: its first accepted submission after the restart. The driver prints "rejoined: lab-c"
+    # only when its Flower node was seen gone first, which a quick restart can beat.
+    back_in = int(fed.console(server, r"round (\d+) lab-c: submitted \d+ trajectories, accepted [1-9]",
+                              timeout=REJOIN_S + 60, since=since).group(1))
     rejoin_s = time.monotonic() - restarted
     assert rejoin_s <= REJOIN_S, f"lab-c rejoined {rejoin_s:.1f}s after its restart"
-    back_in = int(fed.console(server, r"round (\d+) lab-c: submitted \d+ trajectories, accepted [1-9]", timeout=240,
-                              since=since).group(1))
     _all_four(fed, server, back_in)
     server.stop()
     assert server.popen.returncode == 0, server.text()[-3000:]

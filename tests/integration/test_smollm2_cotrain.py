@@ -46,8 +46,10 @@ def test_smollm2_and_tiny_agent_co_train_one_round(tmp_path):
     participants = []
     for pid, spec_name, finetune in (("lab-smol", "smollm2", "lora"), ("lab-tiny", "tiny-llama", "full")):
         loaded = load_model(spec_name)
+        # The text filter off: SmolLM2's long add2 answers break add2's format (64 characters), and
+        # this test counts every peer sample reaching the learner (the filter has its own tests).
         pcfg = ParticipantConfig(pid, spec_name, finetune=finetune, learning_rate=1e-4, eval_problems=4,
-                                 max_prompt_len=256, max_response_len=64)
+                                 max_prompt_len=256, max_response_len=64, inbound_filter=False)
         participants.append(Participant(pcfg, loaded.model, loaded.tokenizer, task))
     smol = participants[0]
     trainable = [p for p in smol.model.parameters() if p.requires_grad]
