@@ -215,8 +215,12 @@ def _check_the_logs(tmp_path: Path, run: Outcome) -> None:
     assert "federation finished: 3 rounds, final reports from ['lab-a', 'lab-b']" in text2
     assert "torch imported: ServerApp False, hacfed-server False" in text2
 
-    # -- the crashed lab came back: its leftover SuperNode stopped, its trajectories in later rounds
-    assert re.search(r"stopped supernode \(pid \d+\) left running by a previous hacfed-client", lab_b.text())
+    # -- the crashed lab came back (its final line, below). Its leftover SuperNode is stopped by the
+    # restart when it is still there; with keepalive it may already have gone with the killed
+    # coordinator's link, so only a stop that is tried must succeed (test_dropout_straggler.py
+    # holds the stop itself; the end of this test checks that nothing is left running).
+    leftover = re.search(r"supernode \(pid \d+\) left running by a previous hacfed-client", lab_b.text())
+    assert leftover is None or re.search(r"stopped supernode \(pid \d+\) left running", lab_b.text()), lab_b.text()
 
     # -- every lab saw the coordinator's signed answers (issue 9, item 8: labs never got any)
     for lab in (lab_a, lab_b):
