@@ -125,11 +125,11 @@ class Federation:
     """The test's processes: hacfed-server (`server`) and hacfed-client (`client`) commands in `tmp_path`,
     every one started kept in `procs` so that `stop_all` ends them whatever happened."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, server_toml: str = SERVER_TOML) -> None:
         self.tmp_path, self.server_dir = tmp_path, tmp_path / "server"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
-        (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
+        (tmp_path / "coordinator.toml").write_text(server_toml)
         self.procs: list[Proc] = []
         self.address = ""  # the server's Fleet API, once the first server is ready
 
@@ -141,12 +141,13 @@ class Federation:
         self.procs.append(Proc(log, argv, tmp_path / log, self.env))
         return self.procs[-1]
 
-    def client(self, pid: str, model: str, cheat: bool = False, stay: bool = False) -> Proc:
+    def client(self, pid: str, model: str, cheat: bool = False, stay: bool = False,
+               extra: tuple[str, ...] = ("--eval-problems", "10")) -> Proc:
         tmp_path = self.tmp_path
         command = [sys.executable, str(LYING_LAB)] if cheat else [str(BIN / "hacfed-client")]
         argv = [*command, "--model", model, "--server", self.address, "--participant-id", pid,
                 "--state-dir", str(tmp_path / pid), "--coordinator-key", str(self.server_dir / "coordinator.pub"),
-                "--insecure", "--eval-problems", "10", *(["--stay"] if stay else [])]
+                "--insecure", *extra, *(["--stay"] if stay else [])]
         proc = Proc(pid, argv, tmp_path / f"{pid}.log", self.env)
         self.procs.append(proc)
         key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key

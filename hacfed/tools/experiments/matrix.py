@@ -166,9 +166,7 @@ def _parse_setting(name: str, raw: Any, defaults: dict[str, Any], where: str) ->
     description = merged.get("description", "")
     if not isinstance(description, str):
         raise MatrixError(f"{table}: description must be a string, got {description!r}")
-    archived = merged.get("archived", False)
-    if not isinstance(archived, bool):
-        raise MatrixError(f"{table}: archived must be true or false, got {archived!r}")
+    archived = _bool(merged.get("archived", False), table, "archived")
     return Setting(name, agents, description.strip(), run, archived)
 
 
