@@ -49,6 +49,13 @@ def test_sim_command_line_of_a_run():
     with pytest.raises(MatrixError,
                        match=r"\[settings.three\]: peer_choice must be one of drawn, successes, got 'best'"):
         _matrix({"three": {"agents": ["m1", "m2", "m3"], "peer_choice": "best"}})
+    # And who holds the answer keys (hacfed sim --answer-keys); absent, sim's default and no option.
+    keyed = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "answer_keys": "coordinator"}}))
+    assert [r.sim_args[-2:] for r in keyed] == [("--answer-keys", "coordinator")] * 6
+    assert all("--answer-keys" not in r.sim_args for r in shared)
+    with pytest.raises(MatrixError,
+                       match=r"\[settings.three\]: answer_keys must be one of public, coordinator, got 'lab'"):
+        _matrix({"three": {"agents": ["m1", "m2", "m3"], "answer_keys": "lab"}})
 
 
 def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):

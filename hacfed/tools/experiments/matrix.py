@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hacfed.messages import PEER_CHOICES
+from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
 from hacfed.tomlfile import read_toml
 from hacfed.tools.modes import get_mode
 from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
@@ -36,7 +36,7 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
-                     "text_filter")
+                     "text_filter", "answer_keys")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -70,6 +70,7 @@ class RunSettings:
     eval_sampled: bool = True
     eval_start: bool = True
     text_filter: bool = True
+    answer_keys: str | None = None  # None: hacfed sim's default ("public")
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -208,6 +209,8 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         eval_sampled=_bool(merged.get("eval_sampled", True), origin("eval_sampled"), "eval_sampled"),
         eval_start=_bool(merged.get("eval_start", True), origin("eval_start"), "eval_start"),
         text_filter=_bool(merged.get("text_filter", True), origin("text_filter"), "text_filter"),
+        answer_keys=(_choice(merged["answer_keys"], ANSWER_KEYS, origin("answer_keys"), "answer_keys")
+                     if "answer_keys" in merged else None),
     )
 
 

@@ -74,7 +74,8 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (("--peers-per-prompt", str(r.peers_per_prompt)) if r.peers_per_prompt is not None else ()) \
       + (("--peer-choice", r.peer_choice) if r.peer_choice is not None else ()) \
       + (("--finetune", r.finetune) if r.finetune is not None else ()) \
-      + (() if r.text_filter else ("--no-text-filter",))
+      + (() if r.text_filter else ("--no-text-filter",)) \
+      + (("--answer-keys", r.answer_keys) if r.answer_keys is not None else ())
 
 
 def runs_of(setting: Setting) -> list[Run]:
