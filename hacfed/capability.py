@@ -6,7 +6,9 @@ lab) keeps its history unchanged and the step does not fail; agents can be added
 
 from __future__ import annotations
 
+import hashlib
 import math
+import unicodedata
 from collections import deque
 from typing import Iterable, Mapping, Sequence
 
@@ -107,3 +109,83 @@ class CapabilityTracker:
     @classmethod
     def from_config(cls, agent_ids: Iterable[str], cfg: HacpoConfig) -> "CapabilityTracker":
         return cls(agent_ids, window=cfg.capability_window)
+
+
+# -- duplicate successes (the coordinator's `dedup_successes`; docs/security.md, "Duplicate successes") --
+
+DEDUP_MIN_CHARS = 80  # a normalised response shorter than this is no evidence of copying (longer than
+# every built-in task's worked solution: chain with 6 terms, 66 characters): never de-credited
+DEDUP_MEMORY = 200_000  # the accepted successes a coordinator remembers, newest kept (`SuccessMemory`)
+
+
+def normalise_response(text: str) -> str:
+    """What two responses must share to count as one text: NFKC, case-folded, every run of
+    whitespace one space, no leading or trailing space."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def response_key(prompt_id: str, text: str, min_chars: int = DEDUP_MIN_CHARS) -> bytes | None:
+    """The key of `text` as an answer to `prompt_id` (16 bytes of a sha256), or None when its
+    normalised form is shorter than `min_chars`: a short answer ("42") is what every lab that solves
+    the prompt writes, so sharing it shows nothing."""
+    normal = normalise_response(text)
+    if len(normal) < min_chars:
+        return None
+    return hashlib.sha256(prompt_id.encode("utf-8") + b"\x00" + normal.encode("utf-8")).digest()[:16]
+
+
+class SuccessMemory:
+    """The last `size` accepted successes that have a key (`response_key`), oldest first, and for
+    each key the lab of its earliest remembered acceptance (`owner`). Holding at most `size`
+    entries is its bound (about 230 bytes each); the oldest is forgotten first."""
+
+    def __init__(self, size: int = DEDUP_MEMORY) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"success memory size must be an integer >= 1, got {size!r}")
+        self.size = size
+        self._order: deque[bytes] = deque()  # the keys of the remembered acceptances, oldest first
+        self._labs: dict[bytes, list[str]] = {}  # key -> the labs of its remembered acceptances, oldest first
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def owner(self, key: bytes) -> str | None:
+        labs = self._labs.get(key)
+        return labs[0] if labs else None
+
+    def add(self, key: bytes, lab: str) -> None:
+        self._order.append(key)
+        self._labs.setdefault(key, []).append(lab)
+        if len(self._order) > self.size:
+            old = self._order.popleft()
+            labs = self._labs[old]
+            del labs[0]
+            if not labs:
+                del self._labs[old]
+
+
+def credit_successes(
+    samples: Sequence[tuple[str, str, str, float]], memory: SuccessMemory, min_chars: int = DEDUP_MIN_CHARS,
+) -> tuple[list[float], list[tuple[bytes, str]]]:
+    """The credited reward of each of one submission's accepted samples, given as (lab, prompt id,
+    response text, verified reward), and the (key, lab) of its successes for `memory.add`, which the
+    caller applies once the submission is committed (`memory` is only read here).
+
+    A success (reward > 0) is credited its reward unless its text has a key (`response_key`) and
+    either an earlier sample of the same lab and prompt in this submission had the same key (a group
+    of G copies counts once), or `memory` remembers the key from another lab first (a peer's text,
+    from this round or an earlier one, replayed). A failure is credited 0 as it is."""
+    credits: list[float] = []
+    seen: set[bytes] = set()
+    added: list[tuple[bytes, str]] = []
+    for lab, prompt_id, text, reward in samples:
+        reward = float(reward)
+        key = response_key(prompt_id, text, min_chars) if reward > 0 else None
+        if key is None:
+            credits.append(reward)
+            continue
+        owner = memory.owner(key)
+        credits.append(0.0 if key in seen or (owner is not None and owner != lab) else reward)
+        seen.add(key)
+        added.append((key, lab))
+    return credits, added

@@ -18,7 +18,7 @@ samples only, and the console says so once per round.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -58,6 +58,7 @@ class SealedUpdates:
             cfg = self._cfg
             self._updates = {key: RoundUpdates(update, self._key, peers_per_prompt=cfg.pool_peers_per_prompt,
                                                peer_choice=cfg.pool_peer_choice, records=records,
+                                               credit=self._coordinator.intake.group_credit(pool_round),
                                                salt=share_salt(cfg.run_id, cfg.seed, next_round),
                                                console=self._console)}
         return self._updates[key].pieces_for_lab
@@ -68,16 +69,17 @@ class RoundUpdates:
         self, update: RoundUpdate, key: Ed25519PrivateKey, *, peers_per_prompt: int, salt: str,
         peer_choice: str = "drawn",
         console: Callable[[str], None] = lambda line: None, max_bytes: int = MAX_MESSAGE_BYTES - DELIVERY_ROOM,
-        records: Sequence[bytes | None] | None = None,
+        records: Sequence[bytes | None] | None = None, credit: Mapping[tuple[str, str], float] | None = None,
     ) -> None:
         """records: the pool's records where the coordinator kept them from the submitted bytes
-        (`Coordinator.pool_records`), aligned with `update.pool`; the rest are encoded here."""
+        (`Coordinator.pool_records`), aligned with `update.pool`; the rest are encoded here.
+        credit: what the successes choice ranks each group by (`PoolShares`)."""
         self._key = key
         self._console = console
         self._max_bytes = max_bytes
         self._header = header_of(update)
         self._items = encode_pool_items(update.pool, records)
-        self._shares = PoolShares(update.pool, peers_per_prompt, salt, peer_choice)
+        self._shares = PoolShares(update.pool, peers_per_prompt, salt, peer_choice, credit)
         self._groups = self._shares.group_indices()  # (prompt, source) -> pool indices
         self._first = {group: indices[0] for group, indices in self._groups.items()}  # its place in the pool
         self._blocks = _group_blocks(self._items, self._groups)

@@ -77,6 +77,10 @@ class CoordinatorConfig:
       strike). "coordinator" (deploy/coordinator.toml): the plan says so, labs claim nothing, every
       sample is scored here alone and its verified reward reaches its lab with the next pool; no
       strikes for rewards, since there are no claims.
+    dedup_successes: a success counts once (docs/security.md, "Duplicate successes count once"):
+      off (the default here: P̂ exactly as docs/hacpo.md §2 defines it), or on (deploy/coordinator.toml):
+      for P̂ and the `successes` choice a repeated text in a group, or a text first accepted from
+      another lab for the prompt, is credited 0 (hacfed.server.coordinator.success_credit).
     verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
       verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), more than 1 keeps the
       workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,
@@ -111,6 +115,7 @@ class CoordinatorConfig:
     pool_peer_choice: str = "drawn"
     verify_threads: int = 2
     answer_keys: str = "public"
+    dedup_successes: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -157,6 +162,8 @@ class CoordinatorConfig:
             _bad("verify_threads", self.verify_threads, f"an integer in [1, {MAX_VERIFY_THREADS}]")
         if self.answer_keys not in ANSWER_KEYS:
             _bad("answer_keys", self.answer_keys, f"one of {', '.join(map(repr, ANSWER_KEYS))}")
+        if not isinstance(self.dedup_successes, bool):
+            _bad("dedup_successes", self.dedup_successes, "true or false")
 
     @property
     def quota_bytes(self) -> int:
@@ -203,6 +210,8 @@ class CoordinatorConfig:
         bound = {name: full[name] for name in PLAN_FIELDS}
         if self.answer_keys != "public":  # a journal from before the setting existed was "public"
             bound["answer_keys"] = self.answer_keys
+        if self.dedup_successes:  # off binds a journal as before the setting existed
+            bound["dedup_successes"] = True
         return bound
 
     @classmethod

@@ -31,6 +31,7 @@ from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
 from hacfed.server.coordinator.journal import Journal, SubmissionRecord
 from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.results import Receipt, SubmissionResult
+from hacfed.server.coordinator.success_credit import SuccessCredits
 from hacfed.server.coordinator.validation import (
     AcceptedTrajectory,
     Rejection,
@@ -91,6 +92,21 @@ class SubmissionIntake:
         self._lock, self._clock, self._fail = lock, clock, fail
         self._plan_for, self._current_round, self._on_committed = plan_for, current_round, on_committed
         self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
+        # what each accepted sample is credited for P̂ and the successes choice, with `dedup_successes`
+        keep = 2 + getattr(cfg, "max_staleness", 0)  # the rounds open at once, and the pool being published
+        self.credits = SuccessCredits(journal, keep_rounds=keep) if cfg.dedup_successes else None
+
+    def scored_rewards(self, round_id: int, rewards: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """What P̂ counts of the round's accepted samples: their verified `rewards` as given
+        (`KeptSamples.accepted_rewards`), or with `dedup_successes` each sample's credited reward
+        (`success_credit`: a repeated or replayed success counts 0)."""
+        return rewards if self.credits is None else self.credits.rewards(round_id)
+
+    def group_credit(self, pool_round: int | None) -> dict[tuple[str, str], float] | None:
+        """(prompt id, lab) -> the credited reward of each group of the pool of `pool_round`, which
+        the `successes` choice ranks by with `dedup_successes` (`PoolShares`); None without it (the
+        choice then ranks by the verified rewards in the pool) or without a pool."""
+        return None if self.credits is None or pool_round is None else self.credits.group_credit(pool_round)
 
     @property
     def judging(self) -> frozenset[str]:
@@ -291,8 +307,11 @@ class SubmissionIntake:
             pid, round_id, digest, sub.nonce, n_bytes, now, outcome.accepted, rejections, strikes, quarantine,
             report_json,
         )
+        judged = self.credits.judge(outcome.accepted) if self.credits is not None else None
         seq = self.journal.record_submission(record, lambda seq: result_for(seq).to_json())
         self._on_committed(round_id, outcome.accepted, _records_by_sample(sub, encoded))  # after the COMMIT
+        if judged is not None:
+            self.credits.committed(round_id, outcome.accepted, judged)
         if strikes:
             log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
         if quarantine:

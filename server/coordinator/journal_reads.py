@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 from operator import itemgetter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hacfed.trajectory import ChatMessage, Trajectory
 
@@ -121,6 +121,44 @@ class JournalReads:
                 )
             out.append(Trajectory(tid, prompt_id, source_id, version, prompt, text, reward, lp, n, finish))
         return tuple(out)
+
+    def samples_from(self, round_id: int) -> tuple[int | None, list[tuple[int, int, str, str, str, float]]]:
+        """Every accepted sample committed since the first one of a round >= `round_id`, purged or
+        not, in the order they were committed, as (round, submission seq, participant, prompt id,
+        response text, verified reward); and the first one's place in that order (its rowid: what
+        `successes_before` reads before), None when there is none."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            first = cur.execute("SELECT MIN(rowid) FROM trajectories WHERE round_id>=?", (round_id,)).fetchone()[0]
+            if first is None:
+                return None, []
+            rows = cur.execute(
+                "SELECT round_id, submission_seq, participant_id, prompt_id, response_text, reward FROM trajectories "
+                "WHERE rowid>=? ORDER BY rowid", (first,),
+            ).fetchall()
+        return int(first), rows
+
+    def successes_before(
+        self, before: int | None, keep: Callable[[str, str, str], bool], limit: int,
+    ) -> list[tuple[str, str, str]]:
+        """The newest `limit` accepted successes (verified reward > 0) committed before the sample
+        at `before` (a rowid from `samples_from`; None: all), purged or not, for which
+        `keep(participant, prompt id, response text)` holds, as those three, oldest first."""
+        kept: list[tuple[str, str, str]] = []
+        with self._lock:
+            cur = self._db.cursor()
+            cur.row_factory = None
+            cur.execute(
+                "SELECT participant_id, prompt_id, response_text FROM trajectories WHERE rowid<? AND reward>0 "
+                "ORDER BY rowid DESC", (before if before is not None else 2**63 - 1,),
+            )
+            while len(kept) < limit and (rows := cur.fetchmany(1024)):
+                kept.extend(row for row in rows if keep(*row))
+            cur.close()
+        del kept[limit:]
+        kept.reverse()
+        return kept
 
     def round_sample_counts(self, round_id: int) -> tuple[int, int]:
         """(accepted samples of the round, how many of them a purge withdrew): whether a pool kept in

@@ -22,7 +22,9 @@ needs them as its own group) plus the groups of at most `peers_per_prompt` (K) o
   labs gives each learner no less to learn from than a pair would, with the same amount of text
   (docs/three-labs.md measured it). A lab can be chosen more often only by earning more verified
   reward; a group is exactly G samples (validation), so padding it or dropping failures does not
-  help.
+  help. With the coordinator's `dedup_successes` a group is ranked by its credited reward instead
+  (`credit`, `success_credit`): G copies of one text count once, and a text first accepted from
+  another lab counts 0, so copying does not earn reach either.
 
 Capabilities P̂ still cover every agent (they travel in the update, not in the pool). The order of
 the samples is the pool's order, so a selection is a sub-sequence of the pool.
@@ -33,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hacfed.messages import PEER_CHOICES, RoundUpdate
 from hacfed.trajectory import Trajectory
@@ -48,21 +50,28 @@ def share_salt(run_id: str, seed: int, round_id: int) -> str:
 
 def shares_of(
     update: RoundUpdate, peers_per_prompt: int, salt: str, choice: str = "drawn",
+    credit: Mapping[tuple[str, str], float] | None = None,
 ) -> Callable[[str], RoundUpdate]:
     """lab -> its update: `update` itself while every lab's selection is the whole pool (at most
     K + 1 sources), else `update` with the lab's selection as its pool (for the in-process
     transport; the Flower driver splices the same selection from encoded records,
-    `hacfed.server.round_updates`)."""
+    `hacfed.server.round_updates`). credit: as `PoolShares`'s."""
     if len({t.source_id for t in update.pool}) <= peers_per_prompt + 1:
         return lambda learner: update
-    shares = PoolShares(update.pool, peers_per_prompt, salt, choice)
+    shares = PoolShares(update.pool, peers_per_prompt, salt, choice, credit)
     return lambda learner: dataclasses.replace(update, pool=tuple(update.pool[i] for i in shares.indices_for(learner)))
 
 
 class PoolShares:
     """The selections of one pool; `indices_for(lab)` is cheap after the one pass here."""
 
-    def __init__(self, pool: Sequence[Trajectory], peers_per_prompt: int, salt: str, choice: str = "drawn") -> None:
+    def __init__(
+        self, pool: Sequence[Trajectory], peers_per_prompt: int, salt: str, choice: str = "drawn",
+        credit: Mapping[tuple[str, str], float] | None = None,
+    ) -> None:
+        """credit: (prompt id, source) -> what the `successes` choice ranks that group by, where the
+        coordinator credits rewards (`dedup_successes`: `SubmissionIntake.group_credit`; a group not
+        in it has 0); None: the sum of the verified rewards of its samples in `pool`."""
         if isinstance(peers_per_prompt, bool) or not isinstance(peers_per_prompt, int) or peers_per_prompt < 0:
             raise ValueError(f"peers_per_prompt must be an int >= 0, got {peers_per_prompt!r}")
         if choice not in PEER_CHOICES:
@@ -85,7 +94,10 @@ class PoolShares:
             for prompt_id, ordered in self._sources.items():
                 by_reward: dict[float, list[int]] = {}
                 for i, source in enumerate(ordered):  # a group's verified reward: the sum over its samples
-                    reward = math.fsum(pool[j].reward for j in self._groups[prompt_id, source])
+                    if credit is not None:
+                        reward = float(credit.get((prompt_id, source), 0.0))
+                    else:
+                        reward = math.fsum(pool[j].reward for j in self._groups[prompt_id, source])
                     by_reward.setdefault(reward, []).append(i)
                 self._levels[prompt_id] = [by_reward[r] for r in sorted(by_reward, reverse=True)]
 

@@ -228,7 +228,7 @@ class Coordinator:
             round_id = self.current_round
             if round_id is None:
                 raise CoordinatorStateError("no round is open")
-            pairs = self.kept.accepted_rewards(round_id)
+            pairs = self.intake.scored_rewards(round_id, self.kept.accepted_rewards(round_id))  # dedup_successes
             submitters = self.journal.submitters(round_id)
             scored = pairs + self._unaccepted_as_zero(round_id, pairs, submitters)
             tracker = self._copy_tracker()

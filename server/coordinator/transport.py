@@ -145,8 +145,9 @@ def _updates(coordinator: Coordinator, round_id: int) -> Callable[[str], RoundUp
     """Each participant's update for `round_id`: the pool share a Flower coordinator would send it
     (its own samples and at most `pool_peers_per_prompt` peers per prompt, `pool_share`)."""
     cfg = coordinator.cfg
-    return shares_of(coordinator.make_update(round_id), cfg.pool_peers_per_prompt,
-                     share_salt(cfg.run_id, cfg.seed, round_id), cfg.pool_peer_choice)
+    update = coordinator.make_update(round_id)
+    return shares_of(update, cfg.pool_peers_per_prompt, share_salt(cfg.run_id, cfg.seed, round_id),
+                     cfg.pool_peer_choice, coordinator.intake.group_credit(update.pool_round))
 
 
 def _send_final_update(coordinator: Coordinator, endpoints: Sequence[ParticipantEndpoint]) -> None:

@@ -1,0 +1,117 @@
+"""Duplicate successes count once: what each accepted sample is credited for P̂ and for the
+`successes` pool choice when the coordinator's `dedup_successes` is on (docs/security.md,
+"Duplicate successes count once").
+
+Runs in the coordinator's ServerApp process and, in-process, in `hacfed sim`, owned by the
+coordinator's `SubmissionIntake` (`intake`), which calls it under the coordinator's lock only:
+`judge` before a submission's commit, `committed` after it. The rule is the pure
+`hacfed.capability.credit_successes`; this module keeps its memory, the last `DEDUP_MEMORY`
+accepted successes with a key (`hacfed.capability.SuccessMemory`), and the credits of the latest
+rounds (the round being closed and the pool being published; K + 2 with `max_staleness` K).
+
+Everything here is a function of the journal, which holds every accepted sample in the order it
+was committed: a restarted coordinator rebuilds the memory from the journal's newest successes
+before the latest rounds it keeps and replays every submission committed since, and so credits what it
+would have credited without the restart (tests/unit/test_dedup_successes.py). The rebuild reads
+at most `DEDUP_MEMORY` successes' texts, once per process, at its first need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import groupby
+
+from hacfed.capability import DEDUP_MEMORY, DEDUP_MIN_CHARS, SuccessMemory, credit_successes, response_key
+from hacfed.server.coordinator.journal import Journal
+from hacfed.server.coordinator.validation import AcceptedTrajectory
+
+# one accepted sample as credited: (lab, prompt id, credited reward)
+Credited = tuple[str, str, float]
+
+
+class SuccessCredits:
+    """The credits of the latest rounds and the memory they are judged against (module docstring)."""
+
+    def __init__(
+        self, journal: Journal, memory_size: int = DEDUP_MEMORY, min_chars: int = DEDUP_MIN_CHARS, keep_rounds: int = 2,
+    ) -> None:
+        """keep_rounds: how many of the latest rounds' credits are kept (an older round's are judged
+        again from the journal when asked for)."""
+        self._journal = journal
+        self._keep = keep_rounds
+        self._size = memory_size
+        self._min_chars = min_chars
+        self._memory: SuccessMemory | None = None  # None until rebuilt from the journal (`_current`)
+        self._rounds: dict[int, list[Credited]] = {}
+        self._from = 0  # the first round whose credits `_rounds` holds all of (a round not there has none)
+
+    def judge(self, accepted: Sequence[AcceptedTrajectory]) -> tuple[list[float], list[tuple[bytes, str]]]:
+        """One submission's credits and its successes' (key, lab), before its commit (nothing changes here)."""
+        samples = [(a.trajectory.source_id, a.trajectory.prompt_id, a.trajectory.response_text, a.trajectory.reward)
+                   for a in accepted]
+        return credit_successes(samples, self._current(), self._min_chars)
+
+    def committed(
+        self, round_id: int, accepted: Sequence[AcceptedTrajectory], judged: tuple[list[float], list[tuple[bytes, str]]],
+    ) -> None:
+        """After the submission's COMMIT: remember its successes and keep its credits."""
+        memory = self._current()
+        credits, added = judged
+        for key, lab in added:
+            memory.add(key, lab)
+        self._from = max(self._from, round_id - self._keep + 1)
+        for old in [r for r in self._rounds if r < self._from]:
+            del self._rounds[old]
+        self._rounds.setdefault(round_id, []).extend(
+            (a.trajectory.source_id, a.trajectory.prompt_id, c) for a, c in zip(accepted, credits))
+
+    def rewards(self, round_id: int) -> list[tuple[str, float]]:
+        """(lab, credited reward) of every accepted sample of the round, for P̂ (`CapabilityTracker.update`)."""
+        return [(lab, credit) for lab, _, credit in self._credited(round_id)]
+
+    def group_credit(self, round_id: int) -> dict[tuple[str, str], float]:
+        """(prompt id, lab) -> the credited reward of the lab's group, for the `successes` choice (`PoolShares`)."""
+        out: dict[tuple[str, str], float] = {}
+        for lab, prompt_id, credit in self._credited(round_id):
+            out[prompt_id, lab] = out.get((prompt_id, lab), 0.0) + credit
+        return out
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _credited(self, round_id: int) -> list[Credited]:
+        self._current()
+        if round_id >= self._from:
+            return list(self._rounds.get(round_id, ()))
+        _, rounds = self._replay(round_id, [round_id])  # an older round: judged again, the memory untouched
+        return rounds[round_id]
+
+    def _current(self) -> SuccessMemory:
+        """The memory of every committed submission, rebuilt from the journal once per process."""
+        if self._memory is None:
+            latest = self._journal.latest_round()
+            last = latest.round_id if latest is not None else 0
+            first = max(last - self._keep + 1, 0)
+            self._memory, self._rounds = self._replay(first, list(range(first, last + 1)))
+            self._from = first
+        return self._memory
+
+    def _replay(self, first: int, round_ids: list[int]) -> tuple[SuccessMemory, dict[int, list[Credited]]]:
+        """The memory as it was before the first sample of a round >= `first` was committed, then
+        every submission committed since judged and remembered in that order: the memory after
+        them and the credits of those of `round_ids`."""
+        memory = SuccessMemory(self._size)
+        before, rows = self._journal.reads.samples_from(first)
+        keyed = lambda lab, prompt_id, text: response_key(prompt_id, text, self._min_chars) is not None  # noqa: E731
+        for lab, prompt_id, text in self._journal.reads.successes_before(before, keyed, self._size):
+            key = response_key(prompt_id, text, self._min_chars)
+            assert key is not None
+            memory.add(key, lab)
+        rounds: dict[int, list[Credited]] = {round_id: [] for round_id in round_ids}
+        for (round_id, _), submission in groupby(rows, key=lambda row: row[:2]):
+            samples = [(lab, prompt_id, text, reward) for _, _, lab, prompt_id, text, reward in submission]
+            credits, added = credit_successes(samples, memory, self._min_chars)
+            for key, lab in added:
+                memory.add(key, lab)
+            if round_id in rounds:
+                rounds[round_id].extend((lab, prompt_id, c) for (lab, prompt_id, _, _), c in zip(samples, credits))
+        return memory, rounds
