@@ -10,12 +10,17 @@ from __future__ import annotations
 import random
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
 from hacfed.messages import RoundUpdate, StepReport, Submission
 from hacfed.server.coordinator import Coordinator, Journal
+from hacfed.server.coordinator.pool_share import PoolShares, share_salt
 from hacfed.server.coordinator.transport import run_rounds
+from hacfed.server.round_updates import SealedUpdates
 from hacfed.tasks.chain import ChainTask
 from hacfed.trajectory import Trajectory
+from hacfed.wire import PayloadType, decode_round_update
 from tests.unit.test_coordinator_fakes import FakeClock, make_config
 
 TASK = ChainTask(terms=3, num_train=4, num_validation=1, num_eval=1)  # 4 prompts, 2 a round: they recur
@@ -124,3 +129,21 @@ def test_without_the_setting_replaying_pays_in_capability_and_reach(tmp_path):
     assert all(capabilities[pid] == pytest.approx(1 / G) for pid in HONEST)
     assert capabilities[REPLAYER] > 2 * max(capabilities[pid] for pid in HONEST)  # the attack's gain
     assert _reach(honest) > 0.25  # sent in place of honest peers
+
+
+def test_the_flower_driver_ranks_by_the_same_credits(tmp_path):
+    """The updates the Flower round driver seals (`SealedUpdates`) leave the replayer's groups out as the
+    in-process transport does, where the verified rewards alone would send them."""
+    coord, _ = _federation(tmp_path, dedup=True)
+    key = Ed25519PrivateKey.generate()
+    pieces_for = SealedUpdates(coord.cfg, coord, key, console=lambda line: None).for_round(ROUNDS)
+    pool = coord.make_update(ROUNDS).pool
+    by_reward = PoolShares(pool, K, share_salt(coord.cfg.run_id, coord.cfg.seed, ROUNDS), "successes")
+    assert any(source == REPLAYER for lab in HONEST for _, source in by_reward.groups_for(lab))
+    for lab in HONEST:
+        payload, _ = open_envelope(b"".join(pieces_for(lab)), {key_id(key.public_key()): key.public_key()},
+                                   DOMAIN_UPDATE, PayloadType.ROUND_UPDATE)
+        sent = decode_round_update(payload).pool
+        for prompt_id in {t.prompt_id for t in pool}:
+            sources = {t.source_id for t in sent if t.prompt_id == prompt_id}
+            assert REPLAYER not in sources and lab in sources and len(sources) == K + 1
