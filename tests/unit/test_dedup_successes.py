@@ -109,39 +109,45 @@ def test_the_successes_choice_ranks_by_the_credit_when_given():
 # -- through the real coordinator ----------------------------------------------------------------------
 
 TASK = ChainTask()
+RECURRING = ChainTask(num_train=3, num_validation=1, num_eval=1)  # 3 prompts, 2 a round: they recur
 
 
 def _text(lab: str, problem) -> str:
     return f"{lab} works it out one step at a time, then checks every sum twice.\n{problem.solution}"
 
 
-def _run(tmp_path, dedup: bool, restart_after: int | None = None, rounds: int = 3):
+def _run(tmp_path, dedup: bool, restart_after: int | None = None, rounds: int = 3, replay: bool = False):
     """Labs a and b each solve every prompt in their own words (G = 2, both samples the same text); c
-    submits a's text of every prompt once a's was accepted (a replays nothing of its own). With
-    `restart_after`, the coordinator is rebuilt from its journal after that round's submissions."""
+    submits a's text of every prompt after a (a replays nothing of its own). With `replay`, prompts
+    recur and c submits first from round 1 on: a's text of a prompt a answered in an earlier round,
+    its own text of a new one. With `restart_after`, the coordinator is rebuilt from its journal after
+    that round's submissions."""
+    task, table = (RECURRING, {"kind": "chain", "num_train": 3, "num_validation": 1, "num_eval": 1}) if replay \
+        else (TASK, {"kind": "chain"})
     cfg = make_config(tmp_path, rounds=rounds, prompts_per_round=2, group_size=2, expected_participants=3,
-                      min_participants=3, dedup_successes=dedup, task={"kind": "chain"},
-                      sampling={"max_new_tokens": 64})
+                      min_participants=3, dedup_successes=dedup, task=table, sampling={"max_new_tokens": 64})
     clock = FakeClock()
-    coord = Coordinator(cfg, TASK, Journal(cfg.journal_path), clock=clock)
+    coord = Coordinator(cfg, task, Journal(cfg.journal_path), clock=clock)
     for pid in "abc":
         coord.register(pid)
-    history = []
+    history, answered = [], set()
     for r in range(rounds):
         plan = coord.open_round(r)
-        for lab in "abc":
+        for lab in ("cab" if replay and r > 0 else "abc"):
             trajectories = []
             for planned in plan.prompts:
-                problem = TASK.problem(planned.prompt_id)
-                text = _text("a" if lab == "c" else lab, problem)
+                problem = task.problem(planned.prompt_id)
+                author = lab if lab != "c" else ("a" if not replay or planned.prompt_id in answered else "c")
+                text = _text(author, problem)
                 for k in range(plan.group_size):
                     trajectories.append(Trajectory(f"{lab}/{r}/{planned.prompt_id}/{k}", planned.prompt_id, lab, 0,
                                                    planned.messages, text, 1.0, -20.0, 40, "stop"))
             result = coord.submit(Submission(cfg.run_id, lab, r, tuple(trajectories), nonce=f"{lab}{r}".ljust(32, "0")))
             assert not result.rejected
+        answered.update(p.prompt_id for p in plan.prompts)
         if restart_after == r:
             coord.journal.close()
-            coord = Coordinator(cfg, TASK, Journal(cfg.journal_path), clock=clock)
+            coord = Coordinator(cfg, task, Journal(cfg.journal_path), clock=clock)
             coord.resume()
         closed = coord.close_round("quorum")
         history.append((closed.capabilities, coord.intake.group_credit(r)))
@@ -168,3 +174,10 @@ def test_the_credits_survive_a_coordinator_restart(tmp_path):
     straight = _run(tmp_path / "straight", dedup=True)
     for after in (0, 1):
         assert _run(tmp_path / f"restart{after}", dedup=True, restart_after=after) == straight
+    # c replays a's texts of earlier rounds before a answers again: only the memory of those rounds,
+    # which a restart rebuilds from the journal, credits them 0
+    straight = _run(tmp_path / "replay", dedup=True, rounds=6, replay=True)
+    late = [v for _, credit in straight[2:] for (_, lab), v in credit.items() if lab == "c"]
+    assert 0.0 in late and 1.0 in late  # copies of earlier rounds' texts, and c's own new ones
+    for after in (1, 2, 3, 4):
+        assert _run(tmp_path / f"replay{after}", dedup=True, rounds=6, replay=True, restart_after=after) == straight
