@@ -137,31 +137,41 @@ def response_key(prompt_id: str, text: str, min_chars: int = DEDUP_MIN_CHARS) ->
 class SuccessMemory:
     """The last `size` accepted successes that have a key (`response_key`), oldest first, and for
     each key the lab of its earliest remembered acceptance (`owner`). Holding at most `size`
-    entries is its bound (about 230 bytes each); the oldest is forgotten first."""
+    entries is its bound (about 170 bytes each: 35 MB full); the oldest is forgotten first."""
 
     def __init__(self, size: int = DEDUP_MEMORY) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"success memory size must be an integer >= 1, got {size!r}")
         self.size = size
         self._order: deque[bytes] = deque()  # the keys of the remembered acceptances, oldest first
-        self._labs: dict[bytes, list[str]] = {}  # key -> the labs of its remembered acceptances, oldest first
+        # key -> the lab of its one remembered acceptance, or the labs of several, oldest first
+        self._labs: dict[bytes, str | list[str]] = {}
 
     def __len__(self) -> int:
         return len(self._order)
 
     def owner(self, key: bytes) -> str | None:
         labs = self._labs.get(key)
-        return labs[0] if labs else None
+        return labs if labs is None or isinstance(labs, str) else labs[0]
 
     def add(self, key: bytes, lab: str) -> None:
         self._order.append(key)
-        self._labs.setdefault(key, []).append(lab)
+        labs = self._labs.get(key)
+        if labs is None:
+            self._labs[key] = lab
+        elif isinstance(labs, str):
+            self._labs[key] = [labs, lab]
+        else:
+            labs.append(lab)
         if len(self._order) > self.size:
             old = self._order.popleft()
             labs = self._labs[old]
-            del labs[0]
-            if not labs:
+            if isinstance(labs, str):
                 del self._labs[old]
+            else:
+                del labs[0]
+                if len(labs) == 1:
+                    self._labs[old] = labs[0]
 
 
 def credit_successes(
