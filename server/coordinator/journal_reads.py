@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 from operator import itemgetter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from hacfed.trajectory import ChatMessage, Trajectory
 
@@ -23,6 +23,7 @@ _POOL_COLUMNS = (
     "t.response_text, t.reward, t.source_logp_sum, t.source_token_count, t.finish_reason"
 )
 _POOL_ORDER = itemgetter(0, 1, 2)
+T = TypeVar("T")
 
 
 class JournalReads:
@@ -140,12 +141,12 @@ class JournalReads:
         return int(first), rows
 
     def successes_before(
-        self, before: int | None, keep: Callable[[str, str, str], bool], limit: int,
-    ) -> list[tuple[str, str, str]]:
-        """The newest `limit` accepted successes (verified reward > 0) committed before the sample
-        at `before` (a rowid from `samples_from`; None: all), purged or not, for which
-        `keep(participant, prompt id, response text)` holds, as those three, oldest first."""
-        kept: list[tuple[str, str, str]] = []
+        self, before: int | None, pick: Callable[[str, str, str], T | None], limit: int,
+    ) -> list[T]:
+        """`pick(participant, prompt id, response text)` of the newest `limit` accepted successes
+        (verified reward > 0) committed before the sample at `before` (a rowid from `samples_from`;
+        None: all), purged or not, for which it is not None, oldest first."""
+        kept: list[T] = []
         with self._lock:
             cur = self._db.cursor()
             cur.row_factory = None
@@ -154,7 +155,7 @@ class JournalReads:
                 "ORDER BY rowid DESC", (before if before is not None else 2**63 - 1,),
             )
             while len(kept) < limit and (rows := cur.fetchmany(1024)):
-                kept.extend(row for row in rows if keep(*row))
+                kept.extend(value for row in rows if (value := pick(*row)) is not None)
             cur.close()
         del kept[limit:]
         kept.reverse()

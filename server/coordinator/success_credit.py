@@ -101,10 +101,11 @@ class SuccessCredits:
         them and the credits of those of `round_ids`."""
         memory = SuccessMemory(self._size)
         before, rows = self._journal.reads.samples_from(first)
-        keyed = lambda lab, prompt_id, text: response_key(prompt_id, text, self._min_chars) is not None  # noqa: E731
-        for lab, prompt_id, text in self._journal.reads.successes_before(before, keyed, self._size):
+        def keyed(lab: str, prompt_id: str, text: str) -> tuple[bytes, str] | None:
             key = response_key(prompt_id, text, self._min_chars)
-            assert key is not None
+            return None if key is None else (key, lab)
+
+        for key, lab in self._journal.reads.successes_before(before, keyed, self._size):
             memory.add(key, lab)
         rounds: dict[int, list[Credited]] = {round_id: [] for round_id in round_ids}
         for (round_id, _), submission in groupby(rows, key=lambda row: row[:2]):
