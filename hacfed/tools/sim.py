@@ -30,6 +30,7 @@ from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
 from hacfed.metrics_sinks import TruncationWarnings
 from hacfed.tools import hostile
 from hacfed.tools.modes import MODE_NAMES, get_mode, hacpo_config_for
+from hacfed.tools.sim_paced import check_pacing, run_paced_sim
 
 SIM_MODES = MODE_NAMES
 DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)
@@ -94,6 +95,15 @@ class SimConfig:
     # Who holds the task's answers, as a coordinator's answer_keys (hacfed.messages.ANSWER_KEYS): "public"
     # (development: labs claim rewards, the coordinator re-verifies) or "coordinator" (labs get questions only).
     answer_keys: str = "public"
+    # Bounded staleness (docs/staleness.md): a lab may run up to K rounds ahead of the slowest; 0 is synchronous.
+    max_staleness: int = 0
+    # (agent id, factor) pairs: that lab's compute takes factor times as long on the simulated clock
+    # (hacfed.tools.sim_paced). With either set the run is paced on that clock and rows carry `sim/*`.
+    lab_speeds: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def paced(self) -> bool:
+        return self.max_staleness > 0 or bool(self.lab_speeds)
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -125,6 +135,7 @@ class SimConfig:
             raise ValueError(f"answer_keys must be one of {', '.join(ANSWER_KEYS)}, got {self.answer_keys!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
+        check_pacing(self.max_staleness, self.lab_speeds, participant_ids(self.agents))
 
 
 def participant_ids(agents: Sequence[str]) -> list[str]:
@@ -189,7 +200,7 @@ def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
         min_participants=len(ids), round_deadline_s=3600.0, state_dir=state_dir,
         sampling=SamplingParams(max_new_tokens=response_budget(cfg.max_new_tokens, task), temperature=cfg.temperature),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
-        eval_every=cfg.eval_every, seed=cfg.seed, answer_keys=cfg.answer_keys,
+        eval_every=cfg.eval_every, seed=cfg.seed, answer_keys=cfg.answer_keys, max_staleness=cfg.max_staleness,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
         **({"pool_peer_choice": cfg.peer_choice} if cfg.peer_choice is not None else {}),
     )
@@ -318,21 +329,25 @@ def run_sim(cfg: SimConfig, metrics_out: Path | None = None, progress: bool = Tr
     bar = tqdm(total=cfg.rounds, desc=f"sim {cfg.mode} seed {cfg.seed}", unit="round", disable=not progress)
     warnings = TruncationWarnings(TRUNCATION_SETTING)
 
-    def on_round(outcome) -> None:
+    def rows_of(outcome) -> list[dict]:
         round_rows, raised = _round_rows(cfg, outcome, warnings)
         for warning in raised:
             tqdm.write(warning, file=sys.stderr)
-        for row in round_rows:
-            emit(row)
         bar.set_postfix(round_postfix(outcome.summary.participants))
         bar.update(1)
+        return round_rows
 
     try:
+        records: dict = {}
         with Journal(ccfg.journal_path) as journal:
             coordinator = Coordinator(ccfg, task, journal)
-            run_rounds(coordinator, endpoints, on_round=on_round)
+            if cfg.paced:  # on the simulated clock (hacfed.tools.sim_paced)
+                records = run_paced_sim(coordinator, endpoints, dict(cfg.lab_speeds), rows_of, emit)
+            else:
+                run_rounds(coordinator, endpoints, on_round=lambda outcome: [emit(r) for r in rows_of(outcome)])
         for row in _final_rows(cfg, endpoints):
-            emit(row)
+            record = records.get((row["agent"], cfg.rounds))
+            emit({**row, **(record.metrics() if record is not None else {})})
     finally:
         bar.close()
         if out:

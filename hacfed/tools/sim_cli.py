@@ -25,6 +25,7 @@ from hacfed.tools.sim import (
     run_sim,
     summary_table,
 )
+from hacfed.tools.sim_paced import add_pacing_arguments, parse_lab_speeds
 
 HOSTILE_HELP = """hostile agents (--agents A,B,hostile:KIND; docs/experiments.md, hacfed.tools.hostile):
   hostile:copy-gold       submits the task's reference solution for every sample
@@ -61,8 +62,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt plans and the sampling")
     p.add_argument("--prompts-per-round", type=int, default=None,
                    help="prompts in each round's plan (default 16; gsm8k 2)")
-    p.add_argument("--group-size", type=int, default=None,
-                   help="responses per prompt per agent (G; default 8; gsm8k 4)")
+    p.add_argument("--group-size", type=int, default=None, help="responses per prompt per lab (G; default 8; gsm8k 4)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="response budget (default: the task's, "
                         + ", ".join(f"{k} {v[1] or 'its own'}" for k, v in TASKS.items())
@@ -116,6 +116,7 @@ def add_parser(sub: Any) -> None:
                    help="who holds the task's answers, as a coordinator's answer_keys: public (every lab claims "
                         "its rewards, the coordinator re-verifies; the default) or coordinator (labs get questions "
                         "only and their verified rewards with the pool)")
+    add_pacing_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
 
 
@@ -147,7 +148,8 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         eval_start=args.eval_start,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
-        answer_keys=args.answer_keys,
+        answer_keys=args.answer_keys, max_staleness=args.max_staleness,
+        lab_speeds=parse_lab_speeds(args.lab_speed),
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

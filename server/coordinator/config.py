@@ -86,6 +86,12 @@ class CoordinatorConfig:
       workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,
       then verifies the submission as one batch: one thread screening, a helper per worker); a pure
       in-process verifier gains nothing from more than 1 (hacfed.server.coordinator.validation).
+    max_staleness: K, how many rounds a lab may run ahead of the slowest one (docs/staleness.md). 0
+      (the default) is the synchronous federation: one round open at a time, every lab trains on the
+      whole pool of the round before. With K >= 1 up to K + 1 rounds are open at once, a lab trains on
+      whatever verified samples of the last K + 1 rounds it has not trained on yet, and no sample is
+      older than K rounds when trained on (hacfed.server.coordinator.stale_pool). Per-round quotas
+      default to K + 1 times as much (submissions of K + 1 rounds count against the newest open one).
     """
 
     run_id: str
@@ -116,6 +122,7 @@ class CoordinatorConfig:
     verify_threads: int = 2
     answer_keys: str = "public"
     dedup_successes: bool = False
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -164,18 +171,21 @@ class CoordinatorConfig:
             _bad("answer_keys", self.answer_keys, f"one of {', '.join(map(repr, ANSWER_KEYS))}")
         if not isinstance(self.dedup_successes, bool):
             _bad("dedup_successes", self.dedup_successes, "true or false")
+        _int(self, "max_staleness", 0)
 
     @property
     def quota_bytes(self) -> int:
         """Bytes one participant may send per round (round_quota_bytes, default 4 full submissions)."""
-        return self.round_quota_bytes if self.round_quota_bytes is not None else 4 * self.max_submission_bytes
+        if self.round_quota_bytes is not None:
+            return self.round_quota_bytes
+        return 4 * (self.max_staleness + 1) * self.max_submission_bytes
 
     @property
     def quota_trajectories(self) -> int:
         """Trajectories one participant may send per round (default 4 full submissions)."""
         if self.round_quota_trajectories is not None:
             return self.round_quota_trajectories
-        return 4 * self.prompts_per_round * self.group_size
+        return 4 * (self.max_staleness + 1) * self.prompts_per_round * self.group_size
 
     @property
     def journal_path(self) -> Path:
@@ -212,6 +222,8 @@ class CoordinatorConfig:
             bound["answer_keys"] = self.answer_keys
         if self.dedup_successes:  # off binds a journal as before the setting existed
             bound["dedup_successes"] = True
+        if self.max_staleness:  # 0 (synchronous) binds a journal as before the setting existed
+            bound["max_staleness"] = self.max_staleness
         return bound
 
     @classmethod

@@ -24,6 +24,10 @@ least `min_participants` contributed accepted groups; otherwise the deadline is 
 it has, flagged below quorum and logged as a warning. Submissions are accepted until the round is
 closed, even after its deadline.
 
+With `max_staleness` K >= 1 (docs/staleness.md) up to K + 1 rounds are open at once: round r opens
+once round r - K - 1 closed, rounds close oldest first by the same rules, and a lab's update is
+`make_stale_update` (`stale_pool`). K = 0 is the synchronous federation above.
+
 Capability (issue 9, "capability inflation by omission"): when a round closes, every participant
 with a recorded submission is scored over ALL of its assigned samples (prompts x G): each sample
 that was not accepted (a planned prompt it left out, or a group that was rejected) counts as
@@ -56,6 +60,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
 from hacfed.tasks.base import Task
 
@@ -78,6 +83,7 @@ class Coordinator:
             quota_trajectories=cfg.quota_trajectories, clock=clock, round_retry_s=self._round_retry_s,
         )
         self._fail = FailClosed()
+        self._deliveries = Deliveries()  # what each lab was sent under max_staleness (`make_stale_update`)
         # Journaled participants whose registration was revoked (set by the driver, which re-reads the
         # registry): a round no longer waits for them, and the early close needs that many fewer labs.
         self.withdrawn: frozenset[str] = frozenset()
@@ -125,6 +131,22 @@ class Coordinator:
         latest = self.journal.latest_round()
         return latest.round_id if latest and latest.state == "OPEN" else None
 
+    def open_rounds(self) -> list[int]:
+        """The open rounds, oldest first: at most one with max_staleness 0, up to K + 1 with K."""
+        oldest, latest = self._oldest_open(), self.journal.latest_round()
+        return [] if oldest is None else list(range(oldest.round_id, latest.round_id + 1))
+
+    def _oldest_open(self) -> RoundRecord | None:
+        """The oldest open round (rounds close in order, so every later one is open too), or None."""
+        latest = self.journal.latest_round()
+        if latest is None or latest.state != "OPEN":
+            return None
+        if self.cfg.max_staleness == 0:
+            return latest
+        closed = self.journal.latest_closed_round()
+        first = 0 if closed is None else closed.round_id + 1
+        return latest if first == latest.round_id else self.journal.round(first)
+
     @property
     def next_round_id(self) -> int:
         latest = self.journal.latest_round()
@@ -144,10 +166,11 @@ class Coordinator:
         with self._lock:
             self._tracker = self._restore_tracker()
             closed = None
-            latest = self.journal.latest_round()
-            if latest is not None and latest.state == "OPEN" and self._clock() >= latest.deadline:
-                log.warning("resume: round %d passed its deadline while down; closing it", latest.round_id)
+            oldest = self._oldest_open()
+            while oldest is not None and self._clock() >= oldest.deadline:
+                log.warning("resume: round %d passed its deadline while down; closing it", oldest.round_id)
                 closed = self.close_round("deadline")
+                oldest = self._oldest_open()
             return ResumeReport(self.current_round, closed, self.next_round_id)
 
     def open_round(self, round_id: int | None = None) -> RoundPlan:
@@ -157,9 +180,13 @@ class Coordinator:
             if round_id is None:
                 round_id = current if current is not None else self.next_round_id
             if current is not None:
-                if current != round_id:
-                    raise CoordinatorStateError(f"cannot open round {round_id}: round {current} is still open")
-                return self.plan_for(round_id)
+                oldest = self._oldest_open().round_id
+                if oldest <= round_id <= current:
+                    return self.plan_for(round_id)
+                # With max_staleness K, round r may open while r - K .. r - 1 are still open.
+                if round_id != self.next_round_id or oldest <= round_id - self.cfg.max_staleness - 1:
+                    why = f" (max_staleness {self.cfg.max_staleness})" if self.cfg.max_staleness else ""
+                    raise CoordinatorStateError(f"cannot open round {round_id}: round {oldest} is still open{why}")
             if round_id != self.next_round_id:
                 raise CoordinatorStateError(f"cannot open round {round_id}: the next round is {self.next_round_id}")
             if round_id >= self.cfg.rounds:
@@ -187,8 +214,8 @@ class Coordinator:
 
     def ready_to_close(self, now: float | None = None) -> str | None:
         """"quorum" or "deadline" if the open round may close now (see module docstring), else None."""
-        record = self.journal.latest_round()
-        if record is None or record.state != "OPEN":
+        record = self._oldest_open()
+        if record is None:
             return None
         now = self._clock() if now is None else now
         # Who submitted is enough for the quorum; how many samples each got accepted (a count over
@@ -210,8 +237,8 @@ class Coordinator:
         with self._lock:
             now = self._clock() if now is None else now
             reason = self.ready_to_close(now)
-            record = self.journal.latest_round()
-            if reason is None and record is not None and record.state == "OPEN" and now >= record.deadline:
+            record = self._oldest_open()
+            if reason is None and record is not None and now >= record.deadline:
                 deadline = now + self.cfg.round_deadline_s
                 detail = f"below quorum ({self.cfg.min_participants}) at deadline; extended to {deadline:.3f}"
                 with self._fail.audited():
@@ -225,9 +252,10 @@ class Coordinator:
         if reason not in CLOSE_REASONS:
             raise ValueError(f"close reason must be one of {CLOSE_REASONS}, got {reason!r}")
         with self._lock:
-            round_id = self.current_round
-            if round_id is None:
+            oldest = self._oldest_open()  # with max_staleness K, rounds close oldest first
+            if oldest is None:
                 raise CoordinatorStateError("no round is open")
+            round_id = oldest.round_id
             pairs = self.intake.scored_rewards(round_id, self.kept.accepted_rewards(round_id))  # dedup_successes
             submitters = self.journal.submitters(round_id)
             scored = pairs + self._unaccepted_as_zero(round_id, pairs, submitters)
@@ -283,6 +311,13 @@ class Coordinator:
             if pool_round is not None:
                 self.journal.mark_published(pool_round)
             return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
+
+    def make_stale_update(self, learner: str, next_round: int) -> StaleUpdate:
+        """`learner`'s update for its step `next_round` under max_staleness (`stale_pool`): the verified
+        samples of the last K + 1 rounds it was not sent yet, P̂ of the latest closed round, plan next_round."""
+        with self._lock:
+            fresh = self._tracker.capabilities()
+            return stale_update(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
 
     def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
         """The records of the pool `make_update(pool_round + 1)` published (`KeptSamples.take_records`)."""

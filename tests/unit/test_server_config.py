@@ -64,6 +64,7 @@ def test_file_then_sets_then_flags(config_file: Path, tmp_path: Path) -> None:
         (["server.poll_interval_s=0"], {}, "server.poll_interval_s must be a number > 0"),
         (["server.colour=blue"], {}, r"\[server\]: unknown key\(s\) \['colour'\]"),
         (["bogus=1"], {}, r"unknown coordinator config key\(s\): \['bogus'\]"),
+        (["max_staleness=1"], {}, "max_staleness = 1: the Flower round driver runs synchronous rounds only"),
         (["norvalue"], {}, "--set expects KEY=VALUE"),
         ([], {"listen": "0.0.0.0:9092"}, "server.listen: --insecure binds loopback only"),
         ([], {"listen": "10.1.2.3:9092"}, "server.listen: --insecure binds loopback only"),

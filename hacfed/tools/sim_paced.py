@@ -1,0 +1,108 @@
+"""`hacfed sim --lab-speed AGENT=FACTOR --max-staleness K`: labs of different speeds on a simulated clock.
+
+The run goes through `hacfed.server.coordinator.paced.run_paced` (docs/staleness.md): each lab's step
+costs its compute time at speed 1 times its factor, and events are ordered on that clock. The compute
+time is a deterministic cost, not a measurement, so the schedule, and with it every result, depends
+only on the run's settings and seed, never on the machine's load:
+
+    cost = parameters x (2 x response tokens rolled out + 6 x response tokens trained on) / 1e9
+
+(a forward pass costs about 2 FLOPs per parameter and token, a training pass about 6), that is
+simulated seconds on a nominal 1 GFLOP/s device. Response tokens are counted as their sources
+tokenized them (`source_token_count`); prompts and the held-out evaluation are left out. A scripted
+hostile lab (no model) costs as much as the first honest lab would.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+from hacfed.messages import RoundUpdate, Submission
+
+NOMINAL_FLOPS = 1e9  # FLOPs per simulated second
+
+
+def add_pacing_arguments(p: Any) -> None:
+    """`hacfed sim`'s --max-staleness and --lab-speed (an argparse parser)."""
+    p.add_argument("--max-staleness", type=int, default=0, metavar="K",
+                   help="bounded staleness (docs/staleness.md): a lab that finished its step trains on the verified "
+                        "samples it has, at most K rounds old, instead of waiting for slower labs; 0 (the default) "
+                        "is the synchronous federation")
+    p.add_argument("--lab-speed", action="append", default=[], metavar="AGENT=FACTOR",
+                   help="run on a simulated clock on which AGENT's compute (a deterministic cost: parameters x "
+                        "tokens) takes FACTOR times as long, e.g. tiny-gpt2=4 (repeatable; other agents 1); rows "
+                        "then carry sim/* (start, idle, staleness of what each agent trained on)")
+
+
+def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """["tiny-gpt2=4"] -> (("tiny-gpt2", 4.0),); each item AGENT=FACTOR, factor a finite number > 0,
+    each agent once (whether the agent exists is `SimConfig`'s check)."""
+    out: dict[str, float] = {}
+    for item in items:
+        agent, sep, raw = item.partition("=")
+        agent = agent.strip()
+        if not sep or not agent:
+            raise ValueError(f"--lab-speed expects AGENT=FACTOR (e.g. tiny-gpt2=4), got {item!r}")
+        try:
+            factor = float(raw)
+        except ValueError:
+            raise ValueError(f"--lab-speed {agent}: FACTOR must be a number > 0, got {raw!r}") from None
+        if not math.isfinite(factor) or factor <= 0:
+            raise ValueError(f"--lab-speed {agent}: FACTOR must be a finite number > 0, got {raw!r}")
+        if agent in out:
+            raise ValueError(f"--lab-speed names {agent} twice")
+        out[agent] = factor
+    return tuple(out.items())
+
+
+def check_pacing(max_staleness: int, lab_speeds: Sequence[tuple[str, float]], ids: Sequence[str]) -> None:
+    """A SimConfig's K and lab speeds: K an integer >= 0, each speed for an agent of the run, > 0."""
+    from hacfed.server.coordinator.schedule import check_max_staleness, check_speeds
+
+    check_max_staleness(max_staleness)
+    check_speeds(dict(lab_speeds), ids)
+
+
+def parameters_of(endpoint: Any) -> int | None:
+    """The parameter count of the model behind a sim endpoint (through its wrappers), None for none."""
+    seen = endpoint
+    for _ in range(4):
+        model = getattr(seen, "model", None)
+        if model is not None and hasattr(model, "num_parameters"):
+            return int(model.num_parameters())
+        seen = getattr(seen, "inner", None)
+        if seen is None:
+            return None
+    return None
+
+
+def flop_cost(endpoints: Sequence[Any]) -> Callable[[str, RoundUpdate, Submission | None], float]:
+    """cost(lab, update, submission) -> simulated seconds at speed 1 (module docstring)."""
+    params = {ep.participant_id: parameters_of(ep) for ep in endpoints}
+    default = next((p for p in params.values() if p is not None), 1)
+    params = {pid: p if p is not None else default for pid, p in params.items()}
+
+    def cost(lab: str, update: RoundUpdate, submission: Submission | None) -> float:
+        trained = sum(t.source_token_count for t in update.pool)
+        rolled = 0 if submission is None else sum(t.source_token_count for t in submission.trajectories)
+        return params[lab] * (2 * rolled + 6 * trained) / NOMINAL_FLOPS
+
+    return cost
+
+
+def run_paced_sim(
+    coordinator: Any, endpoints: Sequence[Any], speeds: Mapping[str, float],
+    rows_of: Callable[[Any], list[dict]], emit: Callable[[dict], None],
+) -> dict[tuple[str, int], Any]:
+    """Run the federation on the simulated clock; each closed round's rows (`rows_of(outcome)`) get
+    their lab's `sim/*` keys (`StepRecord.metrics`) before `emit`. Returns every step record."""
+    from hacfed.server.coordinator.paced import run_paced
+
+    def on_round(outcome: Any, records: Mapping[str, Any]) -> None:
+        for row in rows_of(outcome):
+            record = records.get(row["agent"])
+            emit({**row, **(record.metrics() if record is not None else {})})
+
+    _, records = run_paced(coordinator, endpoints, speeds, flop_cost(endpoints), on_round=on_round)
+    return records
