@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from hacfed.certs import check_ca_cert
 from hacfed.clients.participant_config import ParticipantConfig
+from hacfed.clients.slowdown import check_slowdown
 from hacfed.config_values import parse_set, split_host_port
 from hacfed.envelope import load_public_key
 from hacfed.flower_protocol import is_loopback_host
@@ -48,6 +49,8 @@ class ClientConfig:
     idle_poll_s: SuperNode poll interval.
     tensorboard: a directory for TensorBoard event files of every step's metrics; wandb: a W&B
     project for them (hacfed.metrics_sinks; the lab's own STATE/metrics.jsonl is always written).
+    slowdown: each step takes this many times its compute time (>= 1; hacfed.clients.slowdown), to
+    test labs of different speeds.
 
     Everything a user can get wrong is checked before hacfed-client creates any file, each value
     once: the training choices by ParticipantConfig; here what this process adds: that the id can
@@ -64,6 +67,7 @@ class ClientConfig:
     idle_poll_s: float = 0.5
     tensorboard: Path | None = None
     wandb: str | None = None
+    slowdown: float = 1.0
     task: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
     config_dir: Path | None = None  # task data paths resolve against it (default: current dir)
 
@@ -117,6 +121,10 @@ class ClientConfig:
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
             _bad("idle_poll_s", self.idle_poll_s, "a number > 0")
         self._check_metrics_sinks()
+        try:
+            object.__setattr__(self, "slowdown", check_slowdown(self.slowdown))
+        except ValueError:
+            _bad("slowdown", self.slowdown, "a finite number >= 1 (1: no slowdown)")
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))

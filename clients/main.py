@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb", metavar="PROJECT", help="also log every step's metrics to this Weights & Biases "
                         "project; needs the wandb package (not installed by hacfed); WANDB_MODE=offline etc. are "
                         "honoured (default: none)")
+    parser.add_argument("--slowdown", type=float, metavar="FACTOR",
+                        help="stretch every step to FACTOR times its rollout and training time by sleeping before "
+                             "the reply, to test labs of different speeds, docs/staleness.md (default: 1, no slowdown)")
     parser.add_argument("--exit-when-done", action="store_true", help=argparse.SUPPRESS)  # the default now; kept
     # so older scripts keep working
     return parser
@@ -89,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 NAMES = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
          "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
-         "stay", "tensorboard", "wandb", "nproc")
+         "stay", "tensorboard", "wandb", "nproc", "slowdown")
 REPLAY_SERVER = "127.0.0.1:1"  # replay talks to nobody: --server may be left out (a valid placeholder address)
 
 

@@ -287,6 +287,11 @@ def run_client(cfg: ClientConfig) -> int:
     from hacfed.clients.participant import Participant  # torch
 
     participant = Participant.from_spec(lab, task)
+    if cfg.slowdown != 1.0:  # hacfed.clients.slowdown: a slower lab, for testing bounded staleness
+        from hacfed.clients.slowdown import SlowedParticipant
+
+        participant = SlowedParticipant(participant, cfg.slowdown)
+        say(f"slowdown {cfg.slowdown:g}: every step waits {cfg.slowdown - 1:g} x its rollout and training time")
     if participant.last_round is not None:
         say(f"resumed from checkpoint: last plan rolled out was round {participant.last_round} "
             f"(policy version {participant.policy_version})")
