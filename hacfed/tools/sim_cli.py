@@ -25,7 +25,7 @@ from hacfed.tools.sim import (
     run_sim,
     summary_table,
 )
-from hacfed.tools.sim_paced import add_pacing_arguments, parse_lab_speeds
+from hacfed.tools.sim_paced import add_pacing_arguments, parse_lab_speeds, simulated_end
 
 HOSTILE_HELP = """hostile agents (--agents A,B,hostile:KIND; docs/experiments.md, hacfed.tools.hostile):
   hostile:copy-gold       submits the task's reference solution for every sample
@@ -169,7 +169,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         close_sinks()
     print(summary_table(rows))
     where = f"; metrics in {metrics_out}" if metrics_out else ""
-    print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s{where}")
+    print(f"{cfg.rounds} rounds in {time.perf_counter() - t0:.0f} s{where}{simulated_end(rows)}")
     return 0
 
 

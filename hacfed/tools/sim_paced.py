@@ -91,6 +91,15 @@ def flop_cost(endpoints: Sequence[Any]) -> Callable[[str, RoundUpdate, Submissio
     return cost
 
 
+def simulated_end(rows: Sequence[dict]) -> str:
+    """"; simulated: A 12.3 s, B 48.1 s", when each agent finished on the simulated clock; "" for an unpaced run."""
+    ends: dict[str, float] = {}
+    for row in rows:
+        if "sim/finish_s" in row:
+            ends[row["agent"]] = max(ends.get(row["agent"], 0.0), row["sim/finish_s"])
+    return "; simulated: " + ", ".join(f"{a} {t:.1f} s" for a, t in ends.items()) if ends else ""
+
+
 def run_paced_sim(
     coordinator: Any, endpoints: Sequence[Any], speeds: Mapping[str, float],
     rows_of: Callable[[Any], list[dict]], emit: Callable[[dict], None],

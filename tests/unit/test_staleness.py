@@ -227,3 +227,24 @@ def test_fake_clock_is_untouched_by_paced_runs(tmp_path):
     coord = make_coordinator(tmp_path, clock, rounds=2, min_participants=2, max_staleness=1)
     run_paced(coord, [_Scripted("a"), _Scripted("b")], {"a": 2.0}, lambda *a: 1.0, sleep=clock.sleep)
     assert clock.sleeps == []  # every round closed by quorum, on the simulated clock alone
+
+
+def test_a_paced_sims_rows_carry_each_labs_step_on_the_clock(tmp_path):
+    from hacfed.tools.sim_paced import run_paced_sim, simulated_end
+
+    coord = make_coordinator(tmp_path, rounds=3, min_participants=2, max_staleness=1)
+    rows: list[dict] = []
+
+    def rows_of(outcome):
+        return [{"round": outcome.round_id, "agent": m.participant_id} for m in outcome.summary.participants]
+
+    records = run_paced_sim(coord, [_Scripted("a"), _Scripted("b")], {"b": 2.0}, rows_of, rows.append)
+    assert [(r["round"], r["agent"]) for r in rows] == [(q, lab) for q in range(3) for lab in ("a", "b")]
+    for row in rows:
+        record = records[(row["agent"], row["round"])]
+        assert row["sim/start_s"] == record.start and row["sim/idle_s"] == record.idle
+        assert row["sim/trained_samples"] == len(record.staleness)
+        assert row["sim/compute_s"] > 0  # scripted labs cost their tokens (no model: 1 parameter)
+    late = [r for r in rows if r.get("sim/staleness_1")]
+    assert late and all(r["agent"] == "a" and r["sim/staleness_max"] == 1.0 for r in late)
+    assert simulated_end(rows).startswith("; simulated: a ") and simulated_end([{"agent": "a"}]) == ""
