@@ -65,7 +65,7 @@ def stale_update(
 ) -> StaleUpdate:
     """`learner`'s update for its step `next_round` (module docstring). `fresh_capabilities`: P̂ before
     any round closed (the tracker's), used until one has; plan_for(round): the round's journaled plan.
-    Marks the round it waited for PUBLISHED."""
+    Marks the closed rounds it drew from PUBLISHED."""
     if isinstance(next_round, bool) or not isinstance(next_round, int) or not 0 <= next_round <= cfg.rounds:
         raise ValueError(f"next_round must be an int in [0, {cfg.rounds}], got {next_round!r}")
     waits_for, rounds = window(next_round, cfg.rounds, cfg.max_staleness)
@@ -93,8 +93,9 @@ def stale_update(
         if journal.round(next_round) is None:
             raise CoordinatorStateError(f"open round {next_round} before sending its plan")
         plan = plan_for(next_round)
-    if waits_for >= 0:
-        journal.mark_published(waits_for)
+    for q in rounds:  # a closed round whose samples were handed out (K = 0: make_update's one round)
+        if journal.round(q).state == "CLOSED":
+            journal.mark_published(q)
     pool_round = next_round - 1 if next_round > 0 else None
     update = RoundUpdate(cfg.run_id, pool_round, tuple(pool), capabilities, plan, active, cfg.hacpo)
     shared = shares_of(update, cfg.pool_peers_per_prompt, share_salt(cfg.run_id, cfg.seed, next_round),

@@ -248,3 +248,9 @@ def test_a_paced_sims_rows_carry_each_labs_step_on_the_clock(tmp_path):
     late = [r for r in rows if r.get("sim/staleness_1")]
     assert late and all(r["agent"] == "a" and r["sim/staleness_max"] == 1.0 for r in late)
     assert simulated_end(rows).startswith("; simulated: a ") and simulated_end([{"agent": "a"}]) == ""
+
+
+def test_every_round_of_a_paced_run_ends_published(tmp_path):
+    coord = make_coordinator(tmp_path, rounds=4, min_participants=2, max_staleness=1)
+    run_paced(coord, [_Scripted("a"), _Scripted("b")], {"b": 3.0}, lambda *a: 1.0)
+    assert [coord.journal.round(r).state for r in range(4)] == ["PUBLISHED"] * 4
