@@ -3,9 +3,10 @@
     python tests/faults/fuzz_structured.py -max_total_time=60 CORPUS_DIR
     python tests/faults/fuzz_structured.py crash-<sha1>                     # replay one input
 
-fuzz_decoders.py mutates bytes: most of its inputs stop at the parser or at the canonical-encoding
-check, and few reach the checks behind them. Here libFuzzer's mutations are replaced by a custom
-mutator (`mutate`) that parses the input as the protobuf message its target takes (hacfed's own
+fuzz_decoders.py mutates bytes, which rarely gives a field a value of another encoded length (a
+5-byte varint, a longer string) in a valid encoding: every length prefix around it must change too,
+so such inputs stop at the parser or at the canonical-encoding check. Here libFuzzer's mutations
+are replaced by a custom mutator (`mutate`) that parses the input as the protobuf message its target takes (hacfed's own
 generated classes, `hacfed.proto.hacfed_v1_pb2`), changes one field (a boundary integer, an unknown
 enum value, NaN, ±Inf, -0.0, 1e308, an empty, long, NUL or bidi string, a repeated element
 duplicated, dropped or reordered, a map entry added or removed, a sub-message cleared, or a frame

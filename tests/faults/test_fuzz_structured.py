@@ -5,8 +5,8 @@ docstring says how). It runs here as its own process, in its own process group, 
 crash artifacts and output in the test's temporary directory (the helpers of
 test_fuzz_decoders.py). A second run plants a bug that only a boundary value in one field of a
 valid, signed submission reaches (a sample claiming 2^32 - 1 tokens, which the decoder accepts and
-validation refuses), and must end in a crash report: the mutator reaches the checks behind the
-decoder, where byte mutations mostly stop at the parser.
+validation refuses), and must end in a crash report: the mutator reaches a value behind the decoder
+that the byte-level fuzz_decoders.py did not reach in 817,823 executions (docs/security.md, "Fuzzing").
 """
 
 from __future__ import annotations
