@@ -6,9 +6,9 @@
 fuzz_decoders.py mutates bytes, which rarely gives a field a value of another encoded length (a
 5-byte varint, a longer string) in a valid encoding: every length prefix around it must change too,
 so such inputs stop at the parser or at the canonical-encoding check. Here libFuzzer's mutations
-are replaced by a custom mutator (`mutate`) that parses the input as the protobuf message its target takes (hacfed's own
-generated classes, `hacfed.proto.hacfed_v1_pb2`), changes one field (a boundary integer, an unknown
-enum value, NaN, ±Inf, -0.0, 1e308, an empty, long, NUL or bidi string, a repeated element
+are replaced by a custom mutator (`mutate`) that parses the input as the protobuf message its
+target takes (hacfed's own generated classes, `hacfed.proto.hacfed_v1_pb2`), changes one field (a
+boundary integer, an unknown enum value, NaN, ±Inf, -0.0, 1e308, an empty, long, NUL or bidi string, a repeated element
 duplicated, dropped or reordered, a map entry added or removed, a sub-message cleared, or a frame
 nested in a bytes field mutated in turn) and serializes it deterministically, so the result is
 again a canonical encoding; one mutation in four is libFuzzer's own on the bytes. The first byte
