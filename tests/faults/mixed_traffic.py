@@ -5,16 +5,19 @@
 - a `FederationDriver` in this process over its real `Coordinator`, SQLite journal (WAL,
   `synchronous=FULL`), audit log and reward verifier, on a clock that runs with real time (token
   buckets refill as they would) plus a jump that closes a round by deadline when quorum does not;
-- `clients` threads, each holding some good labs and some hostile labs, send replies at
-  `rate / clients` per second each into one bounded queue (a full queue blocks the client, as a
-  transport does); the test's thread is the ServerApp's round loop, handing each reply to
-  `FederationDriver.on_reply` in arrival order;
-- good traffic: each good lab's honest submission for the open round, once per round, and now and
-  then an identical resend of its last reply; bad traffic: the hostile corpus's cases that are
+- `clients` threads, each holding some good labs and some hostile labs, answer what the driver
+  sends their labs (like a SuperNode, a lab replies only to a delivery; a refused lab is asked
+  again at once) at `rate / clients` replies per second each, into one bounded queue (a full queue
+  blocks the client, as a transport does); the test's thread is the ServerApp's round loop, handing
+  each reply to `FederationDriver.on_reply` in arrival order and the next deliveries to the clients;
+- good traffic: each good lab's honest submission for the open round, once per round, one time in
+  five with its previous submission riding along as an identical resend (an outbox whose receipt
+  was lost), and an empty reply to a delivery of answers only; bad traffic: the hostile corpus's cases that are
   refused before the journal records a submission (tests/faults/hostile_cases.py; the cases of
   megabytes are left out: they cost the driver 0.1-0.7 s each and measure parsing, not a soak), each
   built afresh for the open round, one at random per request;
-- a round closes as soon as every good lab's submission for it is accepted, and the next opens.
+- a round closes as soon as every good lab's submission for it is accepted (by its deadline: the
+  clock jumps past it, since the hostile labs never make a quorum), and the next opens.
 
 Every answer is opened and checked as it comes: a good submission must get one receipt accepting
 exactly its samples, a resend the original receipt; a bad case only codes its case allows, plus the
