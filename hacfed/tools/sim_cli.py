@@ -104,6 +104,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--minibatch-size", type=int, default=None,
                    help="samples per optimizer step (default: prompts x G / 2, the paper's 2 updates per source, so "
                         "N labs make 2N updates per round; e.g. prompts x G x N / 4 keeps 4 whatever N)")
+    _add_coordinator_arguments(p)
+    add_pacing_arguments(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
+
+
+
+def _add_coordinator_arguments(p: Any) -> None:
+    """The options that set the simulated coordinator's pool and answer keys, as its config keys do."""
     p.add_argument("--peers-per-prompt", type=int, default=None, metavar="K",
                    help="each agent is sent its own samples and, per prompt, the groups of at most K other agents, "
                         "as a coordinator's pool_peers_per_prompt (default: the coordinator's, 7; with at most "
@@ -116,9 +124,9 @@ def add_parser(sub: Any) -> None:
                    help="who holds the task's answers, as a coordinator's answer_keys: public (every lab claims "
                         "its rewards, the coordinator re-verifies; the default) or coordinator (labs get questions "
                         "only and their verified rewards with the pool)")
-    add_pacing_arguments(p)
-    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none off a terminal anyway)")
-
+    p.add_argument("--dedup-successes", action="store_true",
+                   help="as a coordinator's dedup_successes: a long success repeated in a group, or already "
+                        "accepted from another lab for the prompt, counts once for P-hat and the successes choice")
 
 def run_from_args(args: Any) -> int:
     agents = tuple(a.strip() for a in args.agents.split(",") if a.strip())
@@ -148,7 +156,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         eval_start=args.eval_start,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
-        answer_keys=args.answer_keys, max_staleness=args.max_staleness,
+        answer_keys=args.answer_keys, dedup_successes=args.dedup_successes, max_staleness=args.max_staleness,
         lab_speeds=parse_lab_speeds(args.lab_speed),
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None

@@ -56,6 +56,10 @@ def test_sim_command_line_of_a_run():
     with pytest.raises(MatrixError,
                        match=r"\[settings.three\]: answer_keys must be one of public, coordinator, got 'lab'"):
         _matrix({"three": {"agents": ["m1", "m2", "m3"], "answer_keys": "lab"}})
+    # And whether a success counts once (hacfed sim --dedup-successes).
+    deduped = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "dedup_successes": True}}))
+    assert [r.sim_args[-1] for r in deduped] == ["--dedup-successes"] * 6
+    assert all("--dedup-successes" not in r.sim_args for r in keyed)
 
 
 def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):

@@ -181,3 +181,19 @@ def test_the_credits_survive_a_coordinator_restart(tmp_path):
     assert 0.0 in late and 1.0 in late  # copies of earlier rounds' texts, and c's own new ones
     for after in (1, 2, 3, 4):
         assert _run(tmp_path / f"replay{after}", dedup=True, rounds=6, replay=True, restart_after=after) == straight
+
+
+def test_hacfed_sim_hands_dedup_successes_to_its_coordinator(tmp_path) -> None:
+    import argparse
+
+    from hacfed.tasks.registry import load_task
+    from hacfed.tools import sim_cli
+    from hacfed.tools.sim import SimConfig, _coordinator_config
+
+    parser = argparse.ArgumentParser()
+    sim_cli.add_parser(parser.add_subparsers())
+    assert parser.parse_args(["sim", "--dedup-successes"]).dedup_successes
+    assert not parser.parse_args(["sim"]).dedup_successes
+    cfg = SimConfig(agents=("tiny-llama", "tiny-gpt2"), dedup_successes=True, state_dir=str(tmp_path))
+    assert _coordinator_config(cfg, load_task(cfg.task), ["tiny-llama", "tiny-gpt2"]).dedup_successes
+    assert not SimConfig().dedup_successes  # off by default: P̂ is the paper's

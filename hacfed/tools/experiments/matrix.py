@@ -36,7 +36,7 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
-                     "text_filter", "answer_keys")
+                     "text_filter", "answer_keys", "dedup_successes")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -71,6 +71,7 @@ class RunSettings:
     eval_start: bool = True
     text_filter: bool = True
     answer_keys: str | None = None  # None: hacfed sim's default ("public")
+    dedup_successes: bool = False
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -211,6 +212,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         text_filter=_bool(merged.get("text_filter", True), origin("text_filter"), "text_filter"),
         answer_keys=(_choice(merged["answer_keys"], ANSWER_KEYS, origin("answer_keys"), "answer_keys")
                      if "answer_keys" in merged else None),
+        dedup_successes=_bool(merged.get("dedup_successes", False), origin("dedup_successes"), "dedup_successes"),
     )
 
 

@@ -75,7 +75,8 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (("--peer-choice", r.peer_choice) if r.peer_choice is not None else ()) \
       + (("--finetune", r.finetune) if r.finetune is not None else ()) \
       + (() if r.text_filter else ("--no-text-filter",)) \
-      + (("--answer-keys", r.answer_keys) if r.answer_keys is not None else ())
+      + (("--answer-keys", r.answer_keys) if r.answer_keys is not None else ()) \
+      + (("--dedup-successes",) if r.dedup_successes else ())
 
 
 def runs_of(setting: Setting) -> list[Run]:
