@@ -193,6 +193,15 @@ def overview_charts(data: RunData) -> list[Chart]:
         charts.append(Chart("Cross-ratio histogram", "Distribution over rounds of the importance-ratio quantiles "
                             "p10/p50/p90 each update logged per source (`train/cross/SOURCE/ratio_p*`); per-sample "
                             "ratios are not logged.", draw_cross_hist(data, with_cross)))
+    if has(data, "sim/finish_s"):
+        charts.append(Chart("Simulated clock", "When each lab's step of each round was done on the simulated clock "
+                            "of a paced `hacfed sim` run, the final update last (`sim/finish_s`): a faster lab's line "
+                            "is lower and may run up to K rounds ahead.",
+                            draw_metric(data, "sim/finish_s", "simulated seconds", True)))
+    if has(data, "sim/staleness_mean"):
+        charts.append(Chart("Staleness", "Mean age in rounds of the samples each lab's update of that step trained "
+                            "on (`sim/staleness_mean`; 0: all from the round just before, as in a synchronous run).",
+                            draw_metric(data, "sim/staleness_mean", "staleness (rounds)", True)))
     if has(data, "accepted"):
         charts.append(Chart("Accepted and rejected", "Trajectories the coordinator accepted and rejected per lab and "
                             "round (`accepted`, `rejected`).", draw_accepted(data)))

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from hacfed.envelope import write_atomic
 from hacfed.tools.run_report import NoMetrics, RunData, accuracy_change, load_run, totals
 from hacfed.tools.run_report_charts import Chart, lab_charts, overview_charts, text
+from hacfed.tools.run_report_pace import MAX_VALUE, LabPace, lab_paces
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em}
@@ -100,6 +101,39 @@ def codes_section(data: RunData) -> str:
     return _table(("lab", "what", "code", "count"), rows)
 
 
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _by_staleness(pace: LabPace) -> str:
+    return ", ".join(f"{s}: {n:.0f}" for s, n in pace.by_staleness.items()) or "–"
+
+
+def pace_section(data: RunData) -> str:
+    """Each lab's steps on the simulated clock and the staleness of what it trained on; "" for a run
+    whose rows carry no `sim/*` keys (hacfed.tools.run_report_pace)."""
+    paces = lab_paces(data.rows)
+    if not paces:
+        return ""
+    rows = []
+    for agent, p in paces.items():
+        share = "–" if p.idle_share is None else f"{100 * p.idle_share:.0f} %"
+        mean = "–" if p.staleness_mean is None else f"{p.staleness_mean:.2f}"
+        rows.append((agent, p.rounds, "–" if p.last_round is None else p.last_round, f"{p.trained:.0f}", mean,
+                     "–" if p.staleness_max is None else f"{p.staleness_max:.0f}", _by_staleness(p),
+                     _seconds(p.compute_s), _seconds(p.idle_s), share, _seconds(p.finish_s)))
+    left_out = sum(p.left_out for p in paces.values())
+    note = (f"<p class='note'>{left_out} <code>sim/*</code> values that were not finite numbers in "
+            f"[0, {MAX_VALUE:.0e}] were left out.</p>" if left_out else "")
+    return ("<h3>Pace and staleness (simulated clock)</h3><p class='note'>From the rows' <code>sim/*</code> keys "
+            "(a paced <code>hacfed sim</code> run): rounds each lab rolled out, the samples its updates trained on "
+            "(the final update included) and how many rounds old they were, and its simulated seconds computing "
+            "and waiting for slower labs; idle share = idle / (idle + compute).</p>"
+            + _table(("lab", "rounds", "last round", "samples trained on", "staleness mean", "staleness max",
+                      "samples by staleness", "compute (s)", "idle (s)", "idle share", "finished at (s)"), rows)
+            + note)
+
+
 def render_html(data: RunData, title: str) -> tuple[str, int]:
     """The page and the number of charts in it."""
     overview, n = overview_charts(data), 0
@@ -110,7 +144,8 @@ def render_html(data: RunData, title: str) -> tuple[str, int]:
              f"{html.escape(', '.join(data.modes) or 'unknown')}; {len(data.agents)} labs, "
              f"{1 + max(int(r['round']) for r in data.rows if not r.get('final'))} rounds.</p>"
              if any(not r.get("final") for r in data.rows) else "",
-             "<h2>Summary</h2>", summary_table(data), "<h3>Rejections by error code</h3>", codes_section(data),
+             "<h2>Summary</h2>", summary_table(data), pace_section(data),
+             "<h3>Rejections by error code</h3>", codes_section(data),
              "<h2>The federation</h2>"]
     parts += [_figure(c) for c in overview]
     n += len(overview)
