@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
+from hacfed.server.dashboard.pace import lab_paces
 from hacfed.server.reporting import MAX_STEP_TIME_S, StepTimes, split_round
 
 TIME_PARTS = ("rollout", "training", "eval", "exchange", "coordinator")
@@ -57,7 +58,8 @@ def open_read_only(path: Path) -> sqlite3.Connection:
 
 def read_journal(path: Path) -> dict[str, Any]:
     """The rows the page shows; an absent journal (the server has not created it yet) reads empty."""
-    empty: dict[str, Any] = {"rounds": [], "participants": [], "accepted": {}, "rejections": [], "submitted": []}
+    empty: dict[str, Any] = {"rounds": [], "participants": [], "accepted": {}, "rejections": [], "submitted": [],
+                             "submissions": []}
     if not Path(path).exists():
         return empty
     db = open_read_only(path)
@@ -79,8 +81,10 @@ def read_journal(path: Path) -> dict[str, Any]:
         latest = rounds[-1]["round_id"] if rounds else None
         submitted = [] if latest is None else [r[0] for r in db.execute(
             "SELECT participant_id FROM submissions WHERE round_id=? ORDER BY participant_id", (latest,))]
+        submissions = [dict(r) for r in db.execute(  # each lab's replies: its round and idle time (pace.py)
+            "SELECT participant_id, round_id, received_at FROM submissions ORDER BY participant_id, round_id")]
         return {"rounds": rounds, "participants": participants, "accepted": accepted, "rejections": rejections,
-                "submitted": submitted}
+                "submitted": submitted, "submissions": submissions}
     finally:
         db.close()
 
@@ -189,7 +193,7 @@ def connected_window(wall_times: list[float]) -> float:
 
 
 def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], rows: list[dict[str, Any]],
-                       now: float, window_s: float) -> list[dict[str, Any]]:
+                       now: float, window_s: float, total_rounds: int = 0) -> list[dict[str, Any]]:
     rejected: dict[str, int] = {}
     for r in journal["rejections"]:
         if r["participant_id"] is not None:
@@ -199,6 +203,9 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
         if not row.get("final"):
             latest[row["agent"]] = row
     seen = {p["participant_id"]: p for p in journal["participants"]}
+    paces = lab_paces(journal["submissions"], journal["rounds"], total_rounds, now)
+    no_pace = {"last_round": None, "behind": None, "idle_last_s": None, "idle_s": None, "idle_share": None,
+               "waiting_s": None}
     table = []
     for pid in sorted(set(seen) | set(fingerprints)):
         p = seen.get(pid)
@@ -219,6 +226,7 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
             "reward": _num(last.get("reward_mean")),
             "truncated": _num(last.get("train/rollout_truncated_frac")),  # responses cut at the budget
             "capability": _num(last.get("capability")),
+            **paces.get(pid, no_pace),
         })
     return table
 
@@ -259,7 +267,8 @@ def build_state(sources: DashboardSources, journal: dict[str, Any], rows: list[d
     return {
         "run_id": sources.run_id, "now": now,
         "round": round_progress(journal, sources, status, now),
-        "participants": participants_table(journal, fingerprints, rows, now, connected_window(split["wall"])),
+        "participants": participants_table(journal, fingerprints, rows, now, connected_window(split["wall"]),
+                                           sources.rounds),
         "curves": curves(rows), "times": split, "counts": counts(journal),
     }
 

@@ -312,3 +312,40 @@ def test_the_participants_table_shows_the_fraction_of_responses_cut_at_the_budge
                                    "train/rollout_truncated_frac": 0.25}])
     parts = {p["id"]: p for p in Snapshotter(sources, clock=federation["clock"]).get()["participants"]}
     assert parts["lab-a"]["truncated"] == 0.25 and parts["lab-b"]["truncated"] is None
+
+
+def test_each_labs_last_round_how_far_behind_and_its_idle_time(federation):
+    """Rounds 0 and 1 opened at +0 and +4 s, both labs answered 3 s after the opening and the next
+    round opened 1 s later; round 2 opened at +8, lab-a answered it at +18 and now waits."""
+    clock = federation["clock"]
+    clock.t += 2.5
+    parts = {p["id"]: p for p in Snapshotter(federation["sources"], clock=clock).get()["participants"]}
+    a, b = parts["lab-a"], parts["lab-b"]
+    assert (a["last_round"], a["behind"], b["last_round"], b["behind"]) == (2, 0, 1, 1)
+    assert a["waiting_s"] == pytest.approx(2.5) and b["waiting_s"] is None  # lab-b works on round 2
+    for p in (a, b):
+        assert p["idle_last_s"] == pytest.approx(1.0) and p["idle_s"] == pytest.approx(2.0)
+        assert p["idle_share"] == pytest.approx(2.0 / 8.0)
+
+
+def test_pace_of_the_last_round_ends_at_its_close_and_absurd_times_are_left_out():
+    from hacfed.server.dashboard.pace import lab_paces
+
+    rounds = [{"round_id": 0, "state": "PUBLISHED", "opened_at": 0.0, "closed_at": 5.0},
+              {"round_id": 1, "state": "CLOSED", "opened_at": 5.0, "closed_at": 12.0}]
+    subs = [{"participant_id": "fast", "round_id": 0, "received_at": 1.0},
+            {"participant_id": "fast", "round_id": 1, "received_at": 6.0},
+            {"participant_id": "slow", "round_id": 0, "received_at": 5.0},
+            {"participant_id": "slow", "round_id": 1, "received_at": 12.0},
+            {"participant_id": "late", "round_id": 0, "received_at": 9.0},  # after round 1 opened: no idle
+            {"participant_id": "odd", "round_id": 0, "received_at": float("nan")}]
+    paces = lab_paces(subs, rounds, total_rounds=2, now=100.0)
+    fast = paces["fast"]  # round 1 is the last: its final update is sent when it closes
+    assert (fast["idle_s"], fast["idle_last_s"], fast["waiting_s"]) == (4.0 + 6.0, 6.0, None)
+    assert fast["idle_share"] == pytest.approx(10.0 / 12.0) and fast["behind"] == 0
+    assert (paces["slow"]["idle_s"], paces["slow"]["idle_share"]) == (0.0, 0.0)
+    assert (paces["late"]["idle_s"], paces["late"]["idle_share"], paces["late"]["behind"]) == (0.0, None, 1)
+    assert paces["odd"]["idle_last_s"] is None and paces["odd"]["idle_share"] is None
+    assert json.loads(json.dumps(paces, allow_nan=False)) == paces
+    rounds[1] = {**rounds[1], "state": "OPEN", "closed_at": None}
+    assert lab_paces(subs, rounds, 2, now=100.0)["fast"]["waiting_s"] == 94.0  # replied, round 1 still open

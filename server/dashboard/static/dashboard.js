@@ -59,6 +59,12 @@
       cell(tr, String(p.strikes), p.strikes ? "num bad" : "num");
       cell(tr, p.quarantined ? "yes (round " + p.quarantined_round + ")" : "no", p.quarantined ? "bad" : "no");
       cell(tr, p.submitted_this_round ? "submitted" : "-");
+      cell(tr, p.last_round === null ? "-" : String(p.last_round), "num pace-round");
+      cell(tr, p.behind === null ? "-" : String(p.behind), p.behind > 1 ? "num bad pace-behind" : "num pace-behind");
+      cell(tr, p.waiting_s !== null ? "waiting " + fmt(p.waiting_s, 1) + " s" :
+               (p.idle_last_s === null ? "-" : fmt(p.idle_last_s, 1) + " s"), "num pace-idle");
+      cell(tr, p.idle_s === null ? "-" : fmt(p.idle_s, 1) + " s" +
+               (p.idle_share === null ? "" : " (" + fmt(100 * p.idle_share, 0) + " %)"), "num pace-idle-total");
       cell(tr, String(p.accepted), "num");
       cell(tr, String(p.rejected), p.rejected ? "num bad" : "num");
       cell(tr, fmt(p.reward, 2), "num");
