@@ -60,6 +60,12 @@ def test_sim_command_line_of_a_run():
     deduped = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "dedup_successes": True}}))
     assert [r.sim_args[-1] for r in deduped] == ["--dedup-successes"] * 6
     assert all("--dedup-successes" not in r.sim_args for r in keyed)
+    # And bounded staleness on a simulated clock (hacfed sim --max-staleness, --lab-speed).
+    paced = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "max_staleness": 2, "lab_speed": ["m2=4"]}}))
+    assert [r.sim_args[-4:] for r in paced] == [("--max-staleness", "2", "--lab-speed", "m2=4")] * 6
+    assert all("--max-staleness" not in r.sim_args and "--lab-speed" not in r.sim_args for r in keyed)
+    with pytest.raises(MatrixError, match=r"\[settings.pair\]: max_staleness must be an int >= 0, got -1"):
+        _matrix({"pair": {"agents": ["m1", "m2"], "max_staleness": -1}})
 
 
 def test_complete_runs_are_skipped_partial_and_missing_ones_rerun(tmp_path):

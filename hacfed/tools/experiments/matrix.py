@@ -36,7 +36,7 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
-                     "text_filter", "answer_keys", "dedup_successes")
+                     "text_filter", "answer_keys", "dedup_successes", "max_staleness", "lab_speed")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -72,6 +72,8 @@ class RunSettings:
     text_filter: bool = True
     answer_keys: str | None = None  # None: hacfed sim's default ("public")
     dedup_successes: bool = False
+    max_staleness: int = 0  # hacfed sim --max-staleness (docs/staleness.md)
+    lab_speed: tuple[str, ...] = ()  # hacfed sim --lab-speed AGENT=FACTOR, each checked by hacfed sim
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -213,7 +215,15 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         answer_keys=(_choice(merged["answer_keys"], ANSWER_KEYS, origin("answer_keys"), "answer_keys")
                      if "answer_keys" in merged else None),
         dedup_successes=_bool(merged.get("dedup_successes", False), origin("dedup_successes"), "dedup_successes"),
+        max_staleness=_staleness(merged.get("max_staleness", 0), origin("max_staleness")),
+        lab_speed=_str_list(merged["lab_speed"], origin("lab_speed"), "lab_speed") if "lab_speed" in merged else (),
     )
+
+
+def _staleness(value: Any, table: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MatrixError(f"{table}: max_staleness must be an int >= 0, got {value!r}")
+    return value
 
 
 def _bool(value: Any, table: str, key: str) -> bool:

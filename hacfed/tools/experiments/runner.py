@@ -76,7 +76,9 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (("--finetune", r.finetune) if r.finetune is not None else ()) \
       + (() if r.text_filter else ("--no-text-filter",)) \
       + (("--answer-keys", r.answer_keys) if r.answer_keys is not None else ()) \
-      + (("--dedup-successes",) if r.dedup_successes else ())
+      + (("--dedup-successes",) if r.dedup_successes else ()) \
+      + (("--max-staleness", str(r.max_staleness)) if r.max_staleness else ()) \
+      + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed))
 
 
 def runs_of(setting: Setting) -> list[Run]:
