@@ -1,9 +1,9 @@
 """`hacfed demo --dashboard`: a real federation with the live page, loaded in headless Chromium.
 
 While the rounds run, Chromium loads the page, lets it poll (`--virtual-time-budget`), and dumps
-the DOM: a participants row per lab, a round number >= 1 and four uPlot charts with points. Then a
-screenshot, which must be a real picture (many colours); `HACFED_UPDATE_DOCS_IMG=1` copies it to
-docs/img/dashboard.png. In a 1280 px wide window (driven over Chromium's DevTools pipe), no chart
+the DOM: a participants row per lab with its last round and idle time, a round number >= 1 and four
+uPlot charts with points. Then a screenshot, which must be a real picture (many colours);
+`HACFED_UPDATE_DOCS_IMG=1` copies it to docs/img/dashboard.png. In a 1280 px wide window (driven over Chromium's DevTools pipe), no chart
 may reach past the right edge. Ctrl-C then stops the demo and every process it started, the dashboard's
 thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh installs
 Debian's `chromium` as root).
@@ -179,6 +179,9 @@ def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
             time.sleep(1)
         assert live.get("round", {}).get("closed", 0) >= 2, "".join(lines)[-3000:]
         assert {p["id"] for p in live["participants"] if p["connected"]} == set(LABS)
+        # each lab answered rounds 0 and 1, and one of them waited for the other between a reply and its next plan
+        assert all(p["last_round"] >= 1 and p["idle_share"] is not None for p in live["participants"]), live
+        assert sum(p["idle_s"] for p in live["participants"]) > 0, live
 
         dom = _chromium(tmp_path, "--dump-dom", url)
         assert dom.returncode == 0, dom.stderr[-2000:]
@@ -193,6 +196,10 @@ def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
         assert set(points) == {"chart-reward", "chart-capability", "chart-eval", "chart-times"}, points
         assert all(n >= 2 for n in points.values()), points
         assert "poll failed" not in html
+        shown_rounds = re.findall(r'<td class="num pace-round">(\d+)</td>', html)
+        assert len(shown_rounds) == len(LABS) and all(int(n) >= 1 for n in shown_rounds), html[-3000:]
+        idle_totals = re.findall(r'<td class="num pace-idle-total">\d+\.\d s \(\d+ %\)</td>', html)
+        assert len(idle_totals) == len(LABS), html[-3000:]
 
         shot = tmp_path / "dashboard.png"
         result = _chromium(tmp_path, f"--screenshot={shot}", url)
