@@ -1,4 +1,5 @@
-"""Atheris runs of the structure-aware target (security.md S4): a 15 s smoke run by default.
+"""Atheris runs of the structure-aware target (security.md S4): a 15 s smoke run by default, 10^6
+executions in the long tier (`./scripts/test.sh --long`).
 
 `tests/faults/fuzz_structured.py` mutates protobuf messages field by field instead of bytes (its
 docstring says how). It runs here as its own process, in its own process group, with its corpus,
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.test_fuzz_decoders import MARGIN_S, _libfuzzer_args, _run
+from tests.faults.test_fuzz_decoders import LONG_LIMIT_S, LONG_RUNS, MARGIN_S, _libfuzzer_args, _run
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,16 +31,21 @@ pytestmark = [
 TARGET = Path(__file__).with_name("fuzz_structured.py")
 
 
-def test_structured_fuzzing_run_finds_nothing(tmp_path: Path) -> None:
-    argv = [sys.executable, str(TARGET), "-max_total_time=15", *_libfuzzer_args(tmp_path)]
-    rc, out = _run(argv, tmp_path, 15 + MARGIN_S)
+@pytest.mark.parametrize(("budget", "limit_s", "min_runs"), [
+    pytest.param("-max_total_time=15", 15 + MARGIN_S, 500, id="15s"),  # the smoke run
+    pytest.param(f"-runs={LONG_RUNS}", LONG_LIMIT_S, LONG_RUNS, id="1e6-runs",
+                 marks=[pytest.mark.long, pytest.mark.timeout(LONG_LIMIT_S + 300)]),
+])
+def test_structured_fuzzing_run_finds_nothing(tmp_path: Path, budget: str, limit_s: float, min_runs: int) -> None:
+    argv = [sys.executable, str(TARGET), budget, *_libfuzzer_args(tmp_path)]
+    rc, out = _run(argv, tmp_path, limit_s)
     crashes = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-")))
     assert rc == 0 and not crashes, f"exit {rc}, artifacts {crashes}:\n{out[-5000:]}"
     assert "Uncaught Python exception" not in out and "==ERROR" not in out, out[-5000:]
     done = re.search(r"Done (\d+) runs in (\d+) second", out)
     assert done, out[-3000:]
     runs, seconds = int(done.group(1)), int(done.group(2))
-    assert runs >= 500, out[-3000:]
+    assert runs >= min_runs, out[-3000:]
     print(f"\nstructured atheris run: {runs} executions in {seconds}s ({runs / max(seconds, 1):.0f}/s), "
           f"corpus {len(list((tmp_path / 'corpus').iterdir()))} inputs")
 
