@@ -88,6 +88,13 @@ def parse_agent(agent: str) -> HostileSpec | None:
     return HostileSpec(kind)
 
 
+def evaluates(agent: str) -> bool:
+    """Whether the lab of this agent spec evaluates (and so writes a final metrics row): an honest lab and
+    lie-logprob, which has a model; not the scripted kinds."""
+    spec = parse_agent(agent)
+    return spec is None or spec.kind == "lie-logprob"
+
+
 def canary_of(agents: Sequence[str]) -> str | None:
     """The canary TEXT of the run's canary lab, if any (the first one's)."""
     for agent in agents:

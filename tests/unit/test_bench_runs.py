@@ -176,3 +176,16 @@ def test_sigterm_stops_the_children_and_exits_non_zero(tmp_path, fake_sim):
     for pid in map(int, pids.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_run_beside_a_scripted_hostile_lab_is_complete_with_the_honest_final_rows(tmp_path):
+    # copy-gold, canary and weak have no model, so they write no final row; lie-logprob evaluates.
+    matrix = _matrix({"bad": {"agents": ["m1", "m2", "hostile:weak"]},
+                      "liar": {"agents": ["m1", "m2", "hostile:lie-logprob"]}})
+    bad, liar = plan_runs(matrix, only=["bad"])[0], plan_runs(matrix, only=["liar"])[0]
+    assert bad.agent_ids == ("m1", "m2") and liar.agent_ids == ("m1", "m2", "hostile-lie-logprob")
+    rows = _rows(["m1", "m2"], bad.mode, bad.seed, {"m1": 0.5, "m2": 0.4})
+    bad.partial_path(tmp_path).parent.mkdir(parents=True)
+    bad.partial_path(tmp_path).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert has_final_rows(bad.partial_path(tmp_path), bad.agent_ids)
+    assert not has_final_rows(bad.partial_path(tmp_path), liar.agent_ids)

@@ -27,6 +27,7 @@ from typing import Any
 
 from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
 from hacfed.tomlfile import read_toml
+from hacfed.tools import hostile
 from hacfed.tools.modes import get_mode
 from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
 
@@ -94,6 +95,11 @@ class Setting:
     def agent_ids(self) -> tuple[str, ...]:
         """The participant ids the metrics rows carry (a model listed twice gets a suffix)."""
         return tuple(participant_ids(self.agents))
+
+    @property
+    def evaluated_ids(self) -> tuple[str, ...]:
+        """The agents whose runs end with a final evaluation row (a scripted hostile lab has none)."""
+        return tuple(pid for pid, spec in zip(self.agent_ids, self.agents) if hostile.evaluates(spec))
 
 
 @dataclass(frozen=True)

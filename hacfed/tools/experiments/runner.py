@@ -83,7 +83,7 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
 
 def runs_of(setting: Setting) -> list[Run]:
     """The setting's runs, seed-major so that the modes of one seed (a paired set) finish together."""
-    return [Run(setting.name, mode, seed, setting.agent_ids, sim_args(setting, mode, seed))
+    return [Run(setting.name, mode, seed, setting.evaluated_ids, sim_args(setting, mode, seed))
             for seed in setting.run.seeds for mode in setting.run.modes]
 
 
