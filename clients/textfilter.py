@@ -5,7 +5,8 @@ no model, no torch. Two filters, each switched by the lab's `[participant]` tabl
 (`hacfed.clients.participant_config`):
 
 inbound (`inbound_filter`, on by default): each peer sample of the pool must
-  1. fit the task's response format (`response_format`): at most `max_chars` characters (what the
+  1. fit the task's response format (`hacfed.response_format`, which the coordinator's
+     `format_gate` applies too): at most `max_chars` characters (what the
      task's verifier reads); and a success (verified reward > 0) must hold only printable text,
      newlines and tabs (no control or format character: no terminal escape, bidi override or
      zero-width character) and be written in the task's answer form (chain: only worked steps
@@ -37,14 +38,10 @@ phrase written in plain words in a free-text answer (add2-words, gsm8k) from hon
 from __future__ import annotations
 
 import re
-import unicodedata
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from hacfed.tasks.arithmetic import ArithmeticTask
-from hacfed.tasks.chain import MAX_RESPONSE_CHARS, ChainTask
-from hacfed.tasks.math_data import MathDataTask
-from hacfed.tasks.math_verifier import MathVerifierConfig
+from hacfed.response_format import ResponseFormat, response_format
 from hacfed.trajectory import Trajectory
 
 # A URL with a scheme or starting `www.`; an e-mail address (the lookbehind starts a match only where
@@ -52,65 +49,8 @@ from hacfed.trajectory import Trajectory
 URL_PATTERN = r"(?i)\b(?:https?|ftp|file)://|\bwww\.[a-z0-9-]+\."
 EMAIL_PATTERN = r"(?i)(?<![a-z0-9._%+-])[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}"
 DEFAULT_DENY_PATTERNS = (URL_PATTERN, EMAIL_PATTERN)
-# A response cap for a task whose verifier has none: the math verifier's default (hacfed.tasks.math_verifier).
-GENERIC_MAX_CHARS = MathVerifierConfig().max_response_chars
-_NUMBER = r"\d{1,12}"
-CHAIN_SUCCESS = re.compile(rf"\A(?:[ \t]*{_NUMBER}[+-]{_NUMBER}=-?{_NUMBER}[ \t]*\n)*[ \t]*Answer: -?{_NUMBER}\Z")
-_ASCII_BAD = re.compile(r"[^\x20-\x7e\n\t]")
-_BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})  # controls, format, unassigned, separators
-
-
-@dataclass(frozen=True)
-class ResponseFormat:
-    """A task's response format. success: what a success's stripped text must match (re.search);
-    marker: the same in words, for messages and docs."""
-
-    task: str
-    max_chars: int
-    success: re.Pattern[str]
-    marker: str
-
-    def why_not(self, text: str, reward: float) -> str | None:
-        """Why `text` does not fit the format (None when it fits); `reward`: its verified reward."""
-        if len(text) > self.max_chars:
-            return f"longer than {self.max_chars} characters"
-        if reward <= 0:
-            return None
-        bad = _bad_character(text)
-        if bad is not None:
-            return f"character {ascii(bad)} is not allowed"
-        if self.success.search(text.strip()) is None:
-            return f"a success without {self.marker}"
-        return None
-
-
-def response_format(task: Any) -> ResponseFormat:
-    """The response format of a built-in task, from what its verifier reads; a generic one (printable
-    text within GENERIC_MAX_CHARS, no answer form) for any other task, a plugin's included."""
-    if isinstance(task, ChainTask):
-        return ResponseFormat(task.name, MAX_RESPONSE_CHARS, CHAIN_SUCCESS,
-                              "the worked steps 'a+b=c' and a last line 'Answer: N' only")
-    if isinstance(task, ArithmeticTask) and task.style == "symbols":  # verify_exact_integer: <= 64 characters
-        return ResponseFormat(task.name, 64, re.compile(r"\A-?\d+\Z"), "one integer only")
-    if isinstance(task, ArithmeticTask):  # words: the last integer of free text
-        return ResponseFormat(task.name, GENERIC_MAX_CHARS, re.compile(r"\d"), "an integer")
-    if isinstance(task, MathDataTask):
-        mode = task.verifier.answer_mode
-        success, marker = {"boxed": (r"\\boxed", "a \\boxed{} answer"), "last_number": (r"\d", "a number")}.get(
-            mode, (r"\\boxed|\d", "a \\boxed{} answer or a number"))
-        return ResponseFormat(task.name, task.verifier.max_response_chars, re.compile(success), marker)
-    return ResponseFormat(getattr(task, "name", "task"), GENERIC_MAX_CHARS, re.compile(""), "an answer")
-
-
-def _bad_character(text: str) -> str | None:
-    """The first character that is not printable text, a newline or a tab."""
-    if text.isascii():
-        found = _ASCII_BAD.search(text)
-        return None if found is None else found.group()
-    for ch in text:
-        if ch not in "\n\t" and unicodedata.category(ch) in _BAD_CATEGORIES:
-            return ch
-    return None
+__all__ = ["DEFAULT_DENY_PATTERNS", "ResponseFormat", "TextFilter", "check_task_solutions", "filter_pool",
+           "filters_for", "inbound", "outbound", "response_format", "withhold_groups"]
 
 
 @dataclass(frozen=True)
