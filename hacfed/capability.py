@@ -10,7 +10,7 @@ import hashlib
 import math
 import unicodedata
 from collections import deque
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from hacfed.hacpo_config import HacpoConfig
 
@@ -175,27 +175,37 @@ class SuccessMemory:
 
 
 def credit_successes(
-    samples: Sequence[tuple[str, str, str, float]], memory: SuccessMemory, min_chars: int = DEDUP_MIN_CHARS,
+    samples: Sequence[tuple[str, str, str, float]], memory: SuccessMemory | None, min_chars: int = DEDUP_MIN_CHARS,
+    fits: Callable[[str, float], bool] | None = None,
 ) -> tuple[list[float], list[tuple[bytes, str]]]:
     """The credited reward of each of one submission's accepted samples, given as (lab, prompt id,
     response text, verified reward), and the (key, lab) of its successes for `memory.add`, which the
     caller applies once the submission is committed (`memory` is only read here).
 
-    A success (reward > 0) is credited its reward unless its text has a key (`response_key`) and
-    either an earlier sample of the same lab and prompt in this submission had the same key (a group
-    of G copies counts once), or `memory` remembers the key from another lab first (a peer's text,
-    from this round or an earlier one, replayed). A failure is credited 0 as it is."""
+    A success (reward > 0) is credited its reward unless
+    - `fits` (the coordinator's `format_gate`: `hacfed.response_format.ResponseFormat.fits`) refuses
+      a sample of the same lab and prompt: a lab's inbound filter leaves such a group out whole, so
+      none of its successes reaches a filtered learner, and none earns P̂ or reach; or
+    - with `memory` (the coordinator's `dedup_successes`; None: off) its text has a key
+      (`response_key`) and either an earlier sample of the same lab and prompt in this submission had
+      the same key (a group of G copies counts once), or `memory` remembers the key from another lab
+      first (a peer's text, from this round or an earlier one, replayed).
+    A success that `fits` refuses itself is not remembered: text outside the format owns no key. A
+    failure is credited as it is (its reward, at most 0)."""
+    fit = [fits is None or fits(text, float(reward)) for _, _, text, reward in samples]
+    refused = {(lab, prompt_id) for (lab, prompt_id, _, _), ok in zip(samples, fit) if not ok}
     credits: list[float] = []
     seen: set[bytes] = set()
     added: list[tuple[bytes, str]] = []
-    for lab, prompt_id, text, reward in samples:
+    for (lab, prompt_id, text, reward), ok in zip(samples, fit):
         reward = float(reward)
-        key = response_key(prompt_id, text, min_chars) if reward > 0 else None
-        if key is None:
-            credits.append(reward)
+        gated = reward > 0 and (lab, prompt_id) in refused
+        key = response_key(prompt_id, text, min_chars) if memory is not None and reward > 0 and ok else None
+        if key is None or memory is None:
+            credits.append(0.0 if gated else reward)
             continue
         owner = memory.owner(key)
-        credits.append(0.0 if key in seen or (owner is not None and owner != lab) else reward)
+        credits.append(0.0 if gated or key in seen or (owner is not None and owner != lab) else reward)
         seen.add(key)
         added.append((key, lab))
     return credits, added

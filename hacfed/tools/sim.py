@@ -92,11 +92,11 @@ class SimConfig:
     peers_per_prompt: int | None = None
     # Which K peers where a prompt has more (hacfed.messages.PEER_CHOICES); None: the coordinator's ("drawn").
     peer_choice: str | None = None
-    # Who holds the task's answers, as a coordinator's answer_keys (hacfed.messages.ANSWER_KEYS): "public"
-    # (development: labs claim rewards, the coordinator re-verifies) or "coordinator" (labs get questions only).
+    # A coordinator's answer_keys (hacfed.messages.ANSWER_KEYS): "public" (development) or "coordinator".
     answer_keys: str = "public"
-    # A coordinator's dedup_successes (docs/security.md): off keeps P̂ the paper's.
+    # A coordinator's dedup_successes and format_gate (docs/security.md): off keeps P̂ the paper's.
     dedup_successes: bool = False
+    format_gate: bool = False
     # Bounded staleness (docs/staleness.md): a lab may run up to K rounds ahead of the slowest; 0 is synchronous.
     max_staleness: int = 0
     # (agent id, factor) pairs: that lab's compute takes factor times as long on the simulated clock
@@ -203,7 +203,7 @@ def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
         sampling=SamplingParams(max_new_tokens=response_budget(cfg.max_new_tokens, task), temperature=cfg.temperature),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed, answer_keys=cfg.answer_keys, dedup_successes=cfg.dedup_successes,
-        max_staleness=cfg.max_staleness,
+        format_gate=cfg.format_gate, max_staleness=cfg.max_staleness,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
         **({"pool_peer_choice": cfg.peer_choice} if cfg.peer_choice is not None else {}),
     )

@@ -127,6 +127,9 @@ def _add_coordinator_arguments(p: Any) -> None:
     p.add_argument("--dedup-successes", action="store_true",
                    help="as a coordinator's dedup_successes: a long success repeated in a group, or already "
                         "accepted from another lab for the prompt, counts once for P-hat and the successes choice")
+    p.add_argument("--format-gate", action="store_true",
+                   help="as a coordinator's format_gate: a lab's group for a prompt with a sample outside the task's "
+                        "response format (what a lab's inbound filter leaves out) earns no P-hat or successes reach")
 
 def run_from_args(args: Any) -> int:
     agents = tuple(a.strip() for a in args.agents.split(",") if a.strip())
@@ -156,7 +159,8 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         eval_start=args.eval_start,
         hacpo_overrides=parse_hacpo_overrides(args.hacpo), nproc=args.nproc,
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
-        answer_keys=args.answer_keys, dedup_successes=args.dedup_successes, max_staleness=args.max_staleness,
+        answer_keys=args.answer_keys, dedup_successes=args.dedup_successes, format_gate=args.format_gate,
+        max_staleness=args.max_staleness,
         lab_speeds=parse_lab_speeds(args.lab_speed),
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None

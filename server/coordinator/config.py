@@ -81,6 +81,11 @@ class CoordinatorConfig:
       off (the default here: P̂ exactly as docs/hacpo.md §2 defines it), or on (deploy/coordinator.toml):
       for P̂ and the `successes` choice a repeated text in a group, or a text first accepted from
       another lab for the prompt, is credited 0 (hacfed.server.coordinator.success_credit).
+    format_gate: off (the default here: P̂ and the `successes` choice as before), or on
+      (deploy/coordinator.toml): for P̂ and the `successes` choice every success of a lab's group for
+      a prompt is credited 0 when a sample of the group does not fit the task's response format
+      (hacfed.response_format, the check of a lab's inbound filter, which leaves such a group out
+      whole); docs/security.md, "Inbound checks on peer text". Composes with dedup_successes.
     verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
       verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), more than 1 keeps the
       workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,
@@ -122,6 +127,7 @@ class CoordinatorConfig:
     verify_threads: int = 2
     answer_keys: str = "public"
     dedup_successes: bool = False
+    format_gate: bool = False
     max_staleness: int = 0
 
     def __post_init__(self) -> None:
@@ -171,6 +177,8 @@ class CoordinatorConfig:
             _bad("answer_keys", self.answer_keys, f"one of {', '.join(map(repr, ANSWER_KEYS))}")
         if not isinstance(self.dedup_successes, bool):
             _bad("dedup_successes", self.dedup_successes, "true or false")
+        if not isinstance(self.format_gate, bool):
+            _bad("format_gate", self.format_gate, "true or false")
         _int(self, "max_staleness", 0)
 
     @property
@@ -222,6 +230,8 @@ class CoordinatorConfig:
             bound["answer_keys"] = self.answer_keys
         if self.dedup_successes:  # off binds a journal as before the setting existed
             bound["dedup_successes"] = True
+        if self.format_gate:  # off binds a journal as before the setting existed
+            bound["format_gate"] = True
         if self.max_staleness:  # 0 (synchronous) binds a journal as before the setting existed
             bound["max_staleness"] = self.max_staleness
         return bound

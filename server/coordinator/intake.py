@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from hacfed.crashpoints import crash_point
 from hacfed.messages import RoundPlan, Submission
+from hacfed.response_format import response_format
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.server.coordinator.errors import AuditError, ErrorCode, safe_text
 from hacfed.server.coordinator.journal import Journal, SubmissionRecord
@@ -93,19 +94,23 @@ class SubmissionIntake:
         self._plan_for, self._current_round, self._on_committed = plan_for, current_round, on_committed
         self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
         # what each accepted sample is credited for P̂ and the successes choice, with `dedup_successes`
+        # or `format_gate`
         keep = 2 + getattr(cfg, "max_staleness", 0)  # the rounds open at once, and the pool being published
-        self.credits = SuccessCredits(journal, keep_rounds=keep) if cfg.dedup_successes else None
+        fits = response_format(task).fits if cfg.format_gate else None
+        self.credits = SuccessCredits(journal, keep_rounds=keep, dedup=cfg.dedup_successes, fits=fits) \
+            if cfg.dedup_successes or cfg.format_gate else None
 
     def scored_rewards(self, round_id: int, rewards: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """What P̂ counts of the round's accepted samples: their verified `rewards` as given
-        (`KeptSamples.accepted_rewards`), or with `dedup_successes` each sample's credited reward
-        (`success_credit`: a repeated or replayed success counts 0)."""
+        (`KeptSamples.accepted_rewards`), or with `dedup_successes` or `format_gate` each sample's
+        credited reward (`success_credit`: a repeated or replayed success, or a success of a group
+        outside the task's response format, counts 0)."""
         return rewards if self.credits is None else self.credits.rewards(round_id)
 
     def group_credit(self, pool_round: int | None) -> dict[tuple[str, str], float] | None:
         """(prompt id, lab) -> the credited reward of each group of the pool of `pool_round`, which
-        the `successes` choice ranks by with `dedup_successes` (`PoolShares`); None without it (the
-        choice then ranks by the verified rewards in the pool) or without a pool."""
+        the `successes` choice ranks by with `dedup_successes` or `format_gate` (`PoolShares`); None
+        without them (the choice then ranks by the verified rewards in the pool) or without a pool."""
         return None if self.credits is None or pool_round is None else self.credits.group_credit(pool_round)
 
     @property

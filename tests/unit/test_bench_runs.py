@@ -60,6 +60,10 @@ def test_sim_command_line_of_a_run():
     deduped = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "dedup_successes": True}}))
     assert [r.sim_args[-1] for r in deduped] == ["--dedup-successes"] * 6
     assert all("--dedup-successes" not in r.sim_args for r in keyed)
+    # And whether a success outside the task's format earns nothing (hacfed sim --format-gate).
+    gated = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "format_gate": True}}))
+    assert [r.sim_args[-1] for r in gated] == ["--format-gate"] * 6
+    assert all("--format-gate" not in r.sim_args for r in deduped)
     # And bounded staleness on a simulated clock (hacfed sim --max-staleness, --lab-speed).
     paced = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "max_staleness": 2, "lab_speed": ["m2=4"]}}))
     assert [r.sim_args[-4:] for r in paced] == [("--max-staleness", "2", "--lab-speed", "m2=4")] * 6

@@ -79,6 +79,7 @@ def _defaults(cls: type) -> dict:
 DELIBERATE = {
     "coordinator.toml": {"answer_keys": "a real federation keeps the answers; the built-in default is for development",
                          "dedup_successes": "copies earn no P̂ or reach; the built-in default is the paper's P̂",
+                         "format_gate": "text a filtered lab drops earns no P̂ or reach; the default is the paper's P̂",
                          "sampling.max_new_tokens": "the file's task, 2-digit addition, answers in 6 tokens",
                          "hacpo": "the recommended mode; the built-in default is the paper's exact HACPO"},
 }

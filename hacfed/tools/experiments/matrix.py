@@ -37,7 +37,7 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
-                     "text_filter", "answer_keys", "dedup_successes", "max_staleness", "lab_speed")
+                     "text_filter", "answer_keys", "dedup_successes", "format_gate", "max_staleness", "lab_speed")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -73,6 +73,7 @@ class RunSettings:
     text_filter: bool = True
     answer_keys: str | None = None  # None: hacfed sim's default ("public")
     dedup_successes: bool = False
+    format_gate: bool = False  # hacfed sim --format-gate
     max_staleness: int = 0  # hacfed sim --max-staleness (docs/staleness.md)
     lab_speed: tuple[str, ...] = ()  # hacfed sim --lab-speed AGENT=FACTOR, each checked by hacfed sim
 
@@ -221,6 +222,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         answer_keys=(_choice(merged["answer_keys"], ANSWER_KEYS, origin("answer_keys"), "answer_keys")
                      if "answer_keys" in merged else None),
         dedup_successes=_bool(merged.get("dedup_successes", False), origin("dedup_successes"), "dedup_successes"),
+        format_gate=_bool(merged.get("format_gate", False), origin("format_gate"), "format_gate"),
         max_staleness=_staleness(merged.get("max_staleness", 0), origin("max_staleness")),
         lab_speed=_str_list(merged["lab_speed"], origin("lab_speed"), "lab_speed") if "lab_speed" in merged else (),
     )

@@ -77,6 +77,7 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (() if r.text_filter else ("--no-text-filter",)) \
       + (("--answer-keys", r.answer_keys) if r.answer_keys is not None else ()) \
       + (("--dedup-successes",) if r.dedup_successes else ()) \
+      + (("--format-gate",) if r.format_gate else ()) \
       + (("--max-staleness", str(r.max_staleness)) if r.max_staleness else ()) \
       + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed))
 
