@@ -24,7 +24,9 @@ needs them as its own group) plus the groups of at most `peers_per_prompt` (K) o
   reward; a group is exactly G samples (validation), so padding it or dropping failures does not
   help. With the coordinator's `dedup_successes` a group is ranked by its credited reward instead
   (`credit`, `success_credit`): G copies of one text count once, and a text first accepted from
-  another lab counts 0, so copying does not earn reach either.
+  another lab counts 0, so copying does not earn reach either; with its `format_gate` a group with a
+  sample outside the task's response format (which a lab's inbound filter leaves out) counts 0, so
+  text no filtered learner can use does not earn reach.
 
 Capabilities P̂ still cover every agent (they travel in the update, not in the pool). The order of
 the samples is the pool's order, so a selection is a sub-sequence of the pool.
@@ -70,7 +72,7 @@ class PoolShares:
         credit: Mapping[tuple[str, str], float] | None = None,
     ) -> None:
         """credit: (prompt id, source) -> what the `successes` choice ranks that group by, where the
-        coordinator credits rewards (`dedup_successes`: `SubmissionIntake.group_credit`; a group not
+        coordinator credits rewards (`dedup_successes`, `format_gate`: `SubmissionIntake.group_credit`; a group not
         in it has 0); None: the sum of the verified rewards of its samples in `pool`."""
         if isinstance(peers_per_prompt, bool) or not isinstance(peers_per_prompt, int) or peers_per_prompt < 0:
             raise ValueError(f"peers_per_prompt must be an int >= 0, got {peers_per_prompt!r}")
