@@ -193,7 +193,7 @@ def credit_successes(
     A success that `fits` refuses itself is not remembered: text outside the format owns no key. A
     failure is credited as it is (its reward, at most 0)."""
     fit = [fits is None or fits(text, float(reward)) for _, _, text, reward in samples]
-    refused = {(lab, prompt_id) for (lab, prompt_id, _, _), ok in zip(samples, fit) if not ok}
+    refused = refused_groups(samples, fits, fit)
     credits: list[float] = []
     seen: set[bytes] = set()
     added: list[tuple[bytes, str]] = []
@@ -209,3 +209,17 @@ def credit_successes(
         seen.add(key)
         added.append((key, lab))
     return credits, added
+
+
+def refused_groups(
+    samples: Sequence[tuple[str, str, str, float]], fits: Callable[[str, float], bool] | None,
+    fit: Sequence[bool] | None = None,
+) -> set[tuple[str, str]]:
+    """The (lab, prompt id) groups of one submission's samples, given as `credit_successes` takes
+    them, that hold a sample `fits` refuses (none without `fits`); `fit`: each sample's verdict, when
+    the caller has it already."""
+    if fits is None:
+        return set()
+    if fit is None:
+        fit = [fits(text, float(reward)) for _, _, text, reward in samples]
+    return {(lab, prompt_id) for (lab, prompt_id, _, _), ok in zip(samples, fit) if not ok}

@@ -2,8 +2,9 @@
 
 Pure (no model, no torch), so both sides may import it: a lab's inbound filter
 (`hacfed.clients.textfilter`) refuses a peer's group that holds a sample outside the format, and the
-coordinator's `format_gate` (`hacfed.capability.credit_successes`) credits a success outside it 0 for
-P̂ and the `successes` pool choice (docs/security.md, "Inbound checks on peer text").
+coordinator's `format_gate` credits every success of such a group 0 for P̂ and ranks the group last in
+the `successes` pool choice (`hacfed.capability.credit_successes`,
+`hacfed.server.coordinator.success_credit`; docs/security.md, "Inbound checks on peer text").
 
 The format of a built-in task is read off its verifier: at most `max_chars` characters; and a success
 (verified reward > 0) holds only printable text, newlines and tabs (no control or format character:

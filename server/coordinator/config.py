@@ -82,10 +82,11 @@ class CoordinatorConfig:
       for P̂ and the `successes` choice a repeated text in a group, or a text first accepted from
       another lab for the prompt, is credited 0 (hacfed.server.coordinator.success_credit).
     format_gate: off (the default here: P̂ and the `successes` choice as before), or on
-      (deploy/coordinator.toml): for P̂ and the `successes` choice every success of a lab's group for
-      a prompt is credited 0 when a sample of the group does not fit the task's response format
-      (hacfed.response_format, the check of a lab's inbound filter, which leaves such a group out
-      whole); docs/security.md, "Inbound checks on peer text". Composes with dedup_successes.
+      (deploy/coordinator.toml): when a sample of a lab's group for a prompt does not fit the task's
+      response format (hacfed.response_format, the check of a lab's inbound filter, which leaves such
+      a group out whole), every success of the group is credited 0 for P̂ and the `successes` choice
+      ranks the group last (docs/security.md, "Inbound checks on peer text"). Composes with
+      dedup_successes.
     verify_threads: threads that re-verify one submission's rewards (1-8): with a task whose
       verifier is a pool of sandboxed workers (math-verify, `parallel_workers`), more than 1 keeps the
       workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,

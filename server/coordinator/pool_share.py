@@ -25,8 +25,8 @@ needs them as its own group) plus the groups of at most `peers_per_prompt` (K) o
   help. With the coordinator's `dedup_successes` a group is ranked by its credited reward instead
   (`credit`, `success_credit`): G copies of one text count once, and a text first accepted from
   another lab counts 0, so copying does not earn reach either; with its `format_gate` a group with a
-  sample outside the task's response format (which a lab's inbound filter leaves out) counts 0, so
-  text no filtered learner can use does not earn reach.
+  sample outside the task's response format (which a lab's inbound filter leaves out) ranks last
+  (`success_credit.REFUSED_GROUP`), so text no filtered learner can use does not earn reach.
 
 Capabilities P̂ still cover every agent (they travel in the update, not in the pool). The order of
 the samples is the pool's order, so a selection is a sub-sequence of the pool.

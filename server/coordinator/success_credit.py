@@ -21,14 +21,25 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import groupby
 
-from hacfed.capability import DEDUP_MEMORY, DEDUP_MIN_CHARS, SuccessMemory, credit_successes, response_key
+from hacfed.capability import (
+    DEDUP_MEMORY,
+    DEDUP_MIN_CHARS,
+    SuccessMemory,
+    credit_successes,
+    refused_groups,
+    response_key,
+)
 from hacfed.server.coordinator.journal import Journal
 from hacfed.server.coordinator.validation import AcceptedTrajectory
 
-# one accepted sample as credited: (lab, prompt id, credited reward)
-Credited = tuple[str, str, float]
-# one submission as judged: its samples' credits and its successes' (key, lab) to remember
-Judged = tuple[list[float], list[tuple[bytes, str]]]
+# one accepted sample as credited: (lab, prompt id, credited reward, whether its group is outside the format)
+Credited = tuple[str, str, float, bool]
+# one submission as judged: its samples' credits, its successes' (key, lab) to remember, and the
+# (lab, prompt id) groups with a sample outside the task's format (`format_gate`)
+Judged = tuple[list[float], list[tuple[bytes, str]], set[tuple[str, str]]]
+# what the `successes` choice ranks a group outside the format by: below every group a lab's inbound
+# filter keeps, those without a success included (the filter would leave it out: it is worth nothing)
+REFUSED_GROUP = float("-inf")
 
 
 class SuccessCredits:
@@ -53,17 +64,18 @@ class SuccessCredits:
         self._from = 0  # the first round whose credits `_rounds` holds all of (a round not there has none)
 
     def judge(self, accepted: Sequence[AcceptedTrajectory]) -> Judged:
-        """One submission's credits and its successes' (key, lab), before its commit (nothing changes here)."""
+        """One submission as judged (`Judged`), before its commit (nothing changes here)."""
         samples = [(a.trajectory.source_id, a.trajectory.prompt_id, a.trajectory.response_text, a.trajectory.reward)
                    for a in accepted]
-        return credit_successes(samples, self._current(), self._min_chars, self._fits)
+        credits, added = credit_successes(samples, self._current(), self._min_chars, self._fits)
+        return credits, added, refused_groups(samples, self._fits)
 
     def committed(
         self, round_id: int, accepted: Sequence[AcceptedTrajectory], judged: Judged,
     ) -> None:
         """After the submission's COMMIT: remember its successes and keep its credits."""
         memory = self._current()
-        credits, added = judged
+        credits, added, refused = judged
         for key, lab in added:
             if memory is not None:
                 memory.add(key, lab)
@@ -71,17 +83,19 @@ class SuccessCredits:
         for old in [r for r in self._rounds if r < self._from]:
             del self._rounds[old]
         self._rounds.setdefault(round_id, []).extend(
-            (a.trajectory.source_id, a.trajectory.prompt_id, c) for a, c in zip(accepted, credits))
+            (t.source_id, t.prompt_id, c, (t.source_id, t.prompt_id) in refused)
+            for t, c in zip((a.trajectory for a in accepted), credits))
 
     def rewards(self, round_id: int) -> list[tuple[str, float]]:
         """(lab, credited reward) of every accepted sample of the round, for P̂ (`CapabilityTracker.update`)."""
-        return [(lab, credit) for lab, _, credit in self._credited(round_id)]
+        return [(lab, credit) for lab, _, credit, _ in self._credited(round_id)]
 
     def group_credit(self, round_id: int) -> dict[tuple[str, str], float]:
-        """(prompt id, lab) -> the credited reward of the lab's group, for the `successes` choice (`PoolShares`)."""
+        """(prompt id, lab) -> the credited reward of the lab's group, for the `successes` choice
+        (`PoolShares`); REFUSED_GROUP for a group outside the task's format."""
         out: dict[tuple[str, str], float] = {}
-        for lab, prompt_id, credit in self._credited(round_id):
-            out[prompt_id, lab] = out.get((prompt_id, lab), 0.0) + credit
+        for lab, prompt_id, credit, refused in self._credited(round_id):
+            out[prompt_id, lab] = REFUSED_GROUP if refused else out.get((prompt_id, lab), 0.0) + credit
         return out
 
     # -- internals --------------------------------------------------------------------------------
@@ -123,9 +137,11 @@ class SuccessCredits:
         for (round_id, _), submission in groupby(rows, key=lambda row: row[:2]):
             samples = [(lab, prompt_id, text, reward) for _, _, lab, prompt_id, text, reward in submission]
             credits, added = credit_successes(samples, memory, self._min_chars, self._fits)
+            refused = refused_groups(samples, self._fits)
             for key, lab in added:
                 if memory is not None:
                     memory.add(key, lab)
             if round_id in rounds:
-                rounds[round_id].extend((lab, prompt_id, c) for (lab, prompt_id, _, _), c in zip(samples, credits))
+                rounds[round_id].extend((lab, prompt_id, c, (lab, prompt_id) in refused)
+                                        for (lab, prompt_id, _, _), c in zip(samples, credits))
         return memory, rounds

@@ -7,7 +7,8 @@ The canary lab solves every prompt with TEXT on its own line of each derivation:
 per group, which a lab's inbound filter leaves out (a chain success holds worked steps and `Answer: N`
 only). Without the gate it has the most verified reward on every prompt, so each honest learner's one
 peer slot goes to a group its filter then drops: no peer at all. With the gate its successes are
-credited 0, so each honest learner is sent its honest peer, and the canary lab's P̂ is the floor."""
+credited 0 and its groups rank last, so each honest learner is sent its honest peer (even one that
+solved nothing), and the canary lab's P̂ is the floor."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hacfed.clients.textfilter import filter_pool, inbound
 from hacfed.messages import RoundUpdate, StepReport, Submission
 from hacfed.response_format import response_format
 from hacfed.server.coordinator import Coordinator, Journal
+from hacfed.server.coordinator.success_credit import REFUSED_GROUP
 from hacfed.server.coordinator.transport import run_rounds
 from hacfed.tasks.chain import ChainTask
 from hacfed.tools.hostile import HostileSpec, ScriptedLab
@@ -101,11 +103,12 @@ def test_hacfed_sim_hands_format_gate_to_its_coordinator(tmp_path) -> None:
 
 
 class _Honest:
-    """An honest lab in the task's format: per group the worked solution once, then wrong answers; it
-    claims its verifier's rewards (public answer keys)."""
+    """An honest lab in the task's format: per group the worked solution once (none when not `solves`),
+    then wrong answers; it claims its verifier's rewards (public answer keys)."""
 
-    def __init__(self, participant_id: str) -> None:
+    def __init__(self, participant_id: str, solves: bool = True) -> None:
         self.participant_id = participant_id
+        self.solves = solves
         self.updates: list[RoundUpdate] = []
 
     def exchange(self, update: RoundUpdate) -> Submission:
@@ -119,7 +122,7 @@ class _Honest:
         for planned in plan.prompts:
             problem = TASK.problem(planned.prompt_id)
             for k in range(plan.group_size):
-                text = problem.solution if k == 0 else f"Answer: {rng.randint(1000, 9999)}"
+                text = problem.solution if k == 0 and self.solves else f"Answer: {rng.randint(1000, 9999)}"
                 out.append(Trajectory(f"{self.participant_id}/{plan.round_id}/{planned.prompt_id}/{k}",
                                       planned.prompt_id, self.participant_id, 0, planned.messages, text,
                                       TASK.verify(problem, text).reward, -20.0, 40, "stop"))
@@ -137,12 +140,12 @@ class _Canary:
         return self.lab.step(update)
 
 
-def _federation(tmp_path, gate: bool, dedup: bool = False) -> tuple[Coordinator, list[_Honest]]:
+def _federation(tmp_path, gate: bool, dedup: bool = False, b_solves: bool = True) -> tuple[Coordinator, list[_Honest]]:
     cfg = make_config(tmp_path, rounds=ROUNDS, prompts_per_round=2, group_size=G, expected_participants=3,
                       min_participants=3, pool_peers_per_prompt=1, pool_peer_choice="successes",
                       format_gate=gate, dedup_successes=dedup, task=TASK_TABLE, sampling={"max_new_tokens": 64})
     coord = Coordinator(cfg, TASK, Journal(cfg.journal_path), clock=FakeClock())
-    honest = [_Honest(pid) for pid in HONEST]
+    honest = [_Honest("lab-a"), _Honest("lab-b", solves=b_solves)]
     outcomes = run_rounds(coord, [*honest, _Canary()], sleep=coord.now)
     assert all(not o.results[CANARY].rejected for o in outcomes)  # every canary sample verified and accepted
     return coord, honest
@@ -158,7 +161,7 @@ def _peers(honest: list[_Honest], filtered: bool) -> list[set[str]]:
             pool = filter_pool(update.pool, lab.participant_id, flt)[0] if filtered else update.pool
             for prompt_id in {t.prompt_id for t in update.pool}:
                 out.append({t.source_id for t in pool if t.prompt_id == prompt_id} - {lab.participant_id})
-    assert len(out) == len(HONEST) * ROUNDS * 2
+    assert len(out) == len(honest) * ROUNDS * 2
     return out
 
 
@@ -174,6 +177,13 @@ def test_with_the_gate_each_honest_learner_is_sent_its_honest_peer(tmp_path, ded
     assert _peers(honest, filtered=True) == sent  # and its inbound filter keeps it
 
 
+def test_a_group_outside_the_format_ranks_below_an_honest_group_without_a_success(tmp_path) -> None:
+    coord, honest = _federation(tmp_path, gate=True, b_solves=False)
+    assert coord.capabilities()["lab-b"] < 1e-6 and coord.capabilities()[CANARY] < 1e-6  # both credited nothing
+    # but lab-a is sent lab-b's failures, which its filter keeps, never the canary lab's group, which it drops
+    assert _peers(honest[:1], filtered=True) == [{"lab-b"}] * (ROUNDS * 2)
+
+
 def test_without_the_gate_the_canary_lab_takes_every_peer_slot(tmp_path) -> None:
     coord, honest = _federation(tmp_path, gate=False)
     assert coord.capabilities()[CANARY] == 1.0
@@ -185,7 +195,7 @@ def test_without_the_gate_the_canary_lab_takes_every_peer_slot(tmp_path) -> None
 def test_the_credits_survive_a_coordinator_restart(tmp_path, dedup) -> None:
     coord, _ = _federation(tmp_path, gate=True, dedup=dedup)
     live = [coord.intake.group_credit(r) for r in range(ROUNDS)]
-    assert all(v == 0.0 for credit in live for (_, lab), v in credit.items() if lab == CANARY)
+    assert all(v == REFUSED_GROUP for credit in live for (_, lab), v in credit.items() if lab == CANARY)
     coord.journal.close()
     again = Coordinator(coord.cfg, TASK, Journal(coord.cfg.journal_path), clock=FakeClock())
     assert [again.intake.group_credit(r) for r in range(ROUNDS)] == live  # judged again from the journal
