@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +59,8 @@ def final_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def canary_and_capability(setting: Setting, mode: str, agent: str, out: Path) -> tuple[dict[int, float], dict[int, float]]:
+def canary_and_capability(setting: Setting, mode: str, agent: str,
+                          out: Path) -> tuple[dict[int, float], dict[int, float]]:
     """Seed -> the agent's final `eval_canary_rate`, and seed -> the bad lab's mean `capability` over rounds."""
     canary: dict[int, float] = {}
     capability: dict[int, float] = {}

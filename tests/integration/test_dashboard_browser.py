@@ -3,9 +3,9 @@
 While the rounds run, Chromium loads the page, lets it poll (`--virtual-time-budget`), and dumps
 the DOM: a participants row per lab with its last round and idle time, a round number >= 1 and four
 uPlot charts with points. Then a screenshot, which must be a real picture (many colours);
-`HACFED_UPDATE_DOCS_IMG=1` copies it to docs/img/dashboard.png. In a 1280 px wide window (driven over Chromium's DevTools pipe), no chart
-may reach past the right edge. Ctrl-C then stops the demo and every process it started, the dashboard's
-thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh installs
+`HACFED_UPDATE_DOCS_IMG=1` copies it to docs/img/dashboard.png. In a 1280 px wide window (driven
+over Chromium's DevTools pipe), no chart may reach past the right edge. Ctrl-C then stops the demo
+and every process it started, the dashboard's thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh installs
 Debian's `chromium` as root).
 """
 

@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hacfed.capability import (
-    DEDUP_MIN_CHARS,
-    SuccessMemory,
-    credit_successes,
-    normalise_response,
-    response_key,
-)
+from hacfed.capability import DEDUP_MIN_CHARS, SuccessMemory, credit_successes, normalise_response, response_key
 from hacfed.messages import Submission
 from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.server.coordinator.pool_share import PoolShares

@@ -47,7 +47,8 @@ def test_the_table_pairs_each_agent_with_training_alone_and_the_honest_pair(tmp_
     assert m2.vs_alone.estimate.mean == pytest.approx(0.0, abs=1e-9) and m2.safe is True
     assert m1.canary_rate.mean == pytest.approx(0.004) and m1.bad_capability.mean == pytest.approx(0.75)
     text = hostile_table.render(matrix, tmp_path, "cmd")
-    assert "| canary | xhacpo | m1 | 0.420 ± 0.050 | **-0.100 ± 0.000** (0/3) | **-0.120 ± 0.000** (0/3) | **no** |" in text
+    assert ("| canary | xhacpo | m1 | 0.420 ± 0.050 | **-0.100 ± 0.000** (0/3) | **-0.120 ± 0.000** (0/3) "
+            "| **no** |") in text
     assert "0.40 %" in text and "| honest pair | xhacpo | m1 |" in text
 
 

@@ -90,10 +90,12 @@ class _Solver:
             solution = TASK.problem(planned.prompt_id).solution
             for k in range(plan.group_size):
                 if k == 0:
-                    text = f"{self.participant_id} adds one number at a time, writes down each step and checks every sum.\n{solution}"
+                    text = (f"{self.participant_id} adds one number at a time, writes down each step and checks "
+                            f"every sum.\n{solution}")
                 else:
                     text = f"{self.participant_id} guesses this one.\nAnswer: {rng.randint(1000, 9999)}"
-                claim = TASK.verify(TASK.problem(planned.prompt_id), text).reward if plan.answer_keys == "public" else 0.0
+                public = plan.answer_keys == "public"
+                claim = TASK.verify(TASK.problem(planned.prompt_id), text).reward if public else 0.0
                 out.append(_sample(self.participant_id, plan.round_id, planned, k, text, claim))
         return Submission(update.run_id, self.participant_id, plan.round_id, tuple(out),
                           nonce=f"{plan.round_id:032x}")
