@@ -5,8 +5,8 @@ the DOM: a participants row per lab with its last round and idle time, a round n
 uPlot charts with points. Then a screenshot, which must be a real picture (many colours);
 `HACFED_UPDATE_DOCS_IMG=1` copies it to docs/img/dashboard.png. In a 1280 px wide window (driven
 over Chromium's DevTools pipe), no chart may reach past the right edge. Ctrl-C then stops the demo
-and every process it started, the dashboard's thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh installs
-Debian's `chromium` as root).
+and every process it started, the dashboard's thread with hacfed-server. Skipped when Chromium is
+not installed (scripts/bootstrap.sh installs Debian's `chromium` as root).
 """
 
 from __future__ import annotations
