@@ -30,7 +30,9 @@ from hacfed.tasks.math_data import MathDataTask
 from hacfed.tasks.math_verifier import MathVerifierConfig
 
 # A response cap for a task whose verifier has none: the math verifier's default (hacfed.tasks.math_verifier).
-GENERIC_MAX_CHARS = MathVerifierConfig().max_response_chars
+# Read from the field's default: building a MathVerifierConfig checks the sandbox's network isolation,
+# which an import must not do (hacfed-server imports this and refuses a host without isolation itself).
+GENERIC_MAX_CHARS = MathVerifierConfig.__dataclass_fields__["max_response_chars"].default
 _NUMBER = r"\d{1,12}"
 CHAIN_SUCCESS = re.compile(rf"\A(?:[ \t]*{_NUMBER}[+-]{_NUMBER}=-?{_NUMBER}[ \t]*\n)*[ \t]*Answer: -?{_NUMBER}\Z")
 _ASCII_BAD = re.compile(r"[^\x20-\x7e\n\t]")
