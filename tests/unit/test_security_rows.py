@@ -4,7 +4,7 @@ A citation is a code span naming a test file under tests/ (`unit/test_x.py`, `fa
 `integration/test_z.py`, or a bare `test_x.py` found under tests/), optionally with `::test_name`; a
 span `::test_name` alone continues the file cited last. Each file must exist, and each test must be a
 function (or a method of a test class) of that file. The tables "Security rows" and "Reliability
-rows" must hold S1-S11 and R1-R11, each with at least one cited test in its Proof column and a
+rows" must hold S1-S14 and R1-R11, each with at least one cited test in its Proof column and a
 status of the fixed set in bold.
 """
 
@@ -24,7 +24,7 @@ SPAN = re.compile(r"`([^`\n]+)`")
 CITED = re.compile(r"^(?:tests/)?((?:[\w-]+/)*test_\w+\.py)(?:::(\w+)(?:\[[^\]]*\])?)?$")
 CONTINUED = re.compile(r"^::(\w+)(?:\[[^\]]*\])?$")
 STATUSES = ("green", "partly met", "deviates by design", "not met")
-ROWS = [f"S{n}" for n in range(1, 12)] + [f"R{n}" for n in range(1, 12)]
+ROWS = [f"S{n}" for n in range(1, 15)] + [f"R{n}" for n in range(1, 12)]
 
 
 @cache
