@@ -56,21 +56,27 @@ def _libfuzzer_args(tmp_path: Path, *extra: str) -> list[str]:
             *extra, str(tmp_path / "corpus")]
 
 
-@pytest.mark.parametrize(("budget", "limit_s", "min_runs"), [
-    pytest.param("-max_total_time=15", 15 + MARGIN_S, 1000, id="15s"),  # the smoke run
-    pytest.param(f"-runs={LONG_RUNS}", LONG_LIMIT_S, LONG_RUNS, id="1e6-runs",
-                 marks=[pytest.mark.long, pytest.mark.timeout(LONG_LIMIT_S + 300)]),
-])
-def test_decoders_survive_a_fuzzing_run(tmp_path: Path, budget: str, limit_s: float, min_runs: int) -> None:
-    argv = [sys.executable, str(TARGET), budget, *_libfuzzer_args(tmp_path)]
-    rc, out = _run(argv, tmp_path, limit_s)
+def fuzz_clean(target: Path, budget: str, tmp_path: Path, limit_s: float, min_runs: int) -> tuple[int, int]:
+    """Run an atheris target for `budget`; assert it found nothing and ran at least min_runs inputs.
+    Returns (executions, seconds)."""
+    rc, out = _run([sys.executable, str(target), budget, *_libfuzzer_args(tmp_path)], tmp_path, limit_s)
     crashes = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-")))
     assert rc == 0 and not crashes, f"exit {rc}, artifacts {crashes}:\n{out[-5000:]}"
     assert "Uncaught Python exception" not in out and "==ERROR" not in out, out[-5000:]
     done = re.search(r"Done (\d+) runs in (\d+) second", out)
     assert done, out[-3000:]
     runs, seconds = int(done.group(1)), int(done.group(2))
-    assert runs >= min_runs, out[-3000:]  # measured ~5,000 executions/s on 2 busy cores
+    assert runs >= min_runs, out[-3000:]
+    return runs, seconds
+
+
+@pytest.mark.parametrize(("budget", "limit_s", "min_runs"), [
+    pytest.param("-max_total_time=15", 15 + MARGIN_S, 1000, id="15s"),  # the smoke run
+    pytest.param(f"-runs={LONG_RUNS}", LONG_LIMIT_S, LONG_RUNS, id="1e6-runs",
+                 marks=[pytest.mark.long, pytest.mark.timeout(LONG_LIMIT_S + 300)]),
+])
+def test_decoders_survive_a_fuzzing_run(tmp_path: Path, budget: str, limit_s: float, min_runs: int) -> None:
+    runs, seconds = fuzz_clean(TARGET, budget, tmp_path, limit_s, min_runs)  # ~5,000 executions/s on 2 busy cores
     assert len(list((tmp_path / "corpus").iterdir())) >= 15  # the seeds, plus what the run added
     print(f"\natheris run: {runs} executions in {seconds}s ({runs / max(seconds, 1):.0f}/s), "
           f"corpus {len(list((tmp_path / 'corpus').iterdir()))} inputs")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.test_fuzz_decoders import LONG_LIMIT_S, LONG_RUNS, MARGIN_S, _libfuzzer_args, _run
+from tests.faults.test_fuzz_decoders import LONG_LIMIT_S, LONG_RUNS, MARGIN_S, _libfuzzer_args, _run, fuzz_clean
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,15 +37,7 @@ TARGET = Path(__file__).with_name("fuzz_structured.py")
                  marks=[pytest.mark.long, pytest.mark.timeout(LONG_LIMIT_S + 300)]),
 ])
 def test_structured_fuzzing_run_finds_nothing(tmp_path: Path, budget: str, limit_s: float, min_runs: int) -> None:
-    argv = [sys.executable, str(TARGET), budget, *_libfuzzer_args(tmp_path)]
-    rc, out = _run(argv, tmp_path, limit_s)
-    crashes = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-")))
-    assert rc == 0 and not crashes, f"exit {rc}, artifacts {crashes}:\n{out[-5000:]}"
-    assert "Uncaught Python exception" not in out and "==ERROR" not in out, out[-5000:]
-    done = re.search(r"Done (\d+) runs in (\d+) second", out)
-    assert done, out[-3000:]
-    runs, seconds = int(done.group(1)), int(done.group(2))
-    assert runs >= min_runs, out[-3000:]
+    runs, seconds = fuzz_clean(TARGET, budget, tmp_path, limit_s, min_runs)
     print(f"\nstructured atheris run: {runs} executions in {seconds}s ({runs / max(seconds, 1):.0f}/s), "
           f"corpus {len(list((tmp_path / 'corpus').iterdir()))} inputs")
 
