@@ -124,7 +124,7 @@ class ClientConfig:
         try:
             object.__setattr__(self, "slowdown", check_slowdown(self.slowdown))
         except ValueError:
-            _bad("slowdown", self.slowdown, "a finite number >= 1 (1: no slowdown)")
+            _bad("slowdown", self.slowdown, "a finite number >= 1 and <= 100 (1: no slowdown)")
         if not isinstance(self.task, Mapping) or "kind" not in self.task:
             _bad("task", self.task, "a table with at least 'kind' (the coordinator's [task])")
         object.__setattr__(self, "task", dict(self.task))

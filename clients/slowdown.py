@@ -18,11 +18,14 @@ from typing import Any, Callable
 
 from hacfed.messages import RoundUpdate, Submission
 
+MAX_SLOWDOWN = 100.0  # beyond it a step's sleep is a hang, not a test of a slow lab
+
 
 def check_slowdown(value: object) -> float:
-    """A slowdown factor: a finite number >= 1 (1: the lab's own speed)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
-        raise ValueError(f"slowdown must be a finite number >= 1 (1: no slowdown), got {value!r}")
+    """A slowdown factor: a finite number in [1, MAX_SLOWDOWN] (1: the lab's own speed)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1
+            or value > MAX_SLOWDOWN):
+        raise ValueError(f"slowdown must be a finite number >= 1 and <= 100 (1: no slowdown), got {value!r}")
     return float(value)
 
 

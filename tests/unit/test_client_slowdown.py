@@ -60,9 +60,9 @@ def test_stretch_and_compute_seconds():
     assert compute_seconds(object(), wall_s=5.0) == 5.0  # no timings: the step's wall time
 
 
-@pytest.mark.parametrize("bad", [0.5, 0, -2, float("nan"), float("inf"), True, "2"])
-def test_a_factor_below_1_or_not_a_number_is_refused(bad):
-    with pytest.raises(ValueError, match=r"slowdown must be a finite number >= 1 \(1: no slowdown\), got"):
+@pytest.mark.parametrize("bad", [0.5, 0, -2, float("nan"), float("inf"), True, "2", 100.5, 1e308])
+def test_a_factor_below_1_above_100_or_not_a_number_is_refused(bad):
+    with pytest.raises(ValueError, match=r"slowdown must be a finite number >= 1 and <= 100 \(1: no slowdown\), got"):
         check_slowdown(bad)
 
 
