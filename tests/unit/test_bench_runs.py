@@ -64,6 +64,12 @@ def test_sim_command_line_of_a_run():
     gated = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "format_gate": True}}))
     assert [r.sim_args[-1] for r in gated] == ["--format-gate"] * 6
     assert all("--format-gate" not in r.sim_args for r in deduped)
+    # And known canaries every honest lab's filter drops (hacfed sim --deny, once per string).
+    denied = plan_runs(_matrix({"three": {"agents": ["m1", "m2", "m3"], "deny": ["evil.example", "b c"]}}))
+    assert [r.sim_args[-4:] for r in denied] == [("--deny", "evil.example", "--deny", "b c")] * 6
+    assert all("--deny" not in r.sim_args for r in gated)
+    with pytest.raises(MatrixError, match=r"\[settings.three\]: deny"):
+        _matrix({"three": {"agents": ["m1", "m2", "m3"], "deny": "evil.example"}})
     # And bounded staleness on a simulated clock (hacfed sim --max-staleness, --lab-speed).
     paced = plan_runs(_matrix({"pair": {"agents": ["m1", "m2"], "max_staleness": 2, "lab_speed": ["m2=4"]}}))
     assert [r.sim_args[-4:] for r in paced] == [("--max-staleness", "2", "--lab-speed", "m2=4")] * 6

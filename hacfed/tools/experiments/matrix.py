@@ -10,8 +10,8 @@ coordinator's K, as `hacfed sim` without --peers-per-prompt), `peer_choice` (abs
 "drawn"), `finetune` (absent: `hacfed sim`'s "auto", LoRA above 300M parameters), `eval_sampled`
 (absent: true, each evaluation also scores one temperature-1 sample per problem), `eval_start`
 (absent: true; false skips the round-0 evaluation, which is the loaded model's in every run),
-`text_filter` (absent: true, `hacfed sim`'s default: each honest lab's text filter checks peers' text) and a
-setting's
+`text_filter` (absent: true, `hacfed sim`'s default: each honest lab's text filter checks peers' text),
+`deny` (absent: none; a list of known canaries, `hacfed sim --deny` each) and a setting's
 `archived` (absent: false; true keeps an earlier design in the report without rerunning it), and
 unknown keys are errors, so a typo never silently runs the wrong experiment. Errors are
 `MatrixError`s naming the file, table and key.
@@ -37,7 +37,8 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # Absent: `hacfed sim`'s default (minibatch: the paper's 2 updates per source; peers and their choice:
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
-                     "text_filter", "answer_keys", "dedup_successes", "format_gate", "max_staleness", "lab_speed")
+                     "text_filter", "answer_keys", "dedup_successes", "format_gate", "deny", "max_staleness",
+                     "lab_speed")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -74,6 +75,7 @@ class RunSettings:
     answer_keys: str | None = None  # None: hacfed sim's default ("public")
     dedup_successes: bool = False
     format_gate: bool = False  # hacfed sim --format-gate
+    deny: tuple[str, ...] = ()  # hacfed sim --deny TEXT: known canaries every honest lab's filter drops
     max_staleness: int = 0  # hacfed sim --max-staleness (docs/staleness.md)
     lab_speed: tuple[str, ...] = ()  # hacfed sim --lab-speed AGENT=FACTOR, each checked by hacfed sim
 
@@ -223,6 +225,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
                      if "answer_keys" in merged else None),
         dedup_successes=_bool(merged.get("dedup_successes", False), origin("dedup_successes"), "dedup_successes"),
         format_gate=_bool(merged.get("format_gate", False), origin("format_gate"), "format_gate"),
+        deny=_str_list(merged["deny"], origin("deny"), "deny") if "deny" in merged else (),
         max_staleness=_staleness(merged.get("max_staleness", 0), origin("max_staleness")),
         lab_speed=_str_list(merged["lab_speed"], origin("lab_speed"), "lab_speed") if "lab_speed" in merged else (),
     )

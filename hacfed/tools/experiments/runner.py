@@ -78,6 +78,7 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (("--answer-keys", r.answer_keys) if r.answer_keys is not None else ()) \
       + (("--dedup-successes",) if r.dedup_successes else ()) \
       + (("--format-gate",) if r.format_gate else ()) \
+      + tuple(a for text in r.deny for a in ("--deny", text)) \
       + (("--max-staleness", str(r.max_staleness)) if r.max_staleness else ()) \
       + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed))
 
