@@ -114,14 +114,14 @@ class FederationDriver:
         self._told: set[str] = set()
         self._registered: set[str] = set()  # registered with the coordinator by this driver
         self._connected: set[str] = set()  # admitted participants the loop currently knows
-        self._steps: dict[str, StepTimes] = {}
+        self._steps: dict[int, dict[str, StepTimes]] = {}  # round -> lab -> the step times its submission reported
         self._coordinator_s, self._waiting_since = 0.0, None  # (a round's coordinator seconds; see _maybe_open)
         self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
         self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic)
         self._resume()
 
-    def _record_steps(self, participant_id: str, times: StepTimes) -> None:
-        self._steps[participant_id] = times
+    def _record_steps(self, participant_id: str, round_id: int, times: StepTimes) -> None:
+        self._steps.setdefault(round_id, {})[participant_id] = times
 
     # -- RoundDriver ----------------------------------------------------------------------------
 
@@ -158,9 +158,9 @@ class FederationDriver:
             self._close(reason)
         if self.coordinator.current_round is None and not self.coordinator.finished:
             self._maybe_open(admitted)
-        if (round_id := self.coordinator.current_round) is not None:
+        if self.coordinator.current_round is not None:
             payloads.update(self._round_payloads(admitted))
-            self._waiting_line.tick(self.coordinator, round_id, self._monotonic())
+            self._waiting_line.tick(self.coordinator, self.coordinator.open_rounds()[0], self._monotonic())
         elif self.coordinator.finished:
             payloads.update(self._final_payloads(admitted))
         payloads.update(self._answer_deliveries(admitted, set(payloads)))
@@ -348,14 +348,14 @@ class FederationDriver:
         return self.deliveries.send(targets, ANSWERS, b"")
 
     def _close(self, reason: str) -> None:
-        round_id = self.coordinator.current_round
-        record = self.coordinator.round_record(round_id)
+        round_id = self.coordinator.open_rounds()[0]  # the oldest open round closes (max_staleness K: of K + 1)
+        record, steps = self.coordinator.round_record(round_id), self._steps.pop(round_id, {})
         closed = self.coordinator.close_round(reason)
         wall = self.coordinator.now() - record.opened_at
         summary = self.coordinator.round_summary(round_id)
-        times = split_round(wall, self._coordinator_s, self._steps)
-        append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, self._steps))
-        for line in participant_lines(summary, self._steps, set(self._nodes.values())):
+        times = split_round(wall, self._coordinator_s, steps)
+        append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, steps))
+        for line in participant_lines(summary, steps, set(self._nodes.values())):
             self.console(line)
         self.console(round_line(summary, times) + f"; contributors {list(closed.contributors)}")
         self.deliveries.forget_round(round_id)

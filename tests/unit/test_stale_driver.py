@@ -89,6 +89,12 @@ def test_the_fast_lab_starts_its_next_step_before_the_round_closes(tmp_path: Pat
     assert loop.steps("lab-a") == loop.steps("lab-b") == [0, 1, 2, 3, None]
     assert [fed.driver.journal.round(q).close_reason for q in range(4)] == ["quorum"] * 4
     _check_deliveries(fed, 4)
+    # each round's rows once, when it (the oldest open round) closed, with each lab's own step times
+    rows = [r for r in fed.rows() if not r.get("final")]
+    assert sorted((r["round"], r["agent"]) for r in rows) == [(q, p) for q in range(4) for p in ("lab-a", "lab-b")]
+    assert all(r["time_rollout_s"] == 0.25 for r in rows)
+    assert [line.split(" in ")[0] for line in fed.lines if " closed (quorum)" in line] == [
+        f"round {q} closed (quorum)" for q in range(4)]
     # lab-a's step 1 went out before round 0 closed, and carried only its own round-0 samples
     a1 = next(s for s in sent_steps(fed.driver.journal) if s.participant_id == "lab-a" and s.step == 1)
     assert a1.sent_at < fed.driver.journal.round(0).closed_at and a1.sources == {0: {"lab-a"}}
