@@ -11,7 +11,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from hacfed.server.coordinator.sent_steps import sent_steps
+import pytest
+
+from hacfed.server.coordinator.sent_steps import SentStep, record_sent_step, sent_step, sent_steps
 from tests.unit.test_coordinator_fakes import FakeClock
 from tests.unit.test_server_driver import Federation
 
@@ -128,6 +130,17 @@ def test_a_failed_exchange_and_a_restart_resend_the_same_samples(tmp_path: Path)
     _check_deliveries(fed, 4)
     with sqlite3.connect(fed.driver.config.coordinator.journal_path) as db:
         assert db.execute("SELECT COUNT(*) FROM sent_steps").fetchone() == (2 * 5,)
+
+
+def test_the_journal_refuses_to_send_a_lab_a_submission_twice(tmp_path: Path) -> None:
+    fed, loop = _two_labs(tmp_path)
+    loop.poll("lab-a")
+    loop.poll("lab-a")  # lab-a's step 1: its own round-0 submission
+    journal = fed.driver.journal
+    assert sent_step(journal, "lab-a", 1).sources == {0: {"lab-a"}}
+    with pytest.raises(sqlite3.IntegrityError):
+        record_sent_step(journal, SentStep("lab-a", 2, 0.0, None, {0: frozenset({"lab-a", "lab-b"})}))
+    assert sent_step(journal, "lab-a", 2) is None  # the whole step rolled back
 
 
 def test_k0_journals_no_deliveries(tmp_path: Path) -> None:
