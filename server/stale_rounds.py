@@ -87,7 +87,8 @@ class StaleRounds:
         plan = self._coordinator.open_round(round_id)
         self._deliveries.clear_holds()  # a new round asks every lab again, as in the synchronous driver
         self._console(f"round {plan.round_id} open: {len(plan.prompts)} prompts x G={plan.group_size}"
-                      f"{' (+ evaluation)' if plan.evaluate else ''} (max_staleness {self._k})")
+                      f"{' (+ evaluation)' if plan.evaluate else ''}, deadline "
+                      f"{self._coordinator.cfg.round_deadline_s:.0f}s (max_staleness {self._k})")
 
     def sealer(self, step: int) -> Callable[[str], tuple[bytes, ...]]:
         """participant id -> its sealed update for `step`, as envelope pieces (`Deliveries.send`)."""
