@@ -120,13 +120,17 @@ def test_k1_with_a_lab_at_slowdown_4_runs_ahead_and_survives_a_coordinator_kill(
     steps = view.rows("SELECT participant_id, step FROM sent_steps ORDER BY 1, 2")
     assert steps == [(pid, t) for pid in LABS for t in range(ROUNDS + 1)]
     submitted = sorted(view.rows("SELECT round_id, participant_id FROM submissions ORDER BY 1, 2"))
+    staleness = {}
     for pid in LABS:
         sent = view.rows("SELECT step, round_id, source_id FROM sent_sources WHERE participant_id=?", pid)
         assert all(0 <= step - 1 - q <= K for step, q, _ in sent), (pid, sent)
         assert sorted((q, source) for _, q, source in sent) == submitted, (pid, sent)
+        staleness[pid] = sorted(step - 1 - q for step, q, source in sent if source != pid)
 
     # -- K = 1 acted: lab-a started some step t + 1 before round t closed
     ahead = view.rows("SELECT s.step FROM sent_steps s JOIN rounds r ON r.round_id = s.step - 1 "
                       "WHERE s.participant_id='lab-a' AND s.step < ? AND s.sent_at < r.closed_at", ROUNDS)
+    print(f"\nlab-a was sent steps {[t for (t,) in ahead]} before the round before them closed; staleness of "
+          f"the peer submissions each lab was sent: {staleness}")
     assert len(ahead) >= 2, ahead
     assert "max_staleness 1" in first.text()
