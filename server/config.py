@@ -125,11 +125,9 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.coordinator must be a CoordinatorConfig, got {self.coordinator!r}")
         if not isinstance(self.server, ServerSettings):
             raise ValueError(f"ServerConfig.server must be a ServerSettings, got {self.server!r}")
-        if self.coordinator.max_staleness:  # docs/staleness.md: the paced schedule runs in `hacfed sim` only
-            raise ValueError(
-                f"max_staleness = {self.coordinator.max_staleness}: the Flower round driver runs synchronous rounds "
-                "only; set max_staleness = 0 (bounded staleness runs in `hacfed sim --max-staleness K`)"
-            )
+        k, rounds = self.coordinator.max_staleness, self.coordinator.rounds
+        if k > max(rounds - 1, 0):  # K = rounds - 1 already lets every round be open at once (docs/staleness.md)
+            raise ValueError(f"max_staleness = {k}: must be at most rounds - 1 = {max(rounds - 1, 0)}")
         if not isinstance(self.config_dir, (str, Path)) or not Path(self.config_dir).is_absolute():
             raise ValueError(f"ServerConfig.config_dir must be an absolute path, got {str(self.config_dir)!r}")
         object.__setattr__(self, "config_dir", Path(self.config_dir))

@@ -4,27 +4,27 @@
 
 hacfed-server writes its `ServerConfig` there and submits the run; the SuperLink starts the ServerApp, whose
 `RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error, and tells it
-when an exchange ends. The driver owns a `Coordinator` over the journal in the server's state dir, so a
-restarted ServerApp (or hacfed-server) resumes where the journal stands.
+when an exchange ends. The driver owns a `Coordinator` over the journal in the server's state dir, so a restarted
+ServerApp (or hacfed-server) resumes where the journal stands.
 
-One coordinator round may take several exchanges: a participant whose exchange failed (down, unreachable, timed
-out) is sent the same round again after `retry_interval_s` until it submits or the round closes (quorum, or the
-deadline with its extensions: Coordinator.poll). Rounds open when enough registered participants are connected:
-the first round waits up to one deadline for `expected_participants`, later rounds start with
-`min_participants`; whoever is late joins the open round or the next one. After the last round a plan-less
-update collects the final reports (`hacfed.server.run_end`). The driver owns the rounds (opening, closing, what
-each lab is sent); its collaborators own the rest: `Deliveries` (in flight, retry times, sealing), `Hellos`
-(which lab a node is), `LabReplies` (judging replies), `RunEnd` (final reports and acknowledgements),
-`SealedUpdates`.
+One coordinator round may take several exchanges: a participant whose exchange failed (down, unreachable, timed out)
+is sent the same round again after `retry_interval_s` until it submits or the round closes (quorum, or the deadline
+with its extensions: Coordinator.poll). With `max_staleness` K >= 1 each lab is at its own step and is sent its next
+one as soon as it may start it (`hacfed.server.stale_rounds`; docs/staleness.md). Rounds open when enough registered
+participants are connected: the first round waits up to one deadline for `expected_participants`, later rounds start
+with `min_participants`; whoever is late joins the open round or the next one. After the last round a plan-less
+update collects the final reports (`hacfed.server.run_end`). The driver owns the rounds (opening, closing, what each
+lab is sent); its collaborators own the rest: `Deliveries` (in flight, retry times, sealing), `Hellos` (which lab a
+node is), `LabReplies` (judging replies), `RunEnd` (final reports and acknowledgements), `SealedUpdates`.
 
 Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier submissions (signed
-receipts and refusals, `hacfed.server.answers`) plus this exchange's request (or only the answers, to an idle
-lab). A lab's `LabReply` (its submission and its outbox's unacknowledged ones) is judged by `LabReplies`.
+receipts and refusals, `hacfed.server.answers`) plus this exchange's request (or only the answers, to an idle lab).
+A lab's `LabReply` (its submission and its outbox's unacknowledged ones) is judged by `LabReplies`.
 
-A Flower node takes part once its hello proved which registered lab it is (`hacfed.server.hellos`). The registry
-is re-read before each round and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop
-waiting for it. While the state dir lacks its free-space headroom the driver pauses (`hacfed.server.headroom`).
-Never imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
+A Flower node takes part once its hello proved which registered lab it is (`hacfed.server.hellos`). The registry is
+re-read before each round and reply: a revoked lab is sent nothing more, its reply is refused, rounds stop waiting
+for it. While the state dir lacks its free-space headroom the driver pauses (`hacfed.server.headroom`). Never
+imports torch (docs/design.md): `driver-status.json` records `'torch' in sys.modules`.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from hacfed.server.round_updates import SealedUpdates
 from hacfed.server.round_waiting import WaitingLine
 from hacfed.server.run_end import RunEnd, write_status
 from hacfed.server.serverapp import LoopTiming
+from hacfed.server.stale_rounds import StaleRounds
 
 log = logging.getLogger("hacfed.server.driver")
 
@@ -81,9 +82,9 @@ class FederationDriver:
         self, config: ServerConfig, *, supervisor: Supervisor | None = None, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
     ) -> None:
-        self.config, self.supervisor = config, supervisor  # supervisor: hacfed-server (None: unsupervised)
-        self.cfg = config.coordinator
-        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s)  # the round loop's
+        self.config, self.supervisor, self.cfg = config, supervisor, config.coordinator  # supervisor: hacfed-server
+        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s,  # the round loop's
+                                 streaming=self.cfg.max_staleness > 0)  # K >= 1: each lab at its own step
         self.state_dir = config.state_dir
         self._monotonic = monotonic
         self.console = ConsoleLog(self.state_dir / CONSOLE_FILE, console)
@@ -98,6 +99,8 @@ class FederationDriver:
         self.metrics_out = config.metrics_out
         self.deliveries = Deliveries(self._key, self.answers, monotonic)
         self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
+        self.stale = StaleRounds(self.coordinator, self._key, self.deliveries, self.console) \
+            if self.timing.streaming else None  # max_staleness K >= 1: the steps each lab is sent
         self.hellos = Hellos(self._key, self.cfg.run_id, self.membership, monotonic)
         self.run_end = RunEnd(self.cfg, self.coordinator, self.journal, self.membership, self.deliveries, self._key,
                               self.console, monotonic, self.metrics_out)
@@ -111,15 +114,14 @@ class FederationDriver:
         self._told: set[str] = set()
         self._registered: set[str] = set()  # registered with the coordinator by this driver
         self._connected: set[str] = set()  # admitted participants the loop currently knows
-        self._steps: dict[str, StepTimes] = {}
-        self._coordinator_s = 0.0
-        self._waiting_since: float | None = None
+        self._steps: dict[int, dict[str, StepTimes]] = {}  # round -> lab -> the step times its submission reported
+        self._coordinator_s, self._waiting_since = 0.0, None  # (a round's coordinator seconds; see _maybe_open)
         self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
         self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic)
         self._resume()
 
-    def _record_steps(self, participant_id: str, times: StepTimes) -> None:
-        self._steps[participant_id] = times
+    def _record_steps(self, participant_id: str, round_id: int, times: StepTimes) -> None:
+        self._steps.setdefault(round_id, {})[participant_id] = times
 
     # -- RoundDriver ----------------------------------------------------------------------------
 
@@ -156,9 +158,9 @@ class FederationDriver:
             self._close(reason)
         if self.coordinator.current_round is None and not self.coordinator.finished:
             self._maybe_open(admitted)
-        if (round_id := self.coordinator.current_round) is not None:
+        if self.coordinator.current_round is not None:
             payloads.update(self._round_payloads(admitted))
-            self._waiting_line.tick(self.coordinator, round_id, self._monotonic())
+            self._waiting_line.tick(self.coordinator, self.coordinator.open_rounds()[0], self._monotonic())
         elif self.coordinator.finished:
             payloads.update(self._final_payloads(admitted))
         payloads.update(self._answer_deliveries(admitted, set(payloads)))
@@ -317,6 +319,8 @@ class FederationDriver:
                 if pid in active and pid not in busy and not done(pid) and self.deliveries.may_ask(pid, now)}
 
     def _round_payloads(self, admitted: set[str]) -> dict[int, bytes]:
+        if self.stale is not None:  # max_staleness K >= 1: each lab at its own step
+            return self.stale.payloads(self._targets(admitted, lambda pid: False))
         round_id = self.coordinator.current_round
         targets = self._targets(admitted, lambda pid: self.coordinator.has_submitted(pid, round_id))
         return self.deliveries.send(targets, round_id, self.updates.for_round(round_id)) if targets else {}
@@ -327,7 +331,9 @@ class FederationDriver:
         payloads = self.run_end.ack_payloads(self._nodes)
         reported = set(self.run_end.final_reports())
         targets = self._targets(admitted, lambda pid: pid in reported)
-        if targets:
+        if targets and self.stale is not None:
+            payloads.update(self.stale.final_payloads(targets))
+        elif targets:
             payloads.update(self.deliveries.send(targets, FINAL, self.updates.for_round(self.cfg.rounds)))
         if not payloads:
             self.run_end.maybe_finish(self._nodes)
@@ -342,25 +348,25 @@ class FederationDriver:
         return self.deliveries.send(targets, ANSWERS, b"")
 
     def _close(self, reason: str) -> None:
-        round_id = self.coordinator.current_round
-        record = self.coordinator.round_record(round_id)
+        round_id = self.coordinator.open_rounds()[0]  # the oldest open round closes (max_staleness K: of K + 1)
+        record, steps = self.coordinator.round_record(round_id), self._steps.pop(round_id, {})
         closed = self.coordinator.close_round(reason)
         wall = self.coordinator.now() - record.opened_at
         summary = self.coordinator.round_summary(round_id)
-        times = split_round(wall, self._coordinator_s, self._steps)
-        append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, self._steps))
-        for line in participant_lines(summary, self._steps, set(self._nodes.values())):
+        times = split_round(wall, self._coordinator_s, steps)
+        append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, steps))
+        for line in participant_lines(summary, steps, set(self._nodes.values())):
             self.console(line)
         self.console(round_line(summary, times) + f"; contributors {list(closed.contributors)}")
         self.deliveries.forget_round(round_id)
-        self._write_status()
+        write_status(self.state_dir, self.coordinator, self.run_end.done)
         if self.coordinator.finished:
             self.run_end.start()
             self.deliveries.clear_holds()
             self._last_error = {}
             self.console(f"all {self.cfg.rounds} rounds done: collecting final reports")
 
-    # -- resume, status -----------------------------------------------------------------------
+    # -- resume ---------------------------------------------------------------------------------
 
     def _resume(self) -> None:
         resumed = self.coordinator.resume()
@@ -370,20 +376,14 @@ class FederationDriver:
             if record is not None and record.state != "OPEN" and round_id not in written:
                 summary = self.coordinator.round_summary(round_id)  # closed while down: rows without timings
                 append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, None, {}))
-        if resumed.open_round is not None:
-            where = f"round {resumed.open_round} continues (same id and deadline)"
-        elif self.coordinator.finished:
-            where = "all rounds done" + ("" if self.run_end.done else "; final reports pending")
-        else:
-            where = f"next round {resumed.next_round}"
-        closed = f"; round {resumed.closed_on_resume.round_id} closed at its passed deadline" \
-            if resumed.closed_on_resume else ""
-        self.console(f"coordinator ready (run {self.cfg.run_id}): {where}{closed}")
+        where = (f"round {resumed.open_round} continues (same id and deadline)" if resumed.open_round is not None
+                 else "all rounds done" + ("" if self.run_end.done else "; final reports pending")
+                 if self.coordinator.finished else f"next round {resumed.next_round}")
+        closed = resumed.closed_on_resume
+        self.console(f"coordinator ready (run {self.cfg.run_id}): {where}"
+                     f"{f'; round {closed.round_id} closed at its passed deadline' if closed else ''}")
         if self.coordinator.finished and not self.run_end.done:
             self.run_end.resume()  # labs that reported before the restart may still wait for their ack
-        self._write_status()
-
-    def _write_status(self) -> None:
         write_status(self.state_dir, self.coordinator, self.run_end.done)
 
 

@@ -53,7 +53,7 @@ class LabReplies:
         self, *, coordinator: Coordinator, journal: Journal, membership: Membership, answers: AnswerQueue,
         deliveries: Deliveries, run_end: RunEnd, key: Ed25519PrivateKey, rounds: int,
         console: Callable[[str], None], monotonic: Callable[[], float],
-        on_step_times: Callable[[str, StepTimes], None],
+        on_step_times: Callable[[str, int, StepTimes], None],
     ) -> None:
         self._coordinator = coordinator
         self._journal = journal
@@ -65,7 +65,7 @@ class LabReplies:
         self._rounds = rounds
         self._console = console
         self._monotonic = monotonic
-        self._on_step_times = on_step_times  # a primary submission's reported step times, for the round's rows
+        self._on_step_times = on_step_times  # (lab, round, a primary submission's reported step times): its rows
         self._begun: deque[tuple[str, Callable[[], None]]] = deque()  # (participant, finish and answer)
         self._told_dropped: set[str] = set()  # labs whose out-of-range report metrics were named once
 
@@ -138,7 +138,8 @@ class LabReplies:
         self._answers.receipt(pid, result)  # built from what the journal stored, after its COMMIT (R2)
         label = submission_label(sent, submission.round_id, primary)
         if primary and submission.round_id == sent.round_id:  # an older round's report: not this round's times
-            self._on_step_times(pid, StepTimes.from_report(self._sane_report(pid, submission), round_trip_s))
+            self._on_step_times(pid, submission.round_id,
+                                StepTimes.from_report(self._sane_report(pid, submission), round_trip_s))
         self._console(f"{label} {pid}: submitted {len(submission.trajectories)} trajectories, accepted "
                       f"{len(result.accepted_ids)} (receipt seq {result.receipt.seq}"
                       f"{', identical resend' if result.replayed else ''})")

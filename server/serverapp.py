@@ -86,12 +86,15 @@ class LoopTiming:
 
     poll_interval_s: pull interval while waiting for replies; round_timeout_s: deadline of one
     round, also the TTL of its messages; hello_timeout_s: how long a hello may stay unanswered
-    before it is sent again; discovery_interval_s: how often to look for new nodes."""
+    before it is sent again; discovery_interval_s: how often to look for new nodes; streaming: run
+    every exchange on its own (`RoundLoop.run_streaming`) instead of in rounds (hacfed: max_staleness
+    K >= 1, where labs are at different rounds)."""
 
     poll_interval_s: float
     round_timeout_s: float
     hello_timeout_s: float = 60.0
     discovery_interval_s: float = 1.0
+    streaming: bool = False
 
 
 def driver_spec(run_config: Mapping[str, object]) -> str:
@@ -181,6 +184,9 @@ class RoundLoop:
         self.rounds_run = 0
 
     def run(self) -> None:
+        if self.timing.streaming:
+            self.run_streaming()
+            return
         while not self.driver.finished():
             self.discover()
             payloads = self.driver.next_round(dict(self.participants))
@@ -247,42 +253,81 @@ class RoundLoop:
         self.rounds_run += 1
         group_id = str(self.rounds_run)
         timeout = self.timing.round_timeout_s
-        node_ids = list(payloads)
-        messages = [_message(n, EXCHANGE_TYPE, payloads[n], group_id, timeout) for n in node_ids]
-        outstanding: dict[str, int] = {}
-        for node_id, msg_id in zip(node_ids, self.grid.push_messages(messages), strict=True):
-            if msg_id:
-                outstanding[msg_id] = node_id
-            else:
-                self.driver.on_error(node_id, "HACFED-E-PUSH-FAILED: the SuperLink refused the message")
-        del messages  # pushed: the SuperLink holds them now
+        outstanding = self._push(payloads, group_id)  # the SuperLink holds the messages now
         deadline = time.monotonic() + timeout
         while outstanding and not self.driver.round_done() and time.monotonic() < deadline:
             time.sleep(self.timing.poll_interval_s)
-            replied: list[tuple[int, bytes]] = []  # handed over together: the driver overlaps their judging
-            for reply in self.grid.pull_messages(list(outstanding)):
-                node_id = outstanding.pop(reply.metadata.reply_to_message_id, None)
-                if node_id is None:
-                    log(WARNING, "[hacfed] ignoring a reply to unknown message %s",
-                        reply.metadata.reply_to_message_id)
-                    continue
-                relayed = parse_reply(reply)
-                log(INFO, "[hacfed] round %s: node %s (%s) %s; relay torch loaded: %s", group_id, node_id,
-                    printable(relayed.participant_id), f"replied {len(relayed.payload)} bytes"
-                    if relayed.payload is not None else f"failed: {relayed.error}", relayed.torch_loaded)
-                if relayed.payload is not None:
-                    replied.append((node_id, relayed.payload))
-                else:
-                    self.driver.on_error(node_id, str(relayed.error))
-            if replied:
-                self.driver.on_replies(replied)
-            del replied
+            self._pull(outstanding, group_id)
             self.discover()
         reason = (f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s" if time.monotonic() >= deadline
                   else "HACFED-E-ROUND-CLOSED: the round closed before this node replied")
         for node_id in outstanding.values():
             self.driver.on_error(node_id, reason)
         self.driver.close_round()
+
+    def run_streaming(self) -> None:
+        """Every exchange on its own, for a driver whose labs are at different rounds: each poll
+        interval the driver's payloads for its idle labs go out (`next_round`), the replies and errors
+        that came back are handed to it, an exchange unanswered after `round_timeout_s` gets an error,
+        and the driver closes what may close (`close_round`, which the driver makes a no-op while no
+        round may close). `round_done` is not asked: no exchange waits for a round."""
+        timeout = self.timing.round_timeout_s
+        outstanding: dict[str, int] = {}  # message id -> node id
+        expires: dict[str, float] = {}  # message id -> when its exchange gets an error
+        while not self.driver.finished():
+            self.discover()
+            payloads = self.driver.next_round(dict(self.participants))
+            if payloads:
+                unknown = set(payloads) - set(self.participants)
+                if unknown:
+                    raise ValueError(f"driver returned payloads for unknown node ids {sorted(unknown)}")
+                self.rounds_run += 1
+                pushed = self._push(payloads, str(self.rounds_run))
+                outstanding.update(pushed)
+                expires.update({msg_id: time.monotonic() + timeout for msg_id in pushed})
+            payloads = None
+            time.sleep(self.timing.poll_interval_s)
+            if outstanding:
+                self._pull(outstanding, "(streaming)")
+            now = time.monotonic()
+            for msg_id in [m for m in outstanding if expires[m] <= now]:
+                self.driver.on_error(outstanding.pop(msg_id), f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s")
+            for msg_id in [m for m in expires if m not in outstanding]:
+                del expires[msg_id]
+            self.driver.close_round()
+
+    def _push(self, payloads: Mapping[int, bytes], group_id: str) -> dict[str, int]:
+        """Send one exchange per node; message id -> node id of those the SuperLink took (the driver
+        gets an error for each of the others)."""
+        node_ids = list(payloads)
+        messages = [_message(n, EXCHANGE_TYPE, payloads[n], group_id, self.timing.round_timeout_s) for n in node_ids]
+        outstanding: dict[str, int] = {}
+        for node_id, msg_id in zip(node_ids, self.grid.push_messages(messages), strict=True):
+            if msg_id:
+                outstanding[msg_id] = node_id
+            else:
+                self.driver.on_error(node_id, "HACFED-E-PUSH-FAILED: the SuperLink refused the message")
+        return outstanding
+
+    def _pull(self, outstanding: dict[str, int], group_id: str) -> None:
+        """Hand the driver the replies (together: it overlaps their judging) and errors that came back
+        for `outstanding` (message id -> node id), each taken out of it."""
+        replied: list[tuple[int, bytes]] = []
+        for reply in self.grid.pull_messages(list(outstanding)):
+            node_id = outstanding.pop(reply.metadata.reply_to_message_id, None)
+            if node_id is None:
+                log(WARNING, "[hacfed] ignoring a reply to unknown message %s", reply.metadata.reply_to_message_id)
+                continue
+            relayed = parse_reply(reply)
+            log(INFO, "[hacfed] round %s: node %s (%s) %s; relay torch loaded: %s", group_id, node_id,
+                printable(relayed.participant_id), f"replied {len(relayed.payload)} bytes"
+                if relayed.payload is not None else f"failed: {relayed.error}", relayed.torch_loaded)
+            if relayed.payload is not None:
+                replied.append((node_id, relayed.payload))
+            else:
+                self.driver.on_error(node_id, str(relayed.error))
+        if replied:
+            self.driver.on_replies(replied)
 
 
 app = ServerApp()

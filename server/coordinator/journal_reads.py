@@ -221,7 +221,8 @@ class JournalReads:
             return [dict(r) for r in self._db.execute(query + " ORDER BY id", args)]
 
     def count(self, table: str) -> int:
-        tables = ("rounds", "participants", "submissions", "trajectories", "rejections", "strikes", "metrics", "events")
+        tables = ("rounds", "participants", "submissions", "trajectories", "rejections", "strikes", "metrics", "events",
+                  "sent_steps", "sent_sources")
         if table not in tables:
             raise ValueError(f"unknown journal table {table!r}")
         with self._lock:

@@ -1,10 +1,10 @@
-"""The journal's SQL schema (version 3), its migrations, and the records read back from it.
+"""The journal's SQL schema (version 4), its migrations, and the records read back from it.
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`; `hacfed-server purge` and
 `audit verify` open it too.
 
-Version history (a journal of the previous version is migrated in place when opened, in one
+Version history (a journal of version 2 or 3 is migrated in place when opened, step by step in one
 transaction, `open_journal_db`; security.md R10; an older one is refused):
   1: the first release.
   2: trajectory ids are namespaced by their (authenticated) source: the key is
@@ -15,6 +15,9 @@ transaction, `open_journal_db`; security.md R10; an older one is refused):
      (every lab answers the same prompts, G samples each: version 2 wrote the same prompt JSON
      G x labs times per round, about half of a submission's insert time, bench/coordinator_scale.py).
      The view `trajectory_rows` gives the rows with their `prompt_json`, as version 2 stored them.
+  4: what each lab was sent at each step under `max_staleness` K >= 1 (`sent_steps`, `sent_sources`;
+     `hacfed.server.coordinator.sent_steps`), so a resend or a restarted coordinator sends the same
+     update and no sample twice. A synchronous run (K = 0) writes nothing there.
 """
 
 from __future__ import annotations
@@ -30,9 +33,26 @@ from hacfed.server.coordinator.errors import JournalError, describe_db_error
 from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SYNCHRONOUS_FULL = 2  # PRAGMA synchronous reads back as an integer
 
+SENT_TABLES_SQL = """
+CREATE TABLE sent_steps (
+    participant_id TEXT NOT NULL,
+    step INTEGER NOT NULL,               -- the round whose plan it rolls out, or `rounds`: the final update
+    sent_at REAL NOT NULL,               -- when its update was built, before it was first sent
+    capabilities_round INTEGER,          -- the closed round whose P̂ it carries (NULL: none had closed)
+    PRIMARY KEY (participant_id, step)
+);
+CREATE TABLE sent_sources (
+    participant_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    round_id INTEGER NOT NULL,
+    source_id TEXT NOT NULL,             -- the lab whose accepted samples of round_id it was sent
+    PRIMARY KEY (participant_id, round_id, source_id),
+    FOREIGN KEY (participant_id, step) REFERENCES sent_steps (participant_id, step)
+)
+"""
 SCHEMA_SQL = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE rounds (
@@ -127,11 +147,12 @@ CREATE TABLE events (
     round_id INTEGER,
     detail TEXT NOT NULL
 );
-"""
+""" + SENT_TABLES_SQL
 
 
-# Statements that bring a journal of the previous version (the key) to the current one, run in one
-# transaction; an older journal is refused (its release's hacfed migrates it first).
+# Statements that bring a journal of version N (the key) to version N + 1; a journal of any version
+# listed is brought to the current one step by step, in one transaction; an older one is refused (its
+# release's hacfed migrates it first).
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         # Each distinct prompt once, then the table rebuilt with a reference in place of the JSON.
@@ -157,12 +178,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE VIEW trajectory_rows AS SELECT t.*, p.prompt_json FROM trajectories t "
         "JOIN prompts p ON p.id = t.prompt_ref",
     ),
+    3: tuple(sql.strip() for sql in SENT_TABLES_SQL.split(";") if sql.strip()),
 }
 
 
 def open_journal_db(path: Path) -> sqlite3.Connection:
     """The journal's connection: WAL, `synchronous=FULL`, foreign keys on, the schema created (a new
-    file) or migrated from the previous version; `JournalError` naming the file when it cannot be."""
+    file) or migrated from an earlier version; `JournalError` naming the file when it cannot be."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -207,8 +229,9 @@ def _init_schema(db: sqlite3.Connection, path: Path) -> None:
     if version is None or version > SCHEMA_VERSION or (version < SCHEMA_VERSION and version not in MIGRATIONS):
         raise JournalError(f"journal {path} has schema version {version}, this hacfed reads {SCHEMA_VERSION}")
     if version < SCHEMA_VERSION:  # migrate in place, inside this one transaction
-        for statement in MIGRATIONS[version]:
-            db.execute(statement)
+        for step in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[step]:
+                db.execute(statement)
         db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
 

@@ -60,6 +60,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.sent_steps import journaled_update
 from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
 from hacfed.tasks.base import Task
@@ -318,6 +319,13 @@ class Coordinator:
         with self._lock:
             fresh = self._tracker.capabilities()
             return stale_update(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
+
+    def make_sent_update(self, learner: str, next_round: int) -> StaleUpdate:
+        """`make_stale_update` with its choice journaled (`sent_steps`): the Flower driver's update under
+        max_staleness; the same again for the same step, after a failed exchange or a restart."""
+        with self._lock, self._fail.audited():
+            return journaled_update(self.cfg, self.journal, learner, next_round, self._clock(),
+                                    self._tracker.capabilities(), self.plan_for)
 
     def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
         """The records of the pool `make_update(pool_round + 1)` published (`KeptSamples.take_records`)."""

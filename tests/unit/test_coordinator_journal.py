@@ -22,7 +22,7 @@ def test_wal_and_synchronous_full_and_schema_version(tmp_path):
     assert journal.pragma("integrity_check") == "ok"
     journal.close()
     db = sqlite3.connect(tmp_path / "j.sqlite")
-    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
     db.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     db.commit()
     db.close()
@@ -98,10 +98,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def test_previous_release_journal_opens_and_migrates(tmp_path):
-    """R10: tests/fixtures/journal-v2.sqlite is a journal of the previous schema (2: trajectory ids
-    per source, each trajectory with its prompt's JSON), a first-release journal as that release
-    migrated it; opening it migrates it in place to schema 3 (each prompt stored once) without
-    losing a row."""
+    """R10: tests/fixtures/journal-v2.sqlite is a journal of schema 2 (trajectory ids per source, each
+    trajectory with its prompt's JSON), a first-release journal as that release migrated it; opening
+    it migrates it in place through schema 3 (each prompt stored once) to 4 (the empty tables of what
+    each lab was sent under max_staleness) without losing a row."""
     path = tmp_path / "journal.sqlite"
     shutil.copy(FIXTURES / "journal-v2.sqlite", path)
     with sqlite3.connect(path) as db:
@@ -117,7 +117,9 @@ def test_previous_release_journal_opens_and_migrates(tmp_path):
         stored = journal.stored_result(next(iter(_hashes(path))))
         assert stored is not None and '"receipt"' in stored
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+        assert db.execute("SELECT COUNT(*) FROM sent_steps").fetchone() == (0,)
+        assert db.execute("SELECT COUNT(*) FROM sent_sources").fetchone() == (0,)
         keys = [r[5] for r in db.execute("PRAGMA table_info(trajectories)") if r[5]]
         assert len(keys) == 2  # (participant_id, trajectory_id)
         assert db.execute("SELECT trajectory_id, prompt_json FROM trajectory_rows ORDER BY 1").fetchall() == old_prompts
@@ -127,13 +129,27 @@ def test_previous_release_journal_opens_and_migrates(tmp_path):
         assert journal.count("trajectories") == 24
 
 
+def test_a_schema_3_journal_gains_the_sent_tables(tmp_path):
+    """A journal of schema 3 (before `sent_steps`) opens: the two tables are added, nothing else changes."""
+    path = tmp_path / "journal.sqlite"
+    Journal(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE sent_sources")
+        db.execute("DROP TABLE sent_steps")
+        db.execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    with Journal(path) as journal:
+        assert journal.count("sent_steps") == 0 and journal.count("sent_sources") == 0
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+
+
 def test_a_journal_older_than_the_previous_schema_is_refused(tmp_path):
-    """Only the previous schema migrates: a journal of schema 1 is one clear error and is left as it was."""
+    """Only schemas 2 and 3 migrate: a journal of schema 1 is one clear error and is left as it was."""
     path = tmp_path / "journal.sqlite"
     Journal(path).close()
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
-    with pytest.raises(JournalError, match=r"has schema version 1, this hacfed reads 3"):
+    with pytest.raises(JournalError, match=r"has schema version 1, this hacfed reads 4"):
         Journal(path)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)

@@ -64,7 +64,8 @@ def test_file_then_sets_then_flags(config_file: Path, tmp_path: Path) -> None:
         (["server.poll_interval_s=0"], {}, "server.poll_interval_s must be a number > 0"),
         (["server.colour=blue"], {}, r"\[server\]: unknown key\(s\) \['colour'\]"),
         (["bogus=1"], {}, r"unknown coordinator config key\(s\): \['bogus'\]"),
-        (["max_staleness=1"], {}, "max_staleness = 1: the Flower round driver runs synchronous rounds only"),
+        (["max_staleness=999"], {}, r"max_staleness = 999: must be at most rounds - 1 = \d+"),
+        (["max_staleness=-1"], {}, "max_staleness must be an integer >= 0, got -1"),
         (["norvalue"], {}, "--set expects KEY=VALUE"),
         ([], {"listen": "0.0.0.0:9092"}, "server.listen: --insecure binds loopback only"),
         ([], {"listen": "10.1.2.3:9092"}, "server.listen: --insecure binds loopback only"),
@@ -78,6 +79,12 @@ def test_file_then_sets_then_flags(config_file: Path, tmp_path: Path) -> None:
 def test_errors_name_the_field(config_file: Path, sets: list[str], flags: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_server_config(config_file, sets, flags)
+
+
+def test_max_staleness_up_to_rounds_minus_one(config_file: Path) -> None:
+    """hacfed-server runs bounded staleness over Flower: K from 0 to rounds - 1 (every round open at once)."""
+    for k in (0, 1, 3):
+        assert load_server_config(config_file, [f"max_staleness={k}"]).coordinator.max_staleness == k
 
 
 def test_tls_flags_replace_the_files_plaintext_setting(config_file: Path, tmp_path: Path) -> None:

@@ -168,3 +168,81 @@ def test_the_federation_driver_times_the_loop_from_its_config(tmp_path) -> None:
 
     fed = Federation(tmp_path, FakeClock(), round_deadline_s=42.0)
     assert fed.driver.timing == LoopTiming(poll_interval_s=0.05, round_timeout_s=42.0)
+
+
+class StreamingGrid(Grid):
+    """Nodes 1 and 2; node 1 answers each message at the next pull, node 2 never answers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to: list[int] = []
+        self.waiting: list[str] = []
+
+    def get_node_ids(self):
+        return [1, 2]
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            ids.append(f"m{len(self.pushed)}")
+            self.pushed.append(m.content["hacfed"]["payload"])
+            self.to.append(m.metadata.dst_node_id)
+            if m.metadata.dst_node_id == 1:
+                self.waiting.append(ids[-1])
+        return ids
+
+    def pull_messages(self, ids):
+        replies, self.waiting = [_Reply(i, b"reply") for i in self.waiting if i in ids], []
+        return replies
+
+
+class StreamingDriver:
+    """Sends each idle node its next payload: node 1 three, node 2 one; done once node 1 replied three
+    times and node 2's exchange ran out."""
+
+    def __init__(self) -> None:
+        self.sent = {1: 0, 2: 0}
+        self.busy: set[int] = set()
+        self.replied: list[int] = []
+        self.errors: list[tuple[int, str]] = []
+        self.closes = 0
+
+    def finished(self) -> bool:
+        return self.replied.count(1) == 3 and bool(self.errors)
+
+    def next_round(self, participants):
+        out = {}
+        for node in participants:
+            if node not in self.busy and self.sent[node] < (3 if node == 1 else 1):
+                out[node] = b"step %d" % self.sent[node]
+                self.sent[node] += 1
+                self.busy.add(node)
+        return out
+
+    def on_replies(self, replies) -> None:
+        for node, _ in replies:
+            self.busy.discard(node)
+            self.replied.append(node)
+
+    def on_error(self, node_id: int, error: str) -> None:
+        self.busy.discard(node_id)
+        self.errors.append((node_id, error))
+
+    def round_done(self) -> bool:
+        raise AssertionError("a streaming loop asks no round_done")
+
+    def close_round(self) -> None:
+        self.closes += 1
+
+
+def test_a_streaming_loop_sends_a_lab_its_next_exchange_while_another_is_out() -> None:
+    """With `streaming` (max_staleness K >= 1) each exchange stands alone: node 1 gets its second and
+    third payloads while node 2's first is still unanswered, which then runs out on its own."""
+    driver, grid = StreamingDriver(), StreamingGrid()
+    loop = RoundLoop(grid, driver, LoopTiming(0.01, 0.5, 5.0, 60.0, streaming=True))
+    loop.participants.update({1: "lab-a", 2: "lab-b"})
+    loop.run()
+    assert list(zip(grid.to, grid.pushed)) == [(1, b"step 0"), (2, b"step 0"), (1, b"step 1"), (1, b"step 2")]
+    assert driver.replied == [1, 1, 1]
+    assert driver.errors == [(2, "HACFED-E-ROUND-DEADLINE: no reply within 0.5s")]
+    assert driver.closes >= 3

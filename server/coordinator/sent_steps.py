@@ -1,0 +1,128 @@
+"""What each lab was sent at each step under bounded staleness, journaled: the same update on a resend, no sample twice.
+
+Runs in the coordinator's ServerApp process (`hacfed.server.stale_rounds`, through
+`Coordinator.make_sent_update`); torch-free. `stale_pool` decides what a lab's step t is sent: of
+every round q in [t - 1 - K, t - 1], the accepted samples of each (round, source) submission it was
+not sent before. Here that choice is kept in the journal (schema 4):
+
+- `sent_steps` (participant, step, sent_at, capabilities_round): one row per update built, written
+  in one transaction with its `sent_sources` rows before the update leaves the coordinator;
+- `sent_sources` (participant, step, round, source): the submissions whose samples it carries. The
+  key (participant, round, source) makes the journal refuse to send a lab the same submission twice.
+
+The first build of a step chooses its sources (those of its window not in `sent_sources` for the lab)
+and journals them; every later build of the same step (a failed exchange sent again, a coordinator
+restarted after a kill) reads them back and sends the same samples, in the same order, with the P̂
+of the same closed round. So after a crash the lab's next step starts where the journal says, and no
+sample is sent twice or skipped. A step whose build found nothing new still gets its `sent_steps` row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+from hacfed.messages import RoundPlan
+from hacfed.server.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.journal import Journal
+from hacfed.server.coordinator.stale_pool import StaleUpdate, stale_update
+
+
+@dataclass(frozen=True)
+class SentStep:
+    """One journaled update: when it was first built, whose P̂ it carries, the sources it drew by round."""
+
+    participant_id: str
+    step: int
+    sent_at: float
+    capabilities_round: int | None
+    sources: dict[int, frozenset[str]]
+
+
+def sent_step(journal: Journal, learner: str, step: int) -> SentStep | None:
+    """The journaled update of `learner`'s step `step`, or None when none was built."""
+    with journal._lock:
+        row = journal._db.execute("SELECT sent_at, capabilities_round FROM sent_steps WHERE participant_id=? AND "
+                                  "step=?", (learner, step)).fetchone()
+        if row is None:
+            return None
+        pairs = journal._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=? AND step=?",
+                                    (learner, step)).fetchall()
+    sources: dict[int, set[str]] = {}
+    for round_id, source in pairs:
+        sources.setdefault(int(round_id), set()).add(source)
+    return SentStep(learner, step, float(row[0]), row[1], {q: frozenset(s) for q, s in sources.items()})
+
+
+def sent_steps(journal: Journal) -> list[SentStep]:
+    """Every journaled update, by participant and step (for reports and tests)."""
+    with journal._lock:
+        keys = journal._db.execute("SELECT participant_id, step FROM sent_steps ORDER BY 1, 2").fetchall()
+    return [s for pid, step in keys if (s := sent_step(journal, pid, int(step))) is not None]
+
+
+def sent_pairs(journal: Journal, learner: str) -> set[tuple[int, str]]:
+    """The (round, source) submissions `learner` was sent at any step."""
+    with journal._lock:
+        rows = journal._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=?",
+                                   (learner,)).fetchall()
+    return {(int(q), s) for q, s in rows}
+
+
+def record_sent_step(journal: Journal, step: SentStep) -> None:
+    """Journal one update's choice in one transaction (`sent_steps` and its `sent_sources` rows)."""
+    with journal._tx() as db:
+        db.execute("INSERT INTO sent_steps VALUES (?, ?, ?, ?)",
+                   (step.participant_id, step.step, step.sent_at, step.capabilities_round))
+        db.executemany("INSERT INTO sent_sources VALUES (?, ?, ?, ?)",
+                       [(step.participant_id, step.step, q, s) for q in sorted(step.sources)
+                        for s in sorted(step.sources[q])])
+
+
+class _Choosing:
+    """A `stale_pool.Deliveries` for a step's first build: the sources not sent before, recorded."""
+
+    def __init__(self, sent: set[tuple[int, str]]) -> None:
+        self._sent = sent
+        self.chosen: dict[int, frozenset[str]] = {}
+
+    def take(self, learner: str, round_id: int, sources: set[str]) -> set[str]:
+        new = {s for s in sources if (round_id, s) not in self._sent}
+        if new:
+            self.chosen[round_id] = frozenset(new)
+        return new
+
+
+class _Replaying:
+    """A `stale_pool.Deliveries` for a step built again: the sources journaled for it."""
+
+    def __init__(self, sources: dict[int, frozenset[str]]) -> None:
+        self._sources = sources
+
+    def take(self, learner: str, round_id: int, sources: set[str]) -> set[str]:
+        return set(self._sources.get(round_id, ()))
+
+
+def journaled_update(
+    cfg: CoordinatorConfig, journal: Journal, learner: str, step: int, now: float,
+    fresh_capabilities: dict[str, float], plan_for: Callable[[int], RoundPlan],
+) -> StaleUpdate:
+    """`learner`'s update for `step` (`stale_pool.stale_update`), its choice journaled at the first build
+    and read back at every later one (module docstring). The caller holds the coordinator's lock."""
+    with journal._lock:
+        kept = sent_step(journal, learner, step)
+        if kept is None:
+            closed = journal.latest_closed_round()
+            choosing = _Choosing(sent_pairs(journal, learner))
+            built = stale_update(cfg, journal, choosing, learner, step, fresh_capabilities, plan_for)
+            record_sent_step(journal, SentStep(learner, step, now, None if closed is None else closed.round_id,
+                                               choosing.chosen))
+            return built
+        built = stale_update(cfg, journal, _Replaying(kept.sources), learner, step, fresh_capabilities, plan_for)
+    if step == 0:  # P̂ before any round closed
+        return built
+    capabilities = {pid: 1.0 for pid in (*built.update.participants, *fresh_capabilities)}  # no history: 1.0
+    if kept.capabilities_round is not None:
+        capabilities |= dict(journal.round(kept.capabilities_round).capabilities or {})
+    return dataclasses.replace(built, update=dataclasses.replace(built.update, capabilities=capabilities))

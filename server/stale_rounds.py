@@ -1,0 +1,98 @@
+"""The round driver's rounds under bounded staleness (`max_staleness` K >= 1) over Flower.
+
+Runs in the coordinator's ServerApp process, owned by `hacfed.server.driver.FederationDriver` when
+its config has K >= 1 (with K = 0 the driver sends synchronous rounds and this module is not used).
+docs/staleness.md has the schedule: lab l starts step t once its own step t - 1 submission is in
+and round t - 1 - K has closed, S_l(t) = max(F_l(t - 1), C(t - 1 - K)); the final update (step R)
+waits for round R - 1 to close.
+
+The driver's ServerApp loop runs each exchange on its own (`RoundLoop.run_streaming`), so a lab whose
+reply was judged is sent its next step at the next poll, while slower labs' exchanges are still out.
+Which step a lab is at comes from the journal alone: the first round not closed yet that it has no
+recorded submission for (`step_of`). Round t is opened when the first lab is ready for it, which
+`Coordinator.open_round` allows once round t - 1 - K closed; rounds close oldest first by the usual
+quorum and deadline rules (the driver's `close_round`). A lab's update is
+`Coordinator.make_sent_update`: its choice of samples is journaled (`sent_steps`) before the update
+is sealed, so a resend of the same step (a failed exchange, a restarted coordinator) carries the same
+samples, and after a kill -9 the labs go on where the journal says.
+
+A lab's update is sealed whole (`encode_round_update`): its selection is the lab's own
+(`stale_pool`), so none is shared between labs as in `hacfed.server.round_updates`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from hacfed.envelope import DOMAIN_UPDATE, seal
+from hacfed.server.coordinator import Coordinator
+from hacfed.server.deliveries import FINAL, Deliveries
+from hacfed.wire import PayloadType, encode_round_update
+
+
+class StaleRounds:
+    """Which step each lab is sent next and its sealed update (module docstring)."""
+
+    def __init__(self, coordinator: Coordinator, key: Ed25519PrivateKey, deliveries: Deliveries,
+                 console: Callable[[str], None]) -> None:
+        self._coordinator = coordinator
+        self._key = key
+        self._deliveries = deliveries
+        self._console = console
+        self._k = coordinator.cfg.max_staleness
+        self._rounds = coordinator.cfg.rounds
+
+    def _first_unclosed(self) -> int:
+        closed = self._coordinator.journal.latest_closed_round()
+        return 0 if closed is None else closed.round_id + 1
+
+    def step_of(self, participant_id: str) -> int | None:
+        """The step `participant_id` may be sent now, or None while it must wait: the first round not
+        closed that it has not submitted for, once round step - 1 - K closed and the round is open or
+        may open (an open round is needed: the first one opens by the driver's participant rules);
+        `rounds` (the final update) once every round closed."""
+        coordinator = self._coordinator
+        first, opened = self._first_unclosed(), coordinator.next_round_id
+        step = first
+        while step < opened and coordinator.has_submitted(participant_id, step):
+            step += 1
+        if step >= self._rounds:
+            return self._rounds if coordinator.finished else None
+        if step - 1 - self._k >= first or first == opened:  # round step - 1 - K open, or no round open
+            return None
+        return step
+
+    def payloads(self, targets: Mapping[int, str]) -> dict[int, bytes]:
+        """The deliveries to the labs of `targets` (node id -> participant id, neither busy nor held)
+        that may start a step now, opening the round of a step first when it is the next one."""
+        by_step: dict[int, dict[int, str]] = {}
+        for node, pid in targets.items():
+            step = self.step_of(pid)
+            if step is not None and step < self._rounds:
+                by_step.setdefault(step, {})[node] = pid
+        out: dict[int, bytes] = {}
+        for step in sorted(by_step):
+            if step == self._coordinator.next_round_id:
+                self.open(step)
+            out.update(self._deliveries.send(by_step[step], step, self.sealer(step)))
+        return out
+
+    def final_payloads(self, targets: Mapping[int, str]) -> dict[int, bytes]:
+        """The final update (step `rounds`) to each lab of `targets`."""
+        return self._deliveries.send(targets, FINAL, self.sealer(self._rounds)) if targets else {}
+
+    def open(self, round_id: int) -> None:
+        plan = self._coordinator.open_round(round_id)
+        self._deliveries.clear_holds()  # a new round asks every lab again, as in the synchronous driver
+        self._console(f"round {plan.round_id} open: {len(plan.prompts)} prompts x G={plan.group_size}"
+                      f"{' (+ evaluation)' if plan.evaluate else ''}, deadline "
+                      f"{self._coordinator.cfg.round_deadline_s:.0f}s (max_staleness {self._k})")
+
+    def sealer(self, step: int) -> Callable[[str], tuple[bytes, ...]]:
+        """participant id -> its sealed update for `step`, as envelope pieces (`Deliveries.send`)."""
+        def sealed(pid: str) -> tuple[bytes, ...]:
+            update = self._coordinator.make_sent_update(pid, step).update
+            return (seal(encode_round_update(update), PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE),)
+        return sealed
