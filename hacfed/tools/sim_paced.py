@@ -36,8 +36,10 @@ def add_pacing_arguments(p: Any) -> None:
 
 
 def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
-    """["tiny-gpt2=4"] -> (("tiny-gpt2", 4.0),); each item AGENT=FACTOR, factor a finite number > 0,
+    """["tiny-gpt2=4"] -> (("tiny-gpt2", 4.0),); each item AGENT=FACTOR, factor in [MIN_SPEED, MAX_SPEED],
     each agent once (whether the agent exists is `SimConfig`'s check)."""
+    from hacfed.server.coordinator.schedule import MAX_SPEED, MIN_SPEED
+
     out: dict[str, float] = {}
     for item in items:
         agent, sep, raw = item.partition("=")
@@ -48,8 +50,9 @@ def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
             factor = float(raw)
         except ValueError:
             raise ValueError(f"--lab-speed {agent}: FACTOR must be a number > 0, got {raw!r}") from None
-        if not math.isfinite(factor) or factor <= 0:
-            raise ValueError(f"--lab-speed {agent}: FACTOR must be a finite number > 0, got {raw!r}")
+        if not math.isfinite(factor) or not MIN_SPEED <= factor <= MAX_SPEED:
+            raise ValueError(f"--lab-speed {agent}: FACTOR must be a number from {MIN_SPEED:g} to {MAX_SPEED:g}, "
+                             f"got {raw!r}")
         if agent in out:
             raise ValueError(f"--lab-speed names {agent} twice")
         out[agent] = factor
@@ -57,7 +60,8 @@ def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
 
 
 def check_pacing(max_staleness: int, lab_speeds: Sequence[tuple[str, float]], ids: Sequence[str]) -> None:
-    """A SimConfig's K and lab speeds: K an integer >= 0, each speed for an agent of the run, > 0."""
+    """A SimConfig's K and lab speeds: K an integer >= 0, each speed for an agent of the run, in
+    [MIN_SPEED, MAX_SPEED]."""
     from hacfed.server.coordinator.schedule import check_max_staleness, check_speeds
 
     check_max_staleness(max_staleness)

@@ -50,16 +50,21 @@ def check_max_staleness(value: object) -> int:
     return value
 
 
+# A factor outside [1/100, 100] is a typo, not a lab (hacfed-client --slowdown takes 1 to 100).
+MIN_SPEED, MAX_SPEED = 0.01, 100.0
+
+
 def check_speeds(speeds: Mapping[str, float], labs: Sequence[str]) -> dict[str, float]:
-    """Every lab's speed factor (1.0 unless given); an unknown lab or a factor that is not a finite
-    number > 0 is refused, naming it."""
+    """Every lab's speed factor (1.0 unless given); an unknown lab or a factor that is not a number in
+    [MIN_SPEED, MAX_SPEED] is refused, naming it."""
     out = {lab: 1.0 for lab in labs}
     for lab, factor in speeds.items():
         if lab not in out:
             raise ValueError(f"lab speed for unknown agent {lab!r}; agents: {', '.join(labs)}")
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) \
-                or factor <= 0:
-            raise ValueError(f"speed factor of {lab} must be a finite number > 0, got {factor!r}")
+                or not MIN_SPEED <= factor <= MAX_SPEED:
+            raise ValueError(f"speed factor of {lab} must be a number from {MIN_SPEED:g} to {MAX_SPEED:g}, "
+                             f"got {factor!r}")
         out[lab] = float(factor)
     return out
 

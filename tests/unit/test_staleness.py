@@ -77,7 +77,9 @@ def test_random_speeds_never_break_the_bound_and_k0_never_lets_a_lab_ahead(seed)
 
 @pytest.mark.parametrize("call, match", [
     (lambda: check_speeds({"c": 2.0}, ["a", "b"]), "lab speed for unknown agent 'c'; agents: a, b"),
-    (lambda: check_speeds({"a": 0.0}, ["a"]), "speed factor of a must be a finite number > 0, got 0.0"),
+    (lambda: check_speeds({"a": 0.0}, ["a"]), "speed factor of a must be a number from 0.01 to 100, got 0.0"),
+    (lambda: check_speeds({"a": 1e308}, ["a"]), "got 1e.308"),
+    (lambda: check_speeds({"a": 1e-300}, ["a"]), "got 1e-300"),
     (lambda: check_speeds({"a": -1}, ["a"]), "got -1"),
     (lambda: check_speeds({"a": float("nan")}, ["a"]), "got nan"),
     (lambda: check_speeds({"a": True}, ["a"]), "got True"),
@@ -200,7 +202,8 @@ def test_max_staleness_is_a_coordinator_setting_that_binds_the_journal_only_when
 def test_lab_speeds_parse_and_refuse_bad_items():
     assert parse_lab_speeds(["tiny-gpt2=4", "tiny-llama=0.5"]) == (("tiny-gpt2", 4.0), ("tiny-llama", 0.5))
     for bad, match in (("foo", "AGENT=FACTOR"), ("=2", "AGENT=FACTOR"), ("a=x", "must be a number"),
-                       ("a=0", "finite number > 0"), ("a=-2", "finite number > 0"), ("a=inf", "finite")):
+                       ("a=0", "number from 0.01 to 100"), ("a=-2", "number from 0.01 to 100"), ("a=inf", "got .inf"),
+                       ("a=101", "got .101"), ("a=0.001", "got .0.001")):
         with pytest.raises(ValueError, match=match):
             parse_lab_speeds([bad])
     with pytest.raises(ValueError, match="names a twice"):
@@ -212,7 +215,9 @@ def test_lab_speeds_parse_and_refuse_bad_items():
 
 @pytest.mark.parametrize("args, message", [
     (["--lab-speed", "foo"], "--lab-speed expects AGENT=FACTOR (e.g. tiny-gpt2=4), got 'foo'"),
-    (["--lab-speed", "tiny-gpt2=0"], "--lab-speed tiny-gpt2: FACTOR must be a finite number > 0, got '0'"),
+    (["--lab-speed", "tiny-gpt2=0"], "--lab-speed tiny-gpt2: FACTOR must be a number from 0.01 to 100, got '0'"),
+    (["--lab-speed", "tiny-gpt2=1e308"], "got '1e308'"),
+    (["--lab-speed", "tiny-gpt2=1e-300"], "got '1e-300'"),
     (["--lab-speed", "nobody=2"], "lab speed for unknown agent 'nobody'; agents: tiny-llama, tiny-gpt2"),
     (["--max-staleness", "-1"], "max_staleness must be an integer >= 0, got -1"),
 ])
