@@ -60,6 +60,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.round_join import quorum_of
 from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
 from hacfed.tasks.base import Task
@@ -87,6 +88,8 @@ class Coordinator:
         # Journaled participants whose registration was revoked (set by the driver, which re-reads the
         # registry): a round no longer waits for them, and the early close needs that many fewer labs.
         self.withdrawn: frozenset[str] = frozenset()
+        # round_join "newest": round -> the labs that took it, once no other can (set by the transport; `quorum_of`).
+        self.joined: dict[int, frozenset[str]] = {}
         self.intake = SubmissionIntake(
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
             current_round=lambda: self.current_round, on_committed=self.kept.remember,
@@ -222,13 +225,13 @@ class Coordinator:
         # the round's trajectories) only matters once the deadline passed. The ServerApp polls
         # this every 0.2 s while a round is open (bench/coordinator_scale.py).
         submitted = self.journal.submitter_ids(record.round_id)
-        needed = max(self.cfg.min_participants, self.cfg.expected_participants - len(self.withdrawn))
-        if len(submitted) >= needed and self.awaited() <= submitted:
+        needed, least, awaited = quorum_of(self, record.round_id)
+        if len(submitted) >= needed and awaited() <= submitted:
             return "quorum"
         if now >= record.deadline:
             submitters = self.journal.submitters(record.round_id)
             contributors = sum(1 for n in submitters.values() if n > 0)
-            if contributors >= self.cfg.min_participants or record.extensions >= self.cfg.max_deadline_extensions:
+            if contributors >= least or record.extensions >= self.cfg.max_deadline_extensions:
                 return "deadline"
         return None
 
@@ -264,7 +267,7 @@ class Coordinator:
                 tracker.update([r for _, r in scored], [p for p, _ in scored])
             capabilities = tracker.capabilities()
             contributors = tuple(sorted(p for p, n in submitters.items() if n > 0))
-            below = len(contributors) < self.cfg.min_participants
+            below = len(contributors) < quorum_of(self, round_id)[1]
             with self._fail.audited():
                 self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
             self._tracker = tracker  # only after the commit: a crash before it leaves the round OPEN

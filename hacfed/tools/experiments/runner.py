@@ -79,7 +79,8 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (("--dedup-successes",) if r.dedup_successes else ()) \
       + (("--format-gate",) if r.format_gate else ()) \
       + (("--max-staleness", str(r.max_staleness)) if r.max_staleness else ()) \
-      + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed))
+      + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed)) \
+      + (("--round-join", r.round_join) if r.round_join != "every" else ())
 
 
 def runs_of(setting: Setting) -> list[Run]:
