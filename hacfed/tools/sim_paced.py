@@ -14,7 +14,8 @@ hostile lab (no model) costs as much as the first honest lab would.
 
 With `--round-join newest` a lab that finished its step joins the newest round instead of rolling out
 every round (`hacfed.server.coordinator.round_join`): a slow lab skips rounds, each lab evaluates
-every `eval_every` of its own steps, and rows exist only for the rounds a lab took, with `sim/own_step`.
+every `eval_every` of its own steps, rows exist only for the rounds a lab took, with `sim/own_step`,
+and a step is sent of each peer only its newest round (`sim/skipped_samples`: what it was not sent).
 """
 
 from __future__ import annotations

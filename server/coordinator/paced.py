@@ -17,8 +17,9 @@ deadline (waited for with `sleep`), as in `run_rounds`.
 
 With `round_join = "newest"` the events come from a `round_join.JoinSchedule`: a lab's step rolls
 out the round the schedule gives it (it may open it), the coordinator learns who took each round once
-no other lab can (`Coordinator.joined`), and the lab is asked to evaluate every `eval_every` of its own
-steps (`round_join.own_step_plan`); a lab found quarantined takes no more steps.
+no other lab can (`Coordinator.joined`), the lab is sent of each peer only its newest round
+(`round_join.newest_update`) and asked to evaluate every `eval_every` of its own steps
+(`round_join.own_step_plan`); a lab found quarantined takes no more steps.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class StepRecord:
     compute: float  # simulated seconds: cost x speed factor
     staleness: tuple[int, ...]  # of each sample it was sent (0: the round just before its step)
     own_step: int | None = None  # round_join "newest": how many rounds the lab rolled out before this step
+    skipped: int = 0  # round_join "newest": accepted samples of peer rounds skipped for this step
 
     def metrics(self) -> dict[str, float]:
         """The metrics row's `sim/*` keys (docs/experiments.md)."""
@@ -61,6 +63,7 @@ class StepRecord:
             out[f"sim/staleness_{s}"] = float(self.staleness.count(s))
         if self.own_step is not None:
             out["sim/own_step"] = float(self.own_step)
+            out["sim/skipped_samples"] = float(self.skipped)
         return out
 
 
@@ -116,6 +119,7 @@ class _PacedRun:
         self.rounds = coordinator.cfg.rounds
         self.in_flight: dict[tuple[str, int], Submission | None] = {}
         self.staleness: dict[tuple[str, int], tuple[int, ...]] = {}
+        self.skipped: dict[tuple[str, int], int] = {}
         self.records: dict[tuple[str, int], StepRecord] = {}
         self.results: dict[int, dict] = {}
         self.failures: dict[int, dict[str, str]] = {}
@@ -138,6 +142,7 @@ class _PacedRun:
         update = built.update if own_step is None else own_step_plan(built.update, own_step, coordinator.cfg.eval_every)
         submission = _exchange(self.endpoints[lab], update, failures)
         self.in_flight[(lab, step)], self.staleness[(lab, step)] = submission, built.staleness
+        self.skipped[(lab, step)] = built.skipped
         self.sched.finished(lab, step, float(self.cost(lab, built.update, submission)))
 
     def finish(self, lab: str, step: int) -> None:
@@ -145,7 +150,8 @@ class _PacedRun:
         start = sched.start_of(lab, step)
         own = sched.own_step(lab, step) if isinstance(sched, JoinSchedule) else None
         self.records[(lab, step)] = StepRecord(lab, step, start, sched.now, sched.idle_before(lab, step),
-                                               sched.now - start, self.staleness.pop((lab, step)), own)
+                                               sched.now - start, self.staleness.pop((lab, step)), own,
+                                               self.skipped.pop((lab, step), 0))
         submission = self.in_flight.pop((lab, step))
         if step == self.rounds:
             if submission is not None:

@@ -2,9 +2,10 @@
 
 Pure and torch-free: the order of events on the simulated clock for the paced in-process transport
 (`hacfed.server.coordinator.paced`, which drives `hacfed sim --round-join newest`), the rule by which
-such a round closes (`quorum_of`, read by `Coordinator.ready_to_close`) and what a lab's step is told
-to do (`own_step_plan`). docs/staleness.md, "Joining the newest round", has the rules and what they
-guarantee. `round_join = "every"` (the default) is `schedule.Schedule`: every lab rolls out every round.
+such a round closes (`quorum_of`, read by `Coordinator.ready_to_close`), what a lab's step is told
+to do (`own_step_plan`) and what it is sent (`newest_update`: of each peer, only its newest round).
+docs/staleness.md, "Joining the newest round", has the rules and what they guarantee.
+`round_join = "every"` (the default) is `schedule.Schedule`: every lab rolls out every round.
 
 A lab starting a step rolls out the newest opened round if it has not rolled it out and it is still
 open; otherwise it opens the next round n, allowed once round n - 1 - K has closed (K =
@@ -12,6 +13,9 @@ max_staleness); once every round is opened its last step is the final update (st
 allowed once round R - 1 has closed. A slow lab thus skips the rounds opened while it was busy. The
 labs that took a round are the ones it waits for; it closes (oldest first) once they all submitted and
 no lab can still take it: a newer round is open, it is the run's last round, or every lab took it.
+A lab is sent its own samples and, of each peer, the samples of that peer's newest round in its
+window; the peer's older rounds it was not sent are skipped, never sent later (`NewestOfEachPeer`),
+so a slow lab's step trains on as much as a synchronous step does.
 
     sched = JoinSchedule(["a", "b"], {"b": 4.0}, max_staleness=3, rounds=40)
     while (event := sched.pop()) is not None:       # event.step: the round taken (or 40, the final)
@@ -29,7 +33,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
-from hacfed.messages import RoundUpdate
+from hacfed.messages import RoundPlan, RoundUpdate
 from hacfed.server.coordinator.schedule import Event, check_max_staleness, check_speeds
 
 ROUND_JOINS = ("every", "newest")
@@ -216,3 +220,34 @@ def order_join_events(
             sched.closed(oldest, event.time)
             oldest += 1
     return events
+
+
+class NewestOfEachPeer:
+    """A lab's `stale_pool.Deliveries` seen through round_join "newest" for one step whose update draws
+    from `rounds`: of each peer, only the newest round in `rounds` with a submission of it is sent;
+    its older rounds there that the lab was not sent are recorded as sent without sending them
+    (`skipped`: how many accepted samples they held). The lab's own submissions pass as they are."""
+
+    def __init__(self, deliveries: Any, journal: Any, learner: str, rounds: range) -> None:
+        self._deliveries, self._journal, self.skipped = deliveries, journal, 0
+        self.newest: dict[str, int] = {}  # peer -> its newest round in `rounds` with a submission
+        for q in rounds:
+            self.newest.update((pid, q) for pid in journal.submitter_ids(q) if pid != learner)
+
+    def take(self, learner: str, round_id: int, sources: set[str]) -> set[str]:
+        new = self._deliveries.take(learner, round_id, sources)
+        older = {pid for pid in new if round_id < self.newest.get(pid, round_id)}
+        if older:
+            self.skipped += sum(1 for t in self._journal.pool(round_id) if t.source_id in older)
+        return new - older
+
+
+def newest_update(cfg: Any, journal: Any, deliveries: Any, learner: str, next_round: int,
+                  fresh_capabilities: dict[str, float], plan_for: Callable[[int], RoundPlan]) -> Any:
+    """`stale_pool.stale_update` under round_join "newest": the same update, with of each peer only its
+    newest round in the window (`NewestOfEachPeer`), and `skipped` set."""
+    from hacfed.server.coordinator.stale_pool import stale_update, window  # stale_pool -> config -> here
+
+    view = NewestOfEachPeer(deliveries, journal, learner, window(next_round, cfg.rounds, cfg.max_staleness)[1])
+    built = stale_update(cfg, journal, view, learner, next_round, fresh_capabilities, plan_for)
+    return replace(built, skipped=view.skipped)

@@ -60,7 +60,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
-from hacfed.server.coordinator.round_join import quorum_of
+from hacfed.server.coordinator.round_join import newest_update, quorum_of
 from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
 from hacfed.tasks.base import Task
@@ -320,7 +320,8 @@ class Coordinator:
         samples of the last K + 1 rounds it was not sent yet, P̂ of the latest closed round, plan next_round."""
         with self._lock:
             fresh = self._tracker.capabilities()
-            return stale_update(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
+            make = newest_update if self.cfg.round_join == "newest" else stale_update  # newest: of each peer, one round
+            return make(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
 
     def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
         """The records of the pool `make_update(pool_round + 1)` published (`KeptSamples.take_records`)."""

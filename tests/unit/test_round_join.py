@@ -6,6 +6,7 @@ labs, and the settings. Torch-free: tests/unit/test_staleness_sim.py runs real l
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from hacfed.tools.experiments.runner import plan_runs
 from hacfed.tools.sim import SimConfig
 from tests.unit.test_bench_modes import _matrix
 from tests.unit.test_coordinator_fakes import make_config, make_coordinator, scripted_submission
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _by(events, kind, lab):
@@ -125,15 +128,72 @@ def test_a_paced_run_joining_the_newest_round_frees_the_fast_lab(tmp_path):
     # A round waits for the labs that took it: b's rounds have both labs' samples, the others a's only.
     for r in range(12):
         assert coord.journal.submitter_ids(r) == ({"a", "b"} if r % 4 == 0 else {"a"}), r
-    # Every accepted sample reaches each lab exactly once, never older than K = 3 rounds.
+    # a is sent every accepted sample exactly once (b sends one round per step), never older than K = 3.
     every = sorted(t.trajectory_id for r in range(12) for t in coord.journal.pool(r))
-    for lab in (a, b):
-        assert sorted(t.trajectory_id for u in lab.sent for t in u.pool) == every
+    assert sorted(t.trajectory_id for u in a.sent for t in u.pool) == every
     assert max(s for rec in records.values() for s in rec.staleness) == 3
     # b's own samples are 3 rounds old by index (it rolled out round 0, then joins round 4), yet of its
-    # current policy; a gets b's round-0 samples at its step 4 (staleness 3).
-    assert records[("b", 4)].staleness.count(3) == 12 and records[("a", 4)].staleness.count(3) == 6
+    # current policy; a gets b's round-0 samples at its step 4 (staleness 3), b gets a's round 3 (fresh).
+    assert records[("b", 4)].staleness == (3,) * 6 + (0,) * 6 and records[("a", 4)].staleness.count(3) == 6
     assert [coord.journal.round(r).state for r in range(12)] == ["PUBLISHED"] * 12
+
+
+def _rounds_of(update, source):
+    return sorted({int(t.trajectory_id.split("/")[1]) for t in update.pool if t.source_id == source})
+
+
+def test_the_slow_lab_is_sent_one_round_of_each_peer_per_step_and_never_the_skipped_ones(tmp_path):
+    coord, (a, b), _, records = _joined_run(tmp_path)
+    # Worked by hand (K = 3, 6 samples a round a lab): b's steps roll out rounds 0, 4, 8 and the final
+    # update 12; at each, a's rounds of the window are all in, and b is sent only a's newest of them.
+    assert [(_rounds_of(u, "b"), _rounds_of(u, "a")) for u in b.sent] == [([], []), ([0], [3]), ([4], [7]), ([8], [11])]
+    assert [records[("b", s)].skipped for s in (0, 4, 8, 12)] == [0, 18, 18, 18]  # a's rounds 0-2, 4-6, 8-10
+    assert [len(u.pool) for u in b.sent[1:]] == [12] * 3  # a synchronous step's size: own round + one of a's
+    # Never sent later: of a's samples b gets rounds 3, 7 and 11 only, each once.
+    b_got = [t.trajectory_id for u in b.sent for t in u.pool if t.source_id == "a"]
+    assert len(b_got) == len(set(b_got)) == 18
+    # a is sent every round of b (one per step anyway) and skips nothing.
+    assert sorted(r for u in a.sent for r in _rounds_of(u, "b")) == [0, 4, 8]
+    assert all(rec.skipped == 0 for (lab, _), rec in records.items() if lab == "a")
+    rows = {lab: records[(lab, 4)].metrics() for lab in ("a", "b")}
+    assert rows["b"]["sim/skipped_samples"] == 18.0 and rows["a"]["sim/skipped_samples"] == 0.0
+    assert rows["b"]["sim/trained_samples"] == 12.0
+
+
+# The chain pair's step costs in bench/staleness.toml's synchronous runs, in simulated seconds at speed
+# 1: the rollout of one round, and training on one round of one lab's samples (docs/staleness.md).
+CHAIN_ROLLOUT_S, CHAIN_TRAIN_S = 6.55, 18.4
+
+
+def _chain_cost(lab, update, submission):
+    """The simulated cost of a step that trains on `update`'s pool (6 scripted samples a lab a round)."""
+    return (CHAIN_ROLLOUT_S if update.next_plan is not None else 0.0) + CHAIN_TRAIN_S * len(update.pool) / 6
+
+
+def _modelled(tmp_path, k, rounds, **kw):
+    """(the fast lab's end time, its idle share) of a paced run of scripted labs at the chain pair's costs."""
+    coord = make_coordinator(tmp_path, rounds=rounds, min_participants=2, max_staleness=k, **kw)
+    _, records = run_paced(coord, [_Scripted("a"), _Scripted("b")], {"b": 4.0}, _chain_cost)
+    fast = [r for (lab, _), r in records.items() if lab == "a"]
+    end = max(r.finish for r in fast)
+    return end, sum(r.idle for r in fast) / end
+
+
+def test_at_the_chain_pairs_costs_the_bench_setting_frees_the_fast_lab(tmp_path):
+    """The cost model behind bench/staleness.toml's speed4-join: the fast lab's K + 1 steps (one of
+    them with the slow lab's round) take about one slow step, so at that K it barely waits, and its
+    run ends near half the synchronous run's time."""
+    from hacfed.tools.experiments.matrix import load_matrix
+
+    matrix = load_matrix(ROOT / "bench" / "staleness.toml")
+    join, sync = matrix.setting("speed4-join").run, matrix.setting("speed4-k0").run
+    sync_end, sync_idle = _modelled(tmp_path / "sync", 0, sync.rounds)
+    assert sync_idle > 0.7  # the synchronous fast lab waits about three quarters of its time
+    end, idle = _modelled(tmp_path / "join", join.max_staleness, join.rounds, round_join="newest")
+    assert idle < 0.12 and 0.4 < end / sync_end < 0.52, (idle, end / sync_end)
+    # One K less, the fast lab waits a fifth of its time: the bench's K is the smallest that frees it.
+    _, idle_less = _modelled(tmp_path / "less", join.max_staleness - 1, join.rounds, round_join="newest")
+    assert idle_less > 0.15, idle_less
 
 
 def test_a_lab_that_took_no_part_in_a_round_keeps_its_capability_history(tmp_path):

@@ -146,10 +146,14 @@ def test_joining_the_newest_round_with_real_labs_rows_own_steps_and_evaluations(
         assert all(r.get("sim/staleness_max", 0) <= 3 for r in mine)
         steps[agent] = len(taken)
     assert steps["tiny-llama"] == 8 and steps["tiny-gpt2"] < 8  # the slow lab skipped rounds
-    # The fast lab waits less than the slow one computes (the slow lab's steps train on every round it
-    # skipped, so at these costs the fast lab does wait for the bound: docs/staleness.md).
+    # The fast lab waits less than the slow one computes; the slow lab is sent of the fast lab only its
+    # newest round per step, the older ones it skipped are counted (docs/staleness.md).
     idle = sum(r["sim/idle_s"] for r in rows if r["agent"] == "tiny-llama")
     assert idle < sum(r["sim/compute_s"] for r in rows if r["agent"] == "tiny-gpt2")
+    slow = [r for r in rows if r["agent"] == "tiny-gpt2"]
+    assert sum(r["sim/skipped_samples"] for r in slow) > 0
+    assert all(r["sim/trained_samples"] <= 2 * 2 * 4 for r in slow)  # own round + one of the peer's
+    assert all(r["sim/skipped_samples"] == 0 for r in rows if r["agent"] == "tiny-llama")
 
 
 if __name__ == "__main__":  # regenerate the golden file from the synchronous federation
