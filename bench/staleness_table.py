@@ -23,6 +23,8 @@ of its own, against the synchronous setting at the same speeds:
   accuracy, vs K = 0 the lab's accuracy at own step n, and paired by seed against the synchronous
                      run's at the same n: after an equal number of its own rollouts and updates
   final accuracy     after its final update
+  skipped            samples of its peers' older rounds it was not sent (`sim/skipped_samples`: of each
+                     peer only the newest round is sent), summed over its run
   run time           the lab's simulated run time over the synchronous run's (same lab)
   time to target     as above, for the fast lab
 """
@@ -163,8 +165,8 @@ def render_join(matrix: Matrix, out: Path) -> str:
     lines = ["", "Settings in which a lab joins the newest round (`round_join = \"newest\"`), against the synchronous "
              "setting at the same speeds, at an equal number of each lab's own steps:", "",
              "| setting | K | agent | own steps | at own step | accuracy | vs K = 0 | final accuracy | trained "
-             "| staleness | idle | run time | time to target |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| skipped | staleness | idle | run time | time to target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     found = False
     for setting in matrix.settings:
         sync = synchronous_of(matrix, setting)
@@ -188,6 +190,7 @@ def render_join(matrix: Matrix, out: Path) -> str:
                     acc[seed], base[seed] = accuracy_at(mine)[n], theirs[n]
             finals = [final_accuracy(runs[s][agent]) for s in seeds]
             trained = [staleness(runs[s][agent]) for s in seeds]
+            skipped = [sum(float(r.get("sim/skipped_samples", 0.0)) for r in runs[s][agent]) for s in seeds]
             run_time = [end_time(runs[s][agent]) / end_time(sync_runs[s][agent]) for s in seeds if s in sync_runs]
             ratio = ""
             if i == 0:
@@ -200,7 +203,8 @@ def render_join(matrix: Matrix, out: Path) -> str:
             lines.append(
                 f"| {setting.name} | {setting.run.max_staleness} | {agent} | {_est([float(n) for n in steps], 1)} "
                 f"| {_span(at)} | {_est(list(acc.values()))} | {_pm(paired_difference(acc, base))} "
-                f"| {_est(finals)} | {_est([t for t, _ in trained], 0)} | {_est([s for _, s in trained], 2)} "
+                f"| {_est(finals)} | {_est([t for t, _ in trained], 0)} | {_est(skipped, 0)} "
+                f"| {_est([s for _, s in trained], 2)} "
                 f"| {_est([idle_share(runs[s][agent]) for s in seeds], 2)} | {_est(run_time, 2)} | {ratio} |")
     return "\n".join(lines) + "\n" if found else ""
 

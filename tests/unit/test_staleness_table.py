@@ -64,11 +64,11 @@ def test_the_shipped_matrix_runs_the_issue_speeds_and_bounds():
     matrix = staleness_table.load_matrix(ROOT / "bench" / "staleness.toml")
     assert {(s.run.lab_speed, s.run.max_staleness, s.run.round_join) for s in matrix.settings} == {
         (("chain-qwen2=4",), 0, "every"), (("chain-qwen2=4",), 1, "every"), (("chain-qwen2=4",), 2, "every"),
-        (("chain-qwen2=1",), 1, "every"), (("chain-qwen2=4",), 3, "newest")}
+        (("chain-qwen2=1",), 1, "every"), (("chain-qwen2=4",), 5, "newest")}
     assert staleness_table.synchronous_of(matrix, matrix.setting("speed4-k2")).name == "speed4-k0"
     join = matrix.setting("speed4-join")
     assert staleness_table.synchronous_of(matrix, join).name == "speed4-k0"
-    assert (join.run.rounds, join.run.eval_every, join.run.eval_problems) == (40, 5, 500)
+    assert (join.run.rounds, join.run.eval_every, join.run.eval_problems) == (52, 5, 500)
     assert matrix.setting("speed4-k0").run.rounds == 20
 
 
@@ -86,7 +86,8 @@ def _joined_rows(fast_curve, slow_curve, fast_step_s=10.0):
         rows.append({**row, "final": True} if step == 8 else row)
     for own, round_id in enumerate((0, 4, 8)):
         row = {"round": round_id, "agent": "m2", "sim/own_step": own, "sim/finish_s": (own + 1) * 40.0,
-               "sim/idle_s": 0.0, "sim/trained_samples": 64.0, "sim/staleness_mean": 2.0}
+               "sim/skipped_samples": 48.0 if own else 0.0, "sim/idle_s": 0.0, "sim/trained_samples": 64.0,
+               "sim/staleness_mean": 2.0}
         if own in (0, 2):
             row["eval_accuracy"] = slow_curve[own // 2]
         rows.append({**row, "final": True} if own == 2 else row)
@@ -108,8 +109,8 @@ def test_the_joined_setting_compares_each_lab_at_an_equal_number_of_its_own_step
     # m1: 8 own steps; at own step 4 (the synchronous final) 0.5 and 0.52 against 0.5: +0.010; its run
     # ends at 90 s of the synchronous 160 s; it first reaches 0.5 at own step 4, at 50 s.
     assert ("| join | 3 | m1 | 8.0 ± 0.0 | 4 | 0.510 ± 0.127 | +0.010 ± 0.127 (1/2) | 0.600 ± 0.000 | 144 ± 0 "
-            "| 1.00 ± 0.00 | 0.00 ± 0.00 | 0.56 ± 0.00 | 0.31 ± 0.00 |") in text
+            "| 0 ± 0 | 1.00 ± 0.00 | 0.00 ± 0.00 | 0.56 ± 0.00 | 0.31 ± 0.00 |") in text
     # m2: 2 own steps; at own step 2 (its final) 0.35 against the synchronous 0.4 at round 2.
     assert ("| join | 3 | m2 | 2.0 ± 0.0 | 2 | 0.350 ± 0.000 | -0.050 ± 0.000 (0/2) | 0.350 ± 0.000 | 192 ± 0 "
-            "| 2.00 ± 0.00 | 0.00 ± 0.00 | 0.75 ± 0.00 |  |") in text
+            "| 96 ± 0 | 2.00 ± 0.00 | 0.00 ± 0.00 | 0.75 ± 0.00 |  |") in text
     assert staleness_table.render_join(_matrix({"k0": {"agents": ["m1", "m2"]}}, DEFAULTS), tmp_path) == ""
