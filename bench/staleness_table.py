@@ -12,6 +12,21 @@ of a paced `hacfed sim`, docs/staleness.md):
   time to target     for the fast lab (the first agent): the simulated time at which an evaluation first
                      reaches the same seed's synchronous final accuracy, over the synchronous run's whole
                      simulated time (the issue's bar: at most 0.5); "never" when no evaluation reaches it
+
+A setting with `round_join = "newest"` (docs/staleness.md, "Joining the newest round": a lab joins the
+newest round, a slow one skips rounds, each evaluates every `eval_every` of its OWN steps) has a table
+of its own, against the synchronous setting at the same speeds:
+
+  own steps          rounds the lab rolled out (its final update not counted)
+  at own step        the largest own step n at which both runs evaluated the lab (the synchronous
+                     run's own step is its round), per seed; a range when seeds differ
+  accuracy, vs K = 0 the lab's accuracy at own step n, and paired by seed against the synchronous
+                     run's at the same n: after an equal number of its own rollouts and updates
+  final accuracy     after its final update
+  skipped            samples of its peers' older rounds it was not sent (`sim/skipped_samples`: of each
+                     peer only the newest round is sent), summed over its run
+  run time           the lab's simulated run time over the synchronous run's (same lab)
+  time to target     as above, for the fast lab
 """
 
 from __future__ import annotations
@@ -36,6 +51,17 @@ def agent_rows(setting: Setting, out: Path) -> dict[int, dict[str, list[dict]]]:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
             found[run.seed] = {a: [r for r in rows if r.get("agent") == a] for a in setting.agent_ids}
     return found
+
+
+def own_step(row: dict) -> int:
+    """How many rounds the lab rolled out before this row's step: `sim/own_step` under round_join
+    "newest", else the round (every lab rolls out every round)."""
+    return int(row.get("sim/own_step", row["round"]))
+
+
+def accuracy_at(rows: Sequence[dict]) -> dict[int, float]:
+    """Own step -> the lab's greedy accuracy evaluated there."""
+    return {own_step(r): float(r["eval_accuracy"]) for r in rows if isinstance(r.get("eval_accuracy"), (int, float))}
 
 
 def final_accuracy(rows: Sequence[dict]) -> float | None:
@@ -71,7 +97,7 @@ def idle_share(rows: Sequence[dict]) -> float:
 def synchronous_of(matrix: Matrix, setting: Setting) -> Setting | None:
     """The K = 0 setting with the same agents and speeds."""
     for other in matrix.settings:
-        if (other.run.max_staleness == 0 and other.agents == setting.agents
+        if (other.run.max_staleness == 0 and other.run.round_join == "every" and other.agents == setting.agents
                 and other.run.lab_speed == setting.run.lab_speed):
             return other
     return None
@@ -90,6 +116,8 @@ def render(matrix: Matrix, out: Path, command: str) -> str:
              "| setting | K | agent | final accuracy | vs K = 0 | trained | staleness | idle | time to target |",
              "|---|---|---|---|---|---|---|---|---|"]
     for setting in matrix.settings:
+        if setting.run.round_join != "every":  # its own table (`render_join`)
+            continue
         runs = agent_rows(setting, out)
         sync = synchronous_of(matrix, setting)
         sync_runs = agent_rows(sync, out) if sync is not None else {}
@@ -117,7 +145,68 @@ def render(matrix: Matrix, out: Path, command: str) -> str:
             lines.append(f"| {setting.name} | {setting.run.max_staleness} | {agent} | {_est(list(finals.values()))} "
                          f"| {vs} | {_est([t for t, _ in trained], 0)} | {_est([s for _, s in trained], 2)} "
                          f"| {_est([idle_share(a[agent]) for a in runs.values()], 2)} | {ratio} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + render_join(matrix, out)
+
+
+def _pm(diff) -> str:
+    """A paired difference as "+0.010 ± 0.020 (3/5)"; "" for none."""
+    if diff is None:
+        return ""
+    half = "" if diff.estimate.half_width is None else f" ± {diff.estimate.half_width:.3f}"
+    return f"{diff.estimate.mean:+.3f}{half} ({diff.positive}/{len(diff.seeds)})"
+
+
+def _span(values: Sequence[int]) -> str:
+    return "" if not values else str(min(values)) if min(values) == max(values) else f"{min(values)}–{max(values)}"
+
+
+def render_join(matrix: Matrix, out: Path) -> str:
+    """The table of the settings with round_join "newest" (module docstring); "" when there are none."""
+    lines = ["", "Settings in which a lab joins the newest round (`round_join = \"newest\"`), against the synchronous "
+             "setting at the same speeds, at an equal number of each lab's own steps:", "",
+             "| setting | K | agent | own steps | at own step | accuracy | vs K = 0 | final accuracy | trained "
+             "| skipped | staleness | idle | run time | time to target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    found = False
+    for setting in matrix.settings:
+        sync = synchronous_of(matrix, setting)
+        if setting.run.round_join == "every" or sync is None:
+            continue
+        runs, sync_runs = agent_rows(setting, out), agent_rows(sync, out)
+        for i, agent in enumerate(setting.agent_ids):
+            seeds = [s for s in runs if final_accuracy(runs[s][agent]) is not None]
+            if not seeds:
+                continue
+            found = True
+            steps, at, acc, base = [], [], {}, {}
+            for seed in seeds:
+                mine = runs[seed][agent]
+                steps.append(max(own_step(r) for r in mine if r.get("final") is True))
+                theirs = accuracy_at(sync_runs[seed][agent]) if seed in sync_runs else {}
+                common = set(accuracy_at(mine)) & set(theirs)
+                if common:
+                    n = max(common)
+                    at.append(n)
+                    acc[seed], base[seed] = accuracy_at(mine)[n], theirs[n]
+            finals = [final_accuracy(runs[s][agent]) for s in seeds]
+            trained = [staleness(runs[s][agent]) for s in seeds]
+            skipped = [sum(float(r.get("sim/skipped_samples", 0.0)) for r in runs[s][agent]) for s in seeds]
+            run_time = [end_time(runs[s][agent]) / end_time(sync_runs[s][agent]) for s in seeds if s in sync_runs]
+            ratio = ""
+            if i == 0:
+                targets = {s: final_accuracy(sync_runs[s][agent]) for s in seeds if s in sync_runs}
+                ratios = [None if (t := time_to(runs[s][agent], v)) is None else t / end_time(sync_runs[s][agent])
+                          for s, v in targets.items() if v is not None]
+                reached = [r for r in ratios if r is not None]
+                ratio = _est(reached, 2) + (f" ({len(ratios) - len(reached)} never)" if len(reached) < len(ratios)
+                                            else "")
+            lines.append(
+                f"| {setting.name} | {setting.run.max_staleness} | {agent} | {_est([float(n) for n in steps], 1)} "
+                f"| {_span(at)} | {_est(list(acc.values()))} | {_pm(paired_difference(acc, base))} "
+                f"| {_est(finals)} | {_est([t for t, _ in trained], 0)} | {_est(skipped, 0)} "
+                f"| {_est([s for _, s in trained], 2)} "
+                f"| {_est([idle_share(runs[s][agent]) for s in seeds], 2)} | {_est(run_time, 2)} | {ratio} |")
+    return "\n".join(lines) + "\n" if found else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -97,15 +97,15 @@ class SimConfig:
     # A coordinator's dedup_successes and format_gate (docs/security.md): off keeps P̂ the paper's.
     dedup_successes: bool = False
     format_gate: bool = False
-    # Bounded staleness (docs/staleness.md): a lab may run up to K rounds ahead of the slowest; 0 is synchronous.
-    max_staleness: int = 0
+    max_staleness: int = 0  # bounded staleness (docs/staleness.md): up to K rounds ahead of the slowest; 0: in step
     # (agent id, factor) pairs: that lab's compute takes factor times as long on the simulated clock
-    # (hacfed.tools.sim_paced). With either set the run is paced on that clock and rows carry `sim/*`.
+    # (hacfed.tools.sim_paced). With any of these three set the run is paced on that clock; rows carry `sim/*`.
     lab_speeds: tuple[tuple[str, float], ...] = ()
+    round_join: str = "every"  # "newest": a lab joins the newest round, a slow one skips rounds (docs/staleness.md)
 
     @property
     def paced(self) -> bool:
-        return self.max_staleness > 0 or bool(self.lab_speeds)
+        return self.max_staleness > 0 or bool(self.lab_speeds) or self.round_join != "every"
 
     def __post_init__(self) -> None:
         if self.mode not in SIM_MODES:
@@ -137,7 +137,7 @@ class SimConfig:
             raise ValueError(f"answer_keys must be one of {', '.join(ANSWER_KEYS)}, got {self.answer_keys!r}")
         if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or not 1 <= self.nproc <= 64:
             raise ValueError(f"nproc must be an integer in 1..64, got {self.nproc!r}")
-        check_pacing(self.max_staleness, self.lab_speeds, participant_ids(self.agents))
+        check_pacing(self.max_staleness, self.lab_speeds, participant_ids(self.agents), self.round_join)
 
 
 def participant_ids(agents: Sequence[str]) -> list[str]:
@@ -203,7 +203,7 @@ def _coordinator_config(cfg: SimConfig, task: Any, ids: Sequence[str]):
         sampling=SamplingParams(max_new_tokens=response_budget(cfg.max_new_tokens, task), temperature=cfg.temperature),
         hacpo=hacpo_config_for(cfg.mode, cfg.hacpo_overrides),
         eval_every=cfg.eval_every, seed=cfg.seed, answer_keys=cfg.answer_keys, dedup_successes=cfg.dedup_successes,
-        format_gate=cfg.format_gate, max_staleness=cfg.max_staleness,
+        format_gate=cfg.format_gate, max_staleness=cfg.max_staleness, round_join=cfg.round_join,
         **({"pool_peers_per_prompt": cfg.peers_per_prompt} if cfg.peers_per_prompt is not None else {}),
         **({"pool_peer_choice": cfg.peer_choice} if cfg.peer_choice is not None else {}),
     )

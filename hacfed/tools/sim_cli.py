@@ -161,7 +161,7 @@ def _run_checked(args: Any, agents: tuple[str, ...]) -> int:
         minibatch_size=args.minibatch_size, peers_per_prompt=args.peers_per_prompt, peer_choice=args.peer_choice,
         answer_keys=args.answer_keys, dedup_successes=args.dedup_successes, format_gate=args.format_gate,
         max_staleness=args.max_staleness,
-        lab_speeds=parse_lab_speeds(args.lab_speed),
+        lab_speeds=parse_lab_speeds(args.lab_speed), round_join=args.round_join,
     )
     metrics_out = Path(args.metrics_out) if args.metrics_out else None
     if metrics_out:

@@ -1,4 +1,4 @@
-"""`hacfed sim --lab-speed AGENT=FACTOR --max-staleness K`: labs of different speeds on a simulated clock.
+"""`hacfed sim --lab-speed AGENT=FACTOR --max-staleness K --round-join R`: labs of different speeds, simulated clock.
 
 The run goes through `hacfed.server.coordinator.paced.run_paced` (docs/staleness.md): each lab's step
 costs its compute time at speed 1 times its factor, and events are ordered on that clock. The compute
@@ -11,6 +11,11 @@ only on the run's settings and seed, never on the machine's load:
 simulated seconds on a nominal 1 GFLOP/s device. Response tokens are counted as their sources
 tokenized them (`source_token_count`); prompts and the held-out evaluation are left out. A scripted
 hostile lab (no model) costs as much as the first honest lab would.
+
+With `--round-join newest` a lab that finished its step joins the newest round instead of rolling out
+every round (`hacfed.server.coordinator.round_join`): a slow lab skips rounds, each lab evaluates
+every `eval_every` of its own steps, rows exist only for the rounds a lab took, with `sim/own_step`,
+and a step is sent of each peer only its newest round (`sim/skipped_samples`: what it was not sent).
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ def add_pacing_arguments(p: Any) -> None:
                    help="run on a simulated clock on which AGENT's compute (a deterministic cost: parameters x "
                         "tokens) takes FACTOR times as long, e.g. tiny-gpt2=4 (repeatable; other agents 1); rows "
                         "then carry sim/* (start, idle, staleness of what each agent trained on)")
+    p.add_argument("--round-join", choices=("every", "newest"), default="every",
+                   help="which round a lab rolls out when it starts a step (docs/staleness.md): every (the default: "
+                        "each lab rolls out every round) or newest (it joins the newest round, or opens the next one "
+                        "within --max-staleness, so a fast lab does not wait for a slow one, which skips rounds; "
+                        "each lab evaluates every --eval-every of its own steps); runs on the simulated clock")
 
 
 def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
@@ -59,13 +69,16 @@ def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
     return tuple(out.items())
 
 
-def check_pacing(max_staleness: int, lab_speeds: Sequence[tuple[str, float]], ids: Sequence[str]) -> None:
-    """A SimConfig's K and lab speeds: K an integer >= 0, each speed for an agent of the run, in
-    [MIN_SPEED, MAX_SPEED]."""
+def check_pacing(max_staleness: int, lab_speeds: Sequence[tuple[str, float]], ids: Sequence[str],
+                 round_join: str = "every") -> None:
+    """A SimConfig's K, lab speeds and round_join: K an integer >= 0, each speed for an agent of the
+    run, in [MIN_SPEED, MAX_SPEED], round_join "every" or "newest"."""
+    from hacfed.server.coordinator.round_join import check_round_join
     from hacfed.server.coordinator.schedule import check_max_staleness, check_speeds
 
     check_max_staleness(max_staleness)
     check_speeds(dict(lab_speeds), ids)
+    check_round_join(round_join)
 
 
 def parameters_of(endpoint: Any) -> int | None:
@@ -109,12 +122,17 @@ def run_paced_sim(
     rows_of: Callable[[Any], list[dict]], emit: Callable[[dict], None],
 ) -> dict[tuple[str, int], Any]:
     """Run the federation on the simulated clock; each closed round's rows (`rows_of(outcome)`) get
-    their lab's `sim/*` keys (`StepRecord.metrics`) before `emit`. Returns every step record."""
+    their lab's `sim/*` keys (`StepRecord.metrics`) before `emit`; with round_join "newest" only the
+    rows of the labs that took the round. Returns every step record."""
     from hacfed.server.coordinator.paced import run_paced
+
+    joining = coordinator.cfg.round_join == "newest"
 
     def on_round(outcome: Any, records: Mapping[str, Any]) -> None:
         for row in rows_of(outcome):
             record = records.get(row["agent"])
+            if record is None and joining:
+                continue  # the lab did not take this round
             emit({**row, **(record.metrics() if record is not None else {})})
 
     _, records = run_paced(coordinator, endpoints, speeds, flop_cost(endpoints), on_round=on_round)

@@ -39,6 +39,7 @@ from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import ANSWER_KEYS, PEER_CHOICES, SamplingParams
+from hacfed.server.coordinator.round_join import ROUND_JOINS
 from hacfed.tasks.registry import task_sampling_defaults
 from hacfed.tomlfile import read_toml
 
@@ -98,6 +99,11 @@ class CoordinatorConfig:
       whatever verified samples of the last K + 1 rounds it has not trained on yet, and no sample is
       older than K rounds when trained on (hacfed.server.coordinator.stale_pool). Per-round quotas
       default to K + 1 times as much (submissions of K + 1 rounds count against the newest open one).
+    round_join: which round a lab rolls out when it starts a step (docs/staleness.md). "every" (the
+      default): every lab rolls out every round. "newest": it joins the newest open round it has not
+      rolled out, or opens the next one (under the max_staleness bound), so a slow lab skips the
+      rounds opened while it was busy and a round waits only for the labs that took it
+      (hacfed.server.coordinator.round_join). Runs in `hacfed sim` only, like max_staleness > 0.
     """
 
     run_id: str
@@ -130,6 +136,7 @@ class CoordinatorConfig:
     dedup_successes: bool = False
     format_gate: bool = False
     max_staleness: int = 0
+    round_join: str = "every"
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID_RE.fullmatch(self.run_id):
@@ -181,6 +188,8 @@ class CoordinatorConfig:
         if not isinstance(self.format_gate, bool):
             _bad("format_gate", self.format_gate, "true or false")
         _int(self, "max_staleness", 0)
+        if self.round_join not in ROUND_JOINS:
+            _bad("round_join", self.round_join, f"one of {', '.join(map(repr, ROUND_JOINS))}")
 
     @property
     def quota_bytes(self) -> int:
@@ -235,6 +244,8 @@ class CoordinatorConfig:
             bound["format_gate"] = True
         if self.max_staleness:  # 0 (synchronous) binds a journal as before the setting existed
             bound["max_staleness"] = self.max_staleness
+        if self.round_join != "every":  # the default binds a journal as before the setting existed
+            bound["round_join"] = self.round_join
         return bound
 
     @classmethod

@@ -42,6 +42,7 @@ class Event:
     kind: str  # "start" (the lab takes its update and computes) or "finish" (its submission arrives)
     lab: str
     step: int  # the round whose plan the step rolls out; the final update is step `rounds`
+    own_step: int | None = None  # round_join "newest" (`round_join`): the lab's steps before this one
 
 
 def check_max_staleness(value: object) -> int:

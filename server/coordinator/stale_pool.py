@@ -35,6 +35,7 @@ class StaleUpdate:
     update: RoundUpdate
     rounds: tuple[int, ...]
     staleness: tuple[int, ...]
+    skipped: int = 0  # round_join "newest": accepted samples of peer rounds skipped (`round_join.newest_update`)
 
 
 class Deliveries:

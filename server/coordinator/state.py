@@ -60,6 +60,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.round_join import newest_update, quorum_of
 from hacfed.server.coordinator.sent_steps import journaled_update
 from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
@@ -88,6 +89,8 @@ class Coordinator:
         # Journaled participants whose registration was revoked (set by the driver, which re-reads the
         # registry): a round no longer waits for them, and the early close needs that many fewer labs.
         self.withdrawn: frozenset[str] = frozenset()
+        # round_join "newest": round -> the labs that took it, once no other can (set by the transport; `quorum_of`).
+        self.joined: dict[int, frozenset[str]] = {}
         self.intake = SubmissionIntake(
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
             current_round=lambda: self.current_round, on_committed=self.kept.remember,
@@ -223,13 +226,13 @@ class Coordinator:
         # the round's trajectories) only matters once the deadline passed. The ServerApp polls
         # this every 0.2 s while a round is open (bench/coordinator_scale.py).
         submitted = self.journal.submitter_ids(record.round_id)
-        needed = max(self.cfg.min_participants, self.cfg.expected_participants - len(self.withdrawn))
-        if len(submitted) >= needed and self.awaited() <= submitted:
+        needed, least, awaited = quorum_of(self, record.round_id)
+        if len(submitted) >= needed and awaited() <= submitted:
             return "quorum"
         if now >= record.deadline:
             submitters = self.journal.submitters(record.round_id)
             contributors = sum(1 for n in submitters.values() if n > 0)
-            if contributors >= self.cfg.min_participants or record.extensions >= self.cfg.max_deadline_extensions:
+            if contributors >= least or record.extensions >= self.cfg.max_deadline_extensions:
                 return "deadline"
         return None
 
@@ -265,7 +268,7 @@ class Coordinator:
                 tracker.update([r for _, r in scored], [p for p, _ in scored])
             capabilities = tracker.capabilities()
             contributors = tuple(sorted(p for p, n in submitters.items() if n > 0))
-            below = len(contributors) < self.cfg.min_participants
+            below = len(contributors) < quorum_of(self, round_id)[1]
             with self._fail.audited():
                 self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
             self._tracker = tracker  # only after the commit: a crash before it leaves the round OPEN
@@ -314,15 +317,14 @@ class Coordinator:
             return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
 
     def make_stale_update(self, learner: str, next_round: int) -> StaleUpdate:
-        """`learner`'s update for its step `next_round` under max_staleness (`stale_pool`): the verified
-        samples of the last K + 1 rounds it was not sent yet, P̂ of the latest closed round, plan next_round."""
+        """`learner`'s update for its step `next_round` under max_staleness (`stale_pool`, `round_join`)."""
         with self._lock:
             fresh = self._tracker.capabilities()
-            return stale_update(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
+            make = newest_update if self.cfg.round_join == "newest" else stale_update  # newest: one round per peer
+            return make(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
 
     def make_sent_update(self, learner: str, next_round: int) -> StaleUpdate:
-        """`make_stale_update` with its choice journaled (`sent_steps`): the Flower driver's update under
-        max_staleness; the same again for the same step, after a failed exchange or a restart."""
+        """`make_stale_update` journaled (`sent_steps`): the Flower driver's, rebuilt the same after a restart."""
         with self._lock, self._fail.audited():
             return journaled_update(self.cfg, self.journal, learner, next_round, self._clock(),
                                     self._tracker.capabilities(), self.plan_for)
@@ -369,9 +371,8 @@ class Coordinator:
         record = self.journal.round(round_id)
         if record is None:
             raise ValueError(f"round {round_id} was never opened")
-        return build_round_summary(
-            record, self.journal.participants(), self.journal.round_stats(round_id), self.journal.submitters(round_id)
-        )
+        return build_round_summary(record, self.journal.participants(), self.journal.round_stats(round_id),
+                                   self.journal.submitters(round_id))
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -125,6 +125,37 @@ def test_no_lab_trains_on_a_sample_older_than_k_rounds(tmp_path, k, presets):
     assert sum(r.idle for r in fast) < sum(records[("b", t)].compute for t in range(ROUNDS + 1))
 
 
+def test_joining_the_newest_round_with_real_labs_rows_own_steps_and_evaluations(tmp_path, presets):
+    """round_join "newest" (docs/staleness.md): tiny-gpt2 4 times slower takes fewer rounds; every row is a
+    round its lab took, numbered by its own steps; each lab evaluates every 2 of its own steps and at its
+    final update; no sample is older than K = 3 rounds."""
+    from hacfed.tools.sim import SimConfig, run_sim
+
+    cfg = SimConfig(agents=tuple(preset for _, preset in LABS), mode="hacpo", rounds=8, prompts_per_round=2,
+                    group_size=4, eval_every=2, eval_problems=4, task=TASK_SPEC, state_dir=str(tmp_path),
+                    lab_speeds=(("tiny-gpt2", 4.0),), max_staleness=3, round_join="newest")
+    rows = run_sim(cfg, progress=False)
+    steps = {}
+    for agent in ("tiny-llama", "tiny-gpt2"):
+        mine = [r for r in rows if r["agent"] == agent]
+        *taken, final = mine
+        assert final["final"] is True and final["round"] == 8 and "eval_accuracy" in final
+        assert [r["sim/own_step"] for r in mine] == list(range(len(mine)))  # rounds taken, then the final
+        assert [r["round"] for r in taken] == sorted({r["round"] for r in taken})
+        assert [r["sim/own_step"] for r in taken if "eval_accuracy" in r] == list(range(0, len(taken), 2))
+        assert all(r.get("sim/staleness_max", 0) <= 3 for r in mine)
+        steps[agent] = len(taken)
+    assert steps["tiny-llama"] == 8 and steps["tiny-gpt2"] < 8  # the slow lab skipped rounds
+    # The fast lab waits less than the slow one computes; the slow lab is sent of the fast lab only its
+    # newest round per step, the older ones it skipped are counted (docs/staleness.md).
+    idle = sum(r["sim/idle_s"] for r in rows if r["agent"] == "tiny-llama")
+    assert idle < sum(r["sim/compute_s"] for r in rows if r["agent"] == "tiny-gpt2")
+    slow = [r for r in rows if r["agent"] == "tiny-gpt2"]
+    assert sum(r["sim/skipped_samples"] for r in slow) > 0
+    assert all(r["sim/trained_samples"] <= 2 * 2 * 4 for r in slow)  # own round + one of the peer's
+    assert all(r["sim/skipped_samples"] == 0 for r in rows if r["agent"] == "tiny-llama")
+
+
 if __name__ == "__main__":  # regenerate the golden file from the synchronous federation
     import sys
     import tempfile

@@ -62,6 +62,55 @@ def test_a_lab_that_never_reaches_the_target_is_counted_as_never():
 
 def test_the_shipped_matrix_runs_the_issue_speeds_and_bounds():
     matrix = staleness_table.load_matrix(ROOT / "bench" / "staleness.toml")
-    assert {(s.run.lab_speed, s.run.max_staleness) for s in matrix.settings} == {
-        (("chain-qwen2=4",), 0), (("chain-qwen2=4",), 1), (("chain-qwen2=4",), 2), (("chain-qwen2=1",), 1)}
+    assert {(s.run.lab_speed, s.run.max_staleness, s.run.round_join) for s in matrix.settings} == {
+        (("chain-qwen2=4",), 0, "every"), (("chain-qwen2=4",), 1, "every"), (("chain-qwen2=4",), 2, "every"),
+        (("chain-qwen2=1",), 1, "every"), (("chain-qwen2=4",), 5, "newest")}
     assert staleness_table.synchronous_of(matrix, matrix.setting("speed4-k2")).name == "speed4-k0"
+    join = matrix.setting("speed4-join")
+    assert staleness_table.synchronous_of(matrix, join).name == "speed4-k0"
+    assert (join.run.rounds, join.run.eval_every, join.run.eval_problems) == (52, 5, 500)
+    assert matrix.setting("speed4-k0").run.rounds == 20
+
+
+def _joined_rows(fast_curve, slow_curve, fast_step_s=10.0):
+    """Rows of a paced two-lab run with round_join "newest" over 8 rounds: the fast lab m1 takes every
+    round (one every fast_step_s simulated seconds) and evaluates at own steps 2, 4, 6 and its final
+    update (8); the slow lab m2 takes rounds 0 and 4 (40 s each) and evaluates at own step 0 and its
+    final update (2)."""
+    rows = []
+    for step in range(9):
+        row = {"round": step, "agent": "m1", "sim/own_step": step, "sim/finish_s": (step + 1) * fast_step_s,
+               "sim/idle_s": 0.0, "sim/trained_samples": 16.0, "sim/staleness_mean": 1.0}
+        if step in (2, 4, 6, 8):
+            row["eval_accuracy"] = fast_curve[step // 2 - 1]
+        rows.append({**row, "final": True} if step == 8 else row)
+    for own, round_id in enumerate((0, 4, 8)):
+        row = {"round": round_id, "agent": "m2", "sim/own_step": own, "sim/finish_s": (own + 1) * 40.0,
+               "sim/skipped_samples": 48.0 if own else 0.0, "sim/idle_s": 0.0, "sim/trained_samples": 64.0,
+               "sim/staleness_mean": 2.0}
+        if own in (0, 2):
+            row["eval_accuracy"] = slow_curve[own // 2]
+        rows.append({**row, "final": True} if own == 2 else row)
+    return rows
+
+
+def test_the_joined_setting_compares_each_lab_at_an_equal_number_of_its_own_steps(tmp_path):
+    matrix = _matrix({"k0": {"agents": ["m1", "m2"], "lab_speed": ["m2=4"]},
+                      "join": {"agents": ["m1", "m2"], "lab_speed": ["m2=4"], "max_staleness": 3,
+                               "round_join": "newest", "rounds": 8}}, DEFAULTS)
+    for run in plan_runs(matrix):
+        if run.setting == "k0":  # own steps = rounds; evaluations at 2 and 4 (final), 160 s
+            rows = _paced_rows((0.45, 0.5), 40.0, slow_final=0.4)
+        else:  # the fast lab reaches 0.5 at own step 4, finishing at 50 s; the slow lab ends at 0.35
+            rows = _joined_rows((0.48, 0.5 if run.seed == 0 else 0.52, 0.56, 0.6), (0.1, 0.35))
+        _write_complete(run, tmp_path, rows)
+    text = staleness_table.render(matrix, tmp_path, "cmd")
+    assert "| join |" not in text.split("Settings in which")[0]  # not in the first table
+    # m1: 8 own steps; at own step 4 (the synchronous final) 0.5 and 0.52 against 0.5: +0.010; its run
+    # ends at 90 s of the synchronous 160 s; it first reaches 0.5 at own step 4, at 50 s.
+    assert ("| join | 3 | m1 | 8.0 ± 0.0 | 4 | 0.510 ± 0.127 | +0.010 ± 0.127 (1/2) | 0.600 ± 0.000 | 144 ± 0 "
+            "| 0 ± 0 | 1.00 ± 0.00 | 0.00 ± 0.00 | 0.56 ± 0.00 | 0.31 ± 0.00 |") in text
+    # m2: 2 own steps; at own step 2 (its final) 0.35 against the synchronous 0.4 at round 2.
+    assert ("| join | 3 | m2 | 2.0 ± 0.0 | 2 | 0.350 ± 0.000 | -0.050 ± 0.000 (0/2) | 0.350 ± 0.000 | 192 ± 0 "
+            "| 96 ± 0 | 2.00 ± 0.00 | 0.00 ± 0.00 | 0.75 ± 0.00 |  |") in text
+    assert staleness_table.render_join(_matrix({"k0": {"agents": ["m1", "m2"]}}, DEFAULTS), tmp_path) == ""

@@ -31,6 +31,8 @@ from hacfed.tools import hostile
 from hacfed.tools.modes import get_mode
 from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
 
+ROUND_JOINS = ("every", "newest")  # hacfed sim --round-join (hacfed.server.coordinator.round_join)
+
 # Keys of [defaults], each also allowed in a setting's table.
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
             "group_size", "seeds", "modes", "baseline")
@@ -38,7 +40,7 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
                      "text_filter", "answer_keys", "dedup_successes", "format_gate", "deny", "max_staleness",
-                     "lab_speed")
+                     "lab_speed", "round_join")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -78,6 +80,7 @@ class RunSettings:
     deny: tuple[str, ...] = ()  # hacfed sim --deny TEXT: known canaries every honest lab's filter drops
     max_staleness: int = 0  # hacfed sim --max-staleness (docs/staleness.md)
     lab_speed: tuple[str, ...] = ()  # hacfed sim --lab-speed AGENT=FACTOR, each checked by hacfed sim
+    round_join: str = "every"  # hacfed sim --round-join (docs/staleness.md)
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -228,6 +231,7 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         deny=_str_list(merged["deny"], origin("deny"), "deny") if "deny" in merged else (),
         max_staleness=_staleness(merged.get("max_staleness", 0), origin("max_staleness")),
         lab_speed=_str_list(merged["lab_speed"], origin("lab_speed"), "lab_speed") if "lab_speed" in merged else (),
+        round_join=_choice(merged.get("round_join", "every"), ROUND_JOINS, origin("round_join"), "round_join"),
     )
 
 

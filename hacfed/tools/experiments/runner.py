@@ -80,7 +80,8 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + (("--format-gate",) if r.format_gate else ()) \
       + tuple(a for text in r.deny for a in ("--deny", text)) \
       + (("--max-staleness", str(r.max_staleness)) if r.max_staleness else ()) \
-      + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed))
+      + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed)) \
+      + (("--round-join", r.round_join) if r.round_join != "every" else ())
 
 
 def runs_of(setting: Setting) -> list[Run]:
