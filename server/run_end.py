@@ -135,9 +135,10 @@ class RunEnd:
 
 
 def write_status(state_dir: Path, coordinator: Coordinator, done: bool) -> None:
-    """`driver-status.json`: where the rounds stand, and whether torch was ever loaded here."""
+    """`driver-status.json`: where the rounds stand (`open_round`: the newest open round; `open_rounds`:
+    every open one, oldest first, up to K + 1 with max_staleness K), and whether torch was ever loaded here."""
     status = {"torch_loaded": "torch" in sys.modules, "next_round": coordinator.next_round_id,
-              "open_round": coordinator.current_round, "done": done}
+              "open_round": coordinator.current_round, "open_rounds": coordinator.open_rounds(), "done": done}
     (state_dir / STATUS_FILE).write_text(json.dumps(status, sort_keys=True) + "\n", encoding="utf-8")
 
 

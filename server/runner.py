@@ -233,12 +233,13 @@ class Server:
             time.sleep(min(2.0 * failures, 10.0))
             self.submit()
 
-    def _progress(self) -> tuple[int, int | None]:
+    def _progress(self) -> tuple[int, int | None, tuple[int, ...]]:
+        """Where the rounds stand (`driver-status.json`): a round opened or closed since is progress."""
         status = self.state / "driver-status.json"
         if not status.exists():
-            return (-1, None)
+            return (-1, None, ())
         data = json.loads(status.read_text(encoding="utf-8"))
-        return (int(data["next_round"]), data.get("open_round"))
+        return (int(data["next_round"]), data.get("open_round"), tuple(data.get("open_rounds") or ()))
 
 
 def start_link_on_known_port(server: Server, port: int) -> SuperLink:

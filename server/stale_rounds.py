@@ -17,7 +17,12 @@ is sealed, so a resend of the same step (a failed exchange, a restarted coordina
 samples, and after a kill -9 the labs go on where the journal says.
 
 A lab's update is sealed whole (`encode_round_update`): its selection is the lab's own
-(`stale_pool`), so none is shared between labs as in `hacfed.server.round_updates`.
+(`stale_pool`), so none is shared between labs as in `hacfed.server.round_updates`. One that would not
+fit in one message (`hacfed.wire.MAX_MESSAGE_BYTES`, less `DELIVERY_ROOM` for the delivery around it)
+is cut as the synchronous driver cuts its updates, to fewer peers per prompt down to the lab's own
+samples, before its choice is journaled (`stale_pool.fitted_peers`); the console says so with the
+number of samples left out, which that lab is never sent. One that does not fit even then fails to
+seal, as a synchronous one does.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hacfed.envelope import DOMAIN_UPDATE, seal
 from hacfed.server.coordinator import Coordinator
 from hacfed.server.deliveries import FINAL, Deliveries
-from hacfed.wire import PayloadType, encode_round_update
+from hacfed.server.round_updates import DELIVERY_ROOM
+from hacfed.wire import MAX_MESSAGE_BYTES, PayloadType, encode_round_update
 
 
 class StaleRounds:
@@ -43,6 +49,7 @@ class StaleRounds:
         self._console = console
         self._k = coordinator.cfg.max_staleness
         self._rounds = coordinator.cfg.rounds
+        self.max_bytes = MAX_MESSAGE_BYTES - DELIVERY_ROOM  # the most bytes a lab's encoded update may take
 
     def _first_unclosed(self) -> int:
         closed = self._coordinator.journal.latest_closed_round()
@@ -93,6 +100,13 @@ class StaleRounds:
     def sealer(self, step: int) -> Callable[[str], tuple[bytes, ...]]:
         """participant id -> its sealed update for `step`, as envelope pieces (`Deliveries.send`)."""
         def sealed(pid: str) -> tuple[bytes, ...]:
-            update = self._coordinator.make_sent_update(pid, step).update
-            return (seal(encode_round_update(update), PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE),)
+            built = self._coordinator.make_sent_update(pid, step, self.max_bytes)
+            wanted = self._coordinator.cfg.pool_peers_per_prompt
+            if built.size is not None and built.peers_per_prompt < wanted:  # its first build was cut to fit
+                self._console(f"step {step} update for {pid}: {built.peers_per_prompt} peers per prompt instead of "
+                              f"{wanted}, to fit in one message ({built.size} bytes; {self.max_bytes} available): "
+                              f"{built.left_out} samples left out, never sent to it; lower pool_peers_per_prompt, "
+                              f"max_staleness or max_new_tokens to send every lab everything")
+            payload = encode_round_update(built.update)
+            return (seal(payload, PayloadType.ROUND_UPDATE, self._key, DOMAIN_UPDATE),)
         return sealed

@@ -1,10 +1,10 @@
-"""The journal's SQL schema (version 4), its migrations, and the records read back from it.
+"""The journal's SQL schema (version 5), its migrations, and the records read back from it.
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`; `hacfed-server purge` and
 `audit verify` open it too.
 
-Version history (a journal of version 2 or 3 is migrated in place when opened, step by step in one
+Version history (a journal of version 2, 3 or 4 is migrated in place when opened, step by step in one
 transaction, `open_journal_db`; security.md R10; an older one is refused):
   1: the first release.
   2: trajectory ids are namespaced by their (authenticated) source: the key is
@@ -18,6 +18,9 @@ transaction, `open_journal_db`; security.md R10; an older one is refused):
   4: what each lab was sent at each step under `max_staleness` K >= 1 (`sent_steps`, `sent_sources`;
      `hacfed.server.coordinator.sent_steps`), so a resend or a restarted coordinator sends the same
      update and no sample twice. A synchronous run (K = 0) writes nothing there.
+  5: `sent_steps.peers_per_prompt`: how many peers per prompt the update was built with, fewer than
+     `pool_peers_per_prompt` when it was cut to fit one message, so a rebuild cuts it the same
+     (NULL in a step journaled by version 4: the configured `pool_peers_per_prompt`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from hacfed.server.coordinator.errors import JournalError, describe_db_error
 from hacfed.server.coordinator.validation import AcceptedTrajectory, Rejection
 from hacfed.trajectory import ChatMessage, Trajectory
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SYNCHRONOUS_FULL = 2  # PRAGMA synchronous reads back as an integer
 
 SENT_TABLES_SQL = """
@@ -53,6 +56,9 @@ CREATE TABLE sent_sources (
     FOREIGN KEY (participant_id, step) REFERENCES sent_steps (participant_id, step)
 )
 """
+# Schema 5: the peers per prompt a step's update was built with (`sent_steps`: NULL, the configured
+# `pool_peers_per_prompt`, in a step journaled by schema 4); a new journal gets it the same way.
+PEERS_COLUMN_SQL = "ALTER TABLE sent_steps ADD COLUMN peers_per_prompt INTEGER"
 SCHEMA_SQL = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE rounds (
@@ -147,7 +153,7 @@ CREATE TABLE events (
     round_id INTEGER,
     detail TEXT NOT NULL
 );
-""" + SENT_TABLES_SQL
+""" + SENT_TABLES_SQL + ";\n" + PEERS_COLUMN_SQL
 
 
 # Statements that bring a journal of version N (the key) to version N + 1; a journal of any version
@@ -179,6 +185,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "JOIN prompts p ON p.id = t.prompt_ref",
     ),
     3: tuple(sql.strip() for sql in SENT_TABLES_SQL.split(";") if sql.strip()),
+    4: (PEERS_COLUMN_SQL,),
 }
 
 

@@ -3,18 +3,23 @@
 Runs in the coordinator's ServerApp process (`hacfed.server.stale_rounds`, through
 `Coordinator.make_sent_update`); torch-free. `stale_pool` decides what a lab's step t is sent: of
 every round q in [t - 1 - K, t - 1], the accepted samples of each (round, source) submission it was
-not sent before. Here that choice is kept in the journal (schema 4):
+not sent before. Here that choice is kept in the journal (schema 5):
 
-- `sent_steps` (participant, step, sent_at, capabilities_round): one row per update built, written
-  in one transaction with its `sent_sources` rows before the update leaves the coordinator;
-- `sent_sources` (participant, step, round, source): the submissions whose samples it carries. The
-  key (participant, round, source) makes the journal refuse to send a lab the same submission twice.
+- `sent_steps` (participant, step, sent_at, capabilities_round, peers_per_prompt): one row per update
+  built, written in one transaction with its `sent_sources` rows before the update leaves the
+  coordinator; `peers_per_prompt` is the share it was built with, fewer peers per prompt than the
+  configured `pool_peers_per_prompt` when it was cut to fit one message (`stale_pool.fitted_peers`);
+- `sent_sources` (participant, step, round, source): the submissions whose samples it carries (its
+  share of them). The key (participant, round, source) makes the journal refuse to send a lab the
+  same submission twice.
 
-The first build of a step chooses its sources (those of its window not in `sent_sources` for the lab)
-and journals them; every later build of the same step (a failed exchange sent again, a coordinator
-restarted after a kill) reads them back and sends the same samples, in the same order, with the P̂
-of the same closed round. So after a crash the lab's next step starts where the journal says, and no
-sample is sent twice or skipped. A step whose build found nothing new still gets its `sent_steps` row.
+The first build of a step chooses its sources (those of its window not in `sent_sources` for the lab),
+cuts its share until it fits `max_bytes`, and journals both; every later build of the same step (a
+failed exchange sent again, a coordinator restarted after a kill) reads them back and sends the same
+samples, in the same order, with the P̂ of the same closed round, never cut again. So after a crash
+the lab's next step starts where the journal says, and no sample is sent twice or skipped; the samples
+a cut left out are never sent to that lab (its window moves on). A step whose build found nothing new
+still gets its `sent_steps` row.
 """
 
 from __future__ import annotations
@@ -31,20 +36,22 @@ from hacfed.server.coordinator.stale_pool import StaleUpdate, stale_update
 
 @dataclass(frozen=True)
 class SentStep:
-    """One journaled update: when it was first built, whose P̂ it carries, the sources it drew by round."""
+    """One journaled update: when it was first built, whose P̂ it carries, the sources it drew by round,
+    the peers per prompt of its share (None: the configured `pool_peers_per_prompt`)."""
 
     participant_id: str
     step: int
     sent_at: float
     capabilities_round: int | None
     sources: dict[int, frozenset[str]]
+    peers_per_prompt: int | None = None
 
 
 def sent_step(journal: Journal, learner: str, step: int) -> SentStep | None:
     """The journaled update of `learner`'s step `step`, or None when none was built."""
     with journal._lock:
-        row = journal._db.execute("SELECT sent_at, capabilities_round FROM sent_steps WHERE participant_id=? AND "
-                                  "step=?", (learner, step)).fetchone()
+        row = journal._db.execute("SELECT sent_at, capabilities_round, peers_per_prompt FROM sent_steps WHERE "
+                                  "participant_id=? AND step=?", (learner, step)).fetchone()
         if row is None:
             return None
         pairs = journal._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=? AND step=?",
@@ -52,7 +59,7 @@ def sent_step(journal: Journal, learner: str, step: int) -> SentStep | None:
     sources: dict[int, set[str]] = {}
     for round_id, source in pairs:
         sources.setdefault(int(round_id), set()).add(source)
-    return SentStep(learner, step, float(row[0]), row[1], {q: frozenset(s) for q, s in sources.items()})
+    return SentStep(learner, step, float(row[0]), row[1], {q: frozenset(s) for q, s in sources.items()}, row[2])
 
 
 def sent_steps(journal: Journal) -> list[SentStep]:
@@ -73,8 +80,8 @@ def sent_pairs(journal: Journal, learner: str) -> set[tuple[int, str]]:
 def record_sent_step(journal: Journal, step: SentStep) -> None:
     """Journal one update's choice in one transaction (`sent_steps` and its `sent_sources` rows)."""
     with journal._tx() as db:
-        db.execute("INSERT INTO sent_steps VALUES (?, ?, ?, ?)",
-                   (step.participant_id, step.step, step.sent_at, step.capabilities_round))
+        db.execute("INSERT INTO sent_steps VALUES (?, ?, ?, ?, ?)",
+                   (step.participant_id, step.step, step.sent_at, step.capabilities_round, step.peers_per_prompt))
         db.executemany("INSERT INTO sent_sources VALUES (?, ?, ?, ?)",
                        [(step.participant_id, step.step, q, s) for q in sorted(step.sources)
                         for s in sorted(step.sources[q])])
@@ -106,20 +113,23 @@ class _Replaying:
 
 def journaled_update(
     cfg: CoordinatorConfig, journal: Journal, learner: str, step: int, now: float,
-    fresh_capabilities: dict[str, float], plan_for: Callable[[int], RoundPlan],
+    fresh_capabilities: dict[str, float], plan_for: Callable[[int], RoundPlan], max_bytes: int | None = None,
 ) -> StaleUpdate:
-    """`learner`'s update for `step` (`stale_pool.stale_update`), its choice journaled at the first build
-    and read back at every later one (module docstring). The caller holds the coordinator's lock."""
+    """`learner`'s update for `step` (`stale_pool.stale_update`), its choice journaled at the first build,
+    its share cut to fit `max_bytes` then (None: never cut), and read back at every later one (module
+    docstring). The caller holds the coordinator's lock."""
     with journal._lock:
         kept = sent_step(journal, learner, step)
         if kept is None:
             closed = journal.latest_closed_round()
             choosing = _Choosing(sent_pairs(journal, learner))
-            built = stale_update(cfg, journal, choosing, learner, step, fresh_capabilities, plan_for)
+            built = stale_update(cfg, journal, choosing, learner, step, fresh_capabilities, plan_for,
+                                 max_bytes=max_bytes)
             record_sent_step(journal, SentStep(learner, step, now, None if closed is None else closed.round_id,
-                                               choosing.chosen))
+                                               choosing.chosen, built.peers_per_prompt))
             return built
-        built = stale_update(cfg, journal, _Replaying(kept.sources), learner, step, fresh_capabilities, plan_for)
+        built = stale_update(cfg, journal, _Replaying(kept.sources), learner, step, fresh_capabilities, plan_for,
+                             peers_per_prompt=kept.peers_per_prompt)
     if step == 0:  # P̂ before any round closed
         return built
     capabilities = {pid: 1.0 for pid in (*built.update.participants, *fresh_capabilities)}  # no history: 1.0

@@ -323,11 +323,11 @@ class Coordinator:
             make = newest_update if self.cfg.round_join == "newest" else stale_update  # newest: one round per peer
             return make(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
 
-    def make_sent_update(self, learner: str, next_round: int) -> StaleUpdate:
-        """`make_stale_update` journaled (`sent_steps`): the Flower driver's, rebuilt the same after a restart."""
+    def make_sent_update(self, learner: str, next_round: int, max_bytes: int | None = None) -> StaleUpdate:
+        """`make_stale_update` journaled (`sent_steps`), first cut to fit `max_bytes`; rebuilt the same on a restart."""
         with self._lock, self._fail.audited():
             return journaled_update(self.cfg, self.journal, learner, next_round, self._clock(),
-                                    self._tracker.capabilities(), self.plan_for)
+                                    self._tracker.capabilities(), self.plan_for, max_bytes)
 
     def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
         """The records of the pool `make_update(pool_round + 1)` published (`KeptSamples.take_records`)."""

@@ -11,7 +11,9 @@ import pytest
 
 from hacfed.server.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
 from hacfed.server.coordinator.journal import SubmissionRecord
+from hacfed.server.coordinator.journal_schema import SENT_TABLES_SQL
 from hacfed.server.coordinator.plan import plan_to_json
+from hacfed.server.coordinator.sent_steps import SentStep, record_sent_step, sent_step
 from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_submission
 
 
@@ -22,7 +24,7 @@ def test_wal_and_synchronous_full_and_schema_version(tmp_path):
     assert journal.pragma("integrity_check") == "ok"
     journal.close()
     db = sqlite3.connect(tmp_path / "j.sqlite")
-    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
     db.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     db.commit()
     db.close()
@@ -117,7 +119,7 @@ def test_previous_release_journal_opens_and_migrates(tmp_path):
         stored = journal.stored_result(next(iter(_hashes(path))))
         assert stored is not None and '"receipt"' in stored
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
         assert db.execute("SELECT COUNT(*) FROM sent_steps").fetchone() == (0,)
         assert db.execute("SELECT COUNT(*) FROM sent_sources").fetchone() == (0,)
         keys = [r[5] for r in db.execute("PRAGMA table_info(trajectories)") if r[5]]
@@ -140,16 +142,37 @@ def test_a_schema_3_journal_gains_the_sent_tables(tmp_path):
     with Journal(path) as journal:
         assert journal.count("sent_steps") == 0 and journal.count("sent_sources") == 0
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
+
+
+def test_a_schema_4_journal_gains_the_peers_per_prompt_column(tmp_path):
+    """A journal of schema 4 opens: `sent_steps` gains `peers_per_prompt`, NULL (the configured value)
+    in the steps it journaled, which read back as before."""
+    path = tmp_path / "journal.sqlite"
+    Journal(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE sent_sources")
+        db.execute("DROP TABLE sent_steps")
+        for statement in SENT_TABLES_SQL.split(";"):
+            db.execute(statement)
+        db.execute("INSERT INTO sent_steps VALUES ('lab-a', 1, 5.0, NULL)")
+        db.execute("INSERT INTO sent_sources VALUES ('lab-a', 1, 0, 'lab-a')")
+        db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
+    with Journal(path) as journal:
+        assert sent_step(journal, "lab-a", 1) == SentStep("lab-a", 1, 5.0, None, {0: frozenset({"lab-a"})}, None)
+        record_sent_step(journal, SentStep("lab-a", 2, 6.0, 0, {1: frozenset({"lab-a"})}, 0))
+        assert sent_step(journal, "lab-a", 2).peers_per_prompt == 0
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
 
 
 def test_a_journal_older_than_the_previous_schema_is_refused(tmp_path):
-    """Only schemas 2 and 3 migrate: a journal of schema 1 is one clear error and is left as it was."""
+    """Only schemas 2, 3 and 4 migrate: a journal of schema 1 is one clear error and is left as it was."""
     path = tmp_path / "journal.sqlite"
     Journal(path).close()
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
-    with pytest.raises(JournalError, match=r"has schema version 1, this hacfed reads 4"):
+    with pytest.raises(JournalError, match=r"has schema version 1, this hacfed reads 5"):
         Journal(path)
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)

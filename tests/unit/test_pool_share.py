@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
 from hacfed.messages import RoundUpdate
-from hacfed.server.coordinator.pool_share import PoolShares
+from hacfed.server.coordinator.pool_share import PoolShares, shares_of
+from hacfed.server.coordinator.stale_pool import fitted_peers
 from hacfed.server.round_updates import RoundUpdates
 from hacfed.trajectory import ChatMessage, Trajectory
 from hacfed.wire import PayloadType, decode_round_update, encode_round_update
@@ -225,6 +226,23 @@ def test_an_update_too_big_for_one_message_is_sent_with_fewer_peers() -> None:
     assert len(lines) == 1 and "peers per prompt instead of 3, to fit in one message" in lines[0]
     opened(updates.for_lab("lab-01"), key)
     assert len(lines) == 1  # said once per round
+
+
+def test_a_stale_update_is_cut_as_a_synchronous_one() -> None:
+    """`stale_pool.fitted_peers` (the Flower driver at max_staleness K >= 1) cuts a lab's share to the
+    same peers per prompt and samples as `RoundUpdates` cuts a synchronous update, for every limit."""
+    key = Ed25519PrivateKey.generate()
+    pool = make_pool(4, 2, 2, text="y" * 2000)
+    update = RoundUpdate("run", 0, pool, {}, None)
+    shares = [shares_of(update, k, "s")("lab-00") for k in range(4)]
+    sizes = [len(encode_round_update(share)) for share in shares]
+    assert sizes[0] < sizes[1] < sizes[2] < sizes[3]
+    for limit in (*sizes, sizes[0] - 1, sizes[2] + 1):
+        k, left_out, size = fitted_peers(update, "lab-00", 3, "s", "drawn", limit)
+        assert k == max([j for j in range(4) if sizes[j] <= limit], default=0), limit
+        assert size == sizes[k] and left_out == len(shares[3].pool) - len(shares[k].pool)
+        synchronous = RoundUpdates(update, key, peers_per_prompt=3, salt="s", max_bytes=limit)
+        assert opened(synchronous.for_lab("lab-00"), key) == shares[k], limit
 
 
 def test_driver_sends_each_lab_its_own_selection(tmp_path: Path) -> None:

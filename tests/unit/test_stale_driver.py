@@ -8,12 +8,18 @@ the other runs ahead. What each lab was sent is read from the journal (`sent_ste
 
 from __future__ import annotations
 
+import json
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from hacfed.messages import RoundUpdate
 from hacfed.server.coordinator.sent_steps import SentStep, record_sent_step, sent_step, sent_steps
+from hacfed.server.driver_settings import STATUS_FILE
+from hacfed.server.run_end import write_status
+from hacfed.wire import encode_round_update
 from tests.unit.test_coordinator_fakes import FakeClock
 from tests.unit.test_server_driver import Federation
 
@@ -54,6 +60,17 @@ def _two_labs(tmp_path: Path, clock: FakeClock | None = None, rounds: int = 4) -
 def _check_deliveries(fed: Federation, rounds: int) -> None:
     """Every lab was sent every recorded submission of every round exactly once, none older than K
     rounds, and trained on each sample once."""
+    _check_sources(fed, rounds)
+    journal = fed.driver.journal
+    for pid in ("lab-a", "lab-b"):
+        node = next(n for n, (p, _) in fed.nodes.items() if p == pid)
+        trained = [(t.source_id, t.trajectory_id) for u in fed.nodes[node][1].participant.updates for t in u.pool]
+        assert len(trained) == len(set(trained)) == len(journal.pool(0)) * rounds, pid
+
+
+def _check_sources(fed: Federation, rounds: int) -> None:
+    """The journal sent every lab every recorded submission of every round exactly once, none older than
+    K rounds."""
     journal = fed.driver.journal
     submitted = {(q, s) for q in range(rounds) for s in journal.submitter_ids(q)}
     for pid in ("lab-a", "lab-b"):
@@ -63,9 +80,6 @@ def _check_deliveries(fed: Federation, rounds: int) -> None:
                 assert 0 <= step.step - 1 - q <= K, (pid, step)
                 pairs.extend((q, s) for s in sources)
         assert sorted(pairs) == sorted(submitted), pid
-        node = next(n for n, (p, _) in fed.nodes.items() if p == pid)
-        trained = [(t.source_id, t.trajectory_id) for u in fed.nodes[node][1].participant.updates for t in u.pool]
-        assert len(trained) == len(set(trained)) == len(journal.pool(0)) * rounds, pid
 
 
 def test_the_fast_lab_starts_its_next_step_before_the_round_closes(tmp_path: Path) -> None:
@@ -76,6 +90,9 @@ def test_the_fast_lab_starts_its_next_step_before_the_round_closes(tmp_path: Pat
     loop.poll("lab-a")  # lab-a may start step 1 at once: its step 0 is in, round -1 needs no close
     assert loop.steps("lab-a") == [0, 1] and loop.steps("lab-b") == []
     assert coordinator.open_rounds() == [0, 1]
+    write_status(fed.driver.state_dir, coordinator, False)  # (written at each close and restart)
+    status = json.loads((fed.driver.state_dir / STATUS_FILE).read_text())
+    assert status["open_rounds"] == [0, 1] and status["open_round"] == 1 and status["next_round"] == 2
     for _ in range(3):  # step 2 waits for round 0, which waits for lab-b
         loop.poll("lab-a")
     assert loop.steps("lab-a") == [0, 1] and coordinator.open_rounds() == [0, 1]
@@ -150,3 +167,56 @@ def test_k0_journals_no_deliveries(tmp_path: Path) -> None:
     assert not fed.driver.timing.streaming
     fed.run()
     assert fed.driver.journal.count("sent_steps") == 0
+
+
+def _received(fed: Federation, pid: str) -> dict[int, RoundUpdate]:
+    """The updates lab `pid` trained on, by step (its plan's round; `rounds` for the final update)."""
+    node = next(n for n, (p, _) in fed.nodes.items() if p == pid)
+    rounds = fed.driver.cfg.rounds
+    return {u.next_plan.round_id if u.next_plan else rounds: u for u in fed.nodes[node][1].participant.updates}
+
+
+def test_an_update_over_the_message_limit_is_cut_to_fit_before_it_is_journaled(tmp_path: Path) -> None:
+    """With a message limit that holds a step's own samples but not its peer's too, each update is cut
+    to fewer peers per prompt (here 0: its own samples only) before its choice is journaled; a restart
+    rebuilds the same cut update, whatever limit the new driver has; the samples left out are counted
+    on the console and never sent later; the run finishes."""
+    limit = 800  # the plan (~450 bytes) and one lab's 4 samples of a round fit; a peer's 4 more do not
+    fed, loop = _two_labs(tmp_path)
+    fed.driver.stale.max_bytes = limit
+    loop.poll("lab-a")
+    for _ in range(3):
+        loop.poll("lab-a", "lab-b")
+    fed.driver.journal.close()  # the ServerApp dies (kill -9) and is started again
+    fed.driver, fed.mapped, loop.pending = fed.new_driver(), {}, {}
+    fed.driver.stale.max_bytes = limit
+    for _ in range(40):
+        if fed.driver.finished():
+            break
+        loop.poll("lab-a", "lab-b")
+    assert fed.driver.finished(), "\n".join(fed.lines)
+    journal, coordinator = fed.driver.journal, fed.driver.coordinator
+    cut = [line for line in fed.lines if "to fit in one message" in line]
+    assert cut and all(f"; {limit} available): " in line for line in cut)
+    total = len(journal.pool(0)) * 4  # every accepted sample of the run
+    for pid in ("lab-a", "lab-b"):
+        received = _received(fed, pid)
+        assert sorted(received) == [0, 1, 2, 3, 4]
+        steps = {s.step: s for s in sent_steps(journal) if s.participant_id == pid}
+        for step, update in received.items():
+            assert len(encode_round_update(update)) <= limit, (pid, step)
+            # what it was sent: its own samples of the submissions journaled for the step (0 peers per prompt)
+            own = [(t.source_id, t.trajectory_id) for q, sources in sorted(steps[step].sources.items())
+                   for t in journal.pool(q) if t.source_id in sources and t.source_id == pid]
+            assert [(t.source_id, t.trajectory_id) for t in update.pool] == own, (pid, step)
+            rebuilt = coordinator.make_sent_update(pid, step).update  # no limit: the journaled cut is kept
+            if step > 0:  # (step 0's P̂ is the tracker's now: it is never sent again once a round closed)
+                assert encode_round_update(rebuilt) == encode_round_update(update), (pid, step)
+        for s in steps.values():  # cut to its own samples exactly when it drew a peer's too
+            peers = {source for sources in s.sources.values() for source in sources} - {pid}
+            assert s.peers_per_prompt == (0 if peers else fed.driver.cfg.pool_peers_per_prompt), s
+        trained = [(t.source_id, t.trajectory_id) for u in received.values() for t in u.pool]
+        assert len(trained) == len(set(trained)) and {s for s, _ in trained} == {pid}  # its own samples only
+        left_out = sum(int(re.search(r"(\d+) samples left out", line)[1]) for line in cut if f" for {pid}:" in line)
+        assert len(trained) + left_out == total, (pid, len(trained), left_out)
+    _check_sources(fed, 4)
