@@ -112,8 +112,9 @@ def stale_update(
             journal.mark_published(q)
     pool_round = next_round - 1 if next_round > 0 else None
     update = RoundUpdate(cfg.run_id, pool_round, tuple(pool), capabilities, plan, active, cfg.hacpo)
-    salt, k = share_salt(cfg.run_id, cfg.seed, next_round), cfg.pool_peers_per_prompt
-    k, left_out, size = (peers_per_prompt if peers_per_prompt is not None else k), 0, None
+    salt = share_salt(cfg.run_id, cfg.seed, next_round)
+    k = cfg.pool_peers_per_prompt if peers_per_prompt is None else peers_per_prompt
+    left_out, size = 0, None
     if max_bytes is not None:
         k, left_out, size = fitted_peers(update, learner, k, salt, cfg.pool_peer_choice, max_bytes)
     shared = shares_of(update, k, salt, cfg.pool_peer_choice)(learner)
