@@ -38,8 +38,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from hacfed.hacpo_config import HacpoConfig
-from hacfed.messages import ANSWER_KEYS, PEER_CHOICES, SamplingParams
-from hacfed.server.coordinator.round_join import ROUND_JOINS
+from hacfed.messages import ANSWER_KEYS, PEER_CHOICES, ROUND_JOINS, SamplingParams
 from hacfed.tasks.registry import task_sampling_defaults
 from hacfed.tomlfile import read_toml
 

@@ -33,10 +33,9 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
-from hacfed.messages import RoundPlan, RoundUpdate
+from hacfed.messages import ROUND_JOINS, RoundPlan, RoundUpdate
 from hacfed.server.coordinator.schedule import Event, check_max_staleness, check_speeds
 
-ROUND_JOINS = ("every", "newest")
 _FINISH, _TRY = 0, 1  # at equal times a finish comes first, then labs try to start in their given order
 
 

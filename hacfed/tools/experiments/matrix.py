@@ -25,13 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
+from hacfed.messages import ANSWER_KEYS, PEER_CHOICES, ROUND_JOINS
 from hacfed.tomlfile import read_toml
 from hacfed.tools import hostile
 from hacfed.tools.modes import get_mode
 from hacfed.tools.sim import SIM_MODES, TASKS, participant_ids
-
-ROUND_JOINS = ("every", "newest")  # hacfed sim --round-join (hacfed.server.coordinator.round_join)
 
 # Keys of [defaults], each also allowed in a setting's table.
 RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split", "prompts_per_round",
