@@ -1,5 +1,6 @@
 """Each lab's pace as the coordinator's journal shows it: the last round it answered, how far behind
-the latest round that is, and how long it waited between its reply and its next plan.
+the latest round that is, how long it waited between its reply and its next plan, and (K >= 1) how
+many rounds old the samples of its latest update were.
 
     paces = lab_paces(submissions, rounds, total_rounds=20, now=time.time())
     paces["lab-b"]      # {"last_round": 7, "behind": 1, "idle_last_s": 0.4, "idle_s": 3.1, ...}
@@ -13,8 +14,14 @@ waiting now. Idle share: its idle time over the time from each answered round's 
 plan. `behind` is the latest round's id minus the last round the lab answered: 0 when it answered
 the latest round, 1 while it works on the open round, more when it missed rounds.
 
-The Flower round driver runs synchronous rounds (docs/staleness.md), so every sample a lab trains on
-there is of the round just before its step: the staleness of what it trains on is not shown here.
+Staleness (`max_staleness` K >= 1, docs/staleness.md "Over Flower"): `lab_staleness(sent)` reads the
+journal's `sent_sources` rows (participant_id, step, round_id), one per submission a lab's update for
+a step carries. For each lab's latest step that carried any, a submission of round q sent with step t
+is t - 1 - q rounds old (0: the round just before the step, at most K); `stale_max` and `stale_mean`
+are over that step's submissions (each counts once, whatever its share of samples). A synchronous
+run (K = 0) journals no such rows, and a journal older than schema 4 has no such table: no value.
+
+    lab_staleness(sent)["lab-a"]   # {"stale_step": 3, "stale_max": 1, "stale_mean": 0.5, "stale_sources": 2}
 """
 
 from __future__ import annotations
@@ -72,4 +79,22 @@ def lab_paces(submissions: Sequence[Mapping[str, Any]], rounds: Sequence[Mapping
     for pace in out.values():
         window = pace.pop("_window_s")
         pace["idle_share"] = min(pace["idle_s"] / window, 1.0) if window > 0 else None
+    return out
+
+
+NO_STALENESS = {"stale_step": None, "stale_max": None, "stale_mean": None, "stale_sources": None}
+
+
+def lab_staleness(sent: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """participant -> the staleness of its latest update that carried samples (module docstring), for
+    every participant with a `sent_sources` row."""
+    by_lab: dict[str, list[tuple[int, int]]] = {}
+    for row in sent:
+        by_lab.setdefault(str(row["participant_id"]), []).append((int(row["step"]), int(row["round_id"])))
+    out: dict[str, dict[str, Any]] = {}
+    for pid, pairs in by_lab.items():
+        step = max(s for s, _ in pairs)
+        ages = [step - 1 - q for s, q in pairs if s == step]
+        out[pid] = {"stale_step": step, "stale_max": max(ages), "stale_mean": sum(ages) / len(ages),
+                    "stale_sources": len(ages)}
     return out

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from hacfed.server.dashboard.pace import lab_paces
+from hacfed.server.dashboard.pace import NO_STALENESS, lab_paces, lab_staleness
 from hacfed.server.reporting import MAX_STEP_TIME_S, StepTimes, split_round
 
 TIME_PARTS = ("rollout", "training", "eval", "exchange", "coordinator")
@@ -59,7 +59,7 @@ def open_read_only(path: Path) -> sqlite3.Connection:
 def read_journal(path: Path) -> dict[str, Any]:
     """The rows the page shows; an absent journal (the server has not created it yet) reads empty."""
     empty: dict[str, Any] = {"rounds": [], "participants": [], "accepted": {}, "rejections": [], "submitted": [],
-                             "submissions": []}
+                             "submissions": [], "sent": []}
     if not Path(path).exists():
         return empty
     db = open_read_only(path)
@@ -83,8 +83,11 @@ def read_journal(path: Path) -> dict[str, Any]:
             "SELECT participant_id FROM submissions WHERE round_id=? ORDER BY participant_id", (latest,))]
         submissions = [dict(r) for r in db.execute(  # each lab's replies: its round and idle time (pace.py)
             "SELECT participant_id, round_id, received_at FROM submissions ORDER BY participant_id, round_id")]
+        sent = [] if "sent_sources" not in has else [dict(r) for r in db.execute(  # K >= 1, schema >= 4 (pace.py)
+            "SELECT participant_id, step, round_id FROM sent_sources s WHERE step = (SELECT MAX(step) "
+            "FROM sent_sources WHERE participant_id = s.participant_id) ORDER BY participant_id, round_id")]
         return {"rounds": rounds, "participants": participants, "accepted": accepted, "rejections": rejections,
-                "submitted": submitted, "submissions": submissions}
+                "submitted": submitted, "submissions": submissions, "sent": sent}
     finally:
         db.close()
 
@@ -204,6 +207,7 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
             latest[row["agent"]] = row
     seen = {p["participant_id"]: p for p in journal["participants"]}
     paces = lab_paces(journal["submissions"], journal["rounds"], total_rounds, now)
+    staleness = lab_staleness(journal.get("sent", []))
     no_pace = {"last_round": None, "behind": None, "idle_last_s": None, "idle_s": None, "idle_share": None,
                "waiting_s": None}
     table = []
@@ -227,6 +231,7 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
             "truncated": _num(last.get("train/rollout_truncated_frac")),  # responses cut at the budget
             "capability": _num(last.get("capability")),
             **paces.get(pid, no_pace),
+            **staleness.get(pid, NO_STALENESS),
         })
     return table
 

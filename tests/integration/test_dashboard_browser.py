@@ -1,12 +1,17 @@
 """`hacfed demo --dashboard`: a real federation with the live page, loaded in headless Chromium.
 
 While the rounds run, Chromium loads the page, lets it poll (`--virtual-time-budget`), and dumps
-the DOM: a participants row per lab with its last round and idle time, a round number >= 1 and four
-uPlot charts with points. Then a screenshot, which must be a real picture (many colours);
-`HACFED_UPDATE_DOCS_IMG=1` copies it to docs/img/dashboard.png. In a 1280 px wide window (driven
-over Chromium's DevTools pipe), no chart may reach past the right edge. Ctrl-C then stops the demo
-and every process it started, the dashboard's thread with hacfed-server. Skipped when Chromium is
-not installed (scripts/bootstrap.sh installs Debian's `chromium` as root).
+the DOM: a participants row per lab with its last round and idle time (its staleness cell empty: the
+demo runs synchronous rounds), a round number >= 1 and four uPlot charts with points. Then a
+screenshot, which must be a real picture (many colours); `HACFED_UPDATE_DOCS_IMG=1` copies it to
+docs/img/dashboard.png. In a 1280 px wide window (driven over Chromium's DevTools pipe), no chart
+may reach past the right edge. Ctrl-C then stops the demo and every process it started, the
+dashboard's thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh
+installs Debian's `chromium` as root).
+
+`hacfed demo` has no max_staleness, so the staleness cells of K >= 1 are checked on a journal the
+real driver wrote at K = 1 with scripted labs (tests/unit/test_dashboard_staleness.py), served by the
+dashboard's own thread.
 """
 
 from __future__ import annotations
@@ -150,8 +155,33 @@ def _get_state(url: str) -> dict:
         return json.loads(response.read())
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (scripts/bootstrap.sh apt-installs "
-                                             "Debian's chromium when run as root)")
+NO_CHROMIUM = "Chromium is not installed (scripts/bootstrap.sh apt-installs Debian's chromium when run as root)"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_the_page_shows_each_labs_staleness_at_k1(tmp_path):
+    """A journal the real driver wrote at max_staleness 1 (scripted labs, no models), served by the
+    dashboard's thread: each lab's row shows the staleness of its latest update as the journal has it."""
+    from hacfed.server.dashboard.bind import parse_dashboard_address
+    from hacfed.server.dashboard.serve import start_dashboard
+    from tests.unit.test_dashboard_staleness import dashboard_sources, expected, run_k1_ahead
+
+    fed, _ = run_k1_ahead(tmp_path / "fed")
+    want = expected(fed)
+    assert want["lab-a"] == {"stale_step": 2, "stale_max": 1, "stale_mean": 0.5, "stale_sources": 2}
+    dashboard = start_dashboard(parse_dashboard_address("127.0.0.1:0"), dashboard_sources(fed, tmp_path))
+    try:
+        dom = _chromium(tmp_path, "--dump-dom", dashboard.url)
+    finally:
+        dashboard.stop()
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    rows = dict(re.findall(r'<tr data-participant="([^"]+)">.*?<td class="num pace-stale">(.*?)</td>', dom.stdout))
+    assert rows == {pid: f"max {w['stale_max']}, mean {w['stale_mean']:.2f} (step {w['stale_step']})"
+                    for pid, w in want.items()}, dom.stdout[-3000:]
+    assert rows["lab-a"] == "max 1, mean 0.50 (step 2)"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
     state = tmp_path / "state"
     demo = subprocess.Popen(
@@ -200,6 +230,7 @@ def test_the_dashboard_shows_the_live_rounds_in_a_browser(tmp_path):
         assert len(shown_rounds) == len(LABS) and all(int(n) >= 1 for n in shown_rounds), html[-3000:]
         idle_totals = re.findall(r'<td class="num pace-idle-total">\d+\.\d s \(\d+ %\)</td>', html)
         assert len(idle_totals) == len(LABS), html[-3000:]
+        assert re.findall(r'<td class="num pace-stale">(.*?)</td>', html) == [""] * len(LABS)  # K = 0: empty
 
         shot = tmp_path / "dashboard.png"
         result = _chromium(tmp_path, f"--screenshot={shot}", url)

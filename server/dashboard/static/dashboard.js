@@ -49,6 +49,12 @@
       (times.slowest[i] ? " (slowest: " + times.slowest[i] + ")" : "");
   }
 
+  // The staleness of the samples of a lab's latest update (max_staleness >= 1); empty when there is none.
+  function staleness(p) {
+    if (p.stale_max === null || p.stale_max === undefined) return "";
+    return "max " + p.stale_max + ", mean " + fmt(p.stale_mean, 2) + " (step " + p.stale_step + ")";
+  }
+
   function drawParticipants(list) {
     fillTable("participants", list, function (tr, p) {
       tr.dataset.participant = p.id;
@@ -65,6 +71,7 @@
                (p.idle_last_s === null ? "-" : fmt(p.idle_last_s, 1) + " s"), "num pace-idle");
       cell(tr, p.idle_s === null ? "-" : fmt(p.idle_s, 1) + " s" +
                (p.idle_share === null ? "" : " (" + fmt(100 * p.idle_share, 0) + " %)"), "num pace-idle-total");
+      cell(tr, staleness(p), "num pace-stale");
       cell(tr, String(p.accepted), "num");
       cell(tr, String(p.rejected), p.rejected ? "num bad" : "num");
       cell(tr, fmt(p.reward, 2), "num");
