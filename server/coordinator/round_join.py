@@ -29,12 +29,11 @@ so a slow lab's step trains on as much as a synchronous step does.
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from hacfed.messages import ROUND_JOINS, RoundPlan, RoundUpdate
-from hacfed.server.coordinator.schedule import Event, check_max_staleness, check_speeds
+from hacfed.server.coordinator.schedule import Event, check_compute, check_schedule
 
 _FINISH, _TRY = 0, 1  # at equal times a finish comes first, then labs try to start in their given order
 
@@ -51,14 +50,7 @@ class JoinSchedule:
     count before it (`own_step`)."""
 
     def __init__(self, labs: Sequence[str], speeds: Mapping[str, float], max_staleness: int, rounds: int) -> None:
-        if not labs or len(set(labs)) != len(labs):
-            raise ValueError(f"labs must be distinct and at least one, got {list(labs)}")
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-            raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-        self.labs = tuple(labs)
-        self.speeds = check_speeds(speeds, self.labs)
-        self.max_staleness = check_max_staleness(max_staleness)
-        self.rounds = rounds
+        self.labs, self.speeds, self.max_staleness, self.rounds = check_schedule(labs, speeds, max_staleness, rounds)
         self.now = 0.0
         self.newest = -1  # the newest opened round
         self._rank = {lab: i for i, lab in enumerate(self.labs)}
@@ -99,9 +91,7 @@ class JoinSchedule:
         """The started step took `compute` seconds at speed 1: its finish is due at start + compute x factor."""
         if self._running.get(lab) != step:
             raise ValueError(f"{lab} has no running step {step}")
-        if isinstance(compute, bool) or not isinstance(compute, (int, float)) or not math.isfinite(compute) \
-                or compute < 0:
-            raise ValueError(f"compute time of {lab} step {step} must be a finite number >= 0, got {compute!r}")
+        check_compute(lab, step, compute)
         del self._running[lab]
         due = self._starts[(lab, step)] + compute * self.speeds[lab]
         heapq.heappush(self._heap, (due, _FINISH, self._rank[lab], step, lab))

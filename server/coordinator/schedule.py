@@ -70,18 +70,30 @@ def check_speeds(speeds: Mapping[str, float], labs: Sequence[str]) -> dict[str, 
     return out
 
 
+def check_schedule(labs: Sequence[str], speeds: Mapping[str, float], max_staleness: int,
+                   rounds: int) -> tuple[tuple[str, ...], dict[str, float], int, int]:
+    """A schedule's labs (distinct, at least one), speeds, K and rounds (an integer >= 1), checked and
+    normalised; a bad one is refused, naming it. Shared by `Schedule` and `round_join.JoinSchedule`."""
+    if not labs or len(set(labs)) != len(labs):
+        raise ValueError(f"labs must be distinct and at least one, got {list(labs)}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    labs = tuple(labs)
+    return labs, check_speeds(speeds, labs), check_max_staleness(max_staleness), rounds
+
+
+def check_compute(lab: str, step: int, compute: object) -> None:
+    """A step's compute time at speed 1: a finite number >= 0."""
+    if isinstance(compute, bool) or not isinstance(compute, (int, float)) or not math.isfinite(compute) \
+            or compute < 0:
+        raise ValueError(f"compute time of {lab} step {step} must be a finite number >= 0, got {compute!r}")
+
+
 class Schedule:
     """Which lab starts or finishes which step next, on the simulated clock (module docstring)."""
 
     def __init__(self, labs: Sequence[str], speeds: Mapping[str, float], max_staleness: int, rounds: int) -> None:
-        if not labs or len(set(labs)) != len(labs):
-            raise ValueError(f"labs must be distinct and at least one, got {list(labs)}")
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-            raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-        self.labs = tuple(labs)
-        self.speeds = check_speeds(speeds, self.labs)
-        self.max_staleness = check_max_staleness(max_staleness)
-        self.rounds = rounds
+        self.labs, self.speeds, self.max_staleness, self.rounds = check_schedule(labs, speeds, max_staleness, rounds)
         self._rank = {lab: i for i, lab in enumerate(self.labs)}
         self._heap: list[tuple[float, int, int, int, str]] = []
         self._starts: dict[str, list[float]] = {lab: [] for lab in self.labs}  # popped starts, by step
@@ -111,9 +123,7 @@ class Schedule:
         """The started step took `compute` seconds at speed 1: its finish is due at start + compute x factor."""
         if (lab, step) not in self._running:
             raise ValueError(f"{lab} has no running step {step}")
-        if isinstance(compute, bool) or not isinstance(compute, (int, float)) or not math.isfinite(compute) \
-                or compute < 0:
-            raise ValueError(f"compute time of {lab} step {step} must be a finite number >= 0, got {compute!r}")
+        check_compute(lab, step, compute)
         self._running.discard((lab, step))
         due = self._starts[lab][step] + compute * self.speeds[lab]
         heapq.heappush(self._heap, (due, _FINISH, self._rank[lab], step, lab))
