@@ -83,6 +83,19 @@ def scripted_submission(
     return Submission(plan.run_id, pid, plan.round_id, tuple(trajectories), report, **kw)
 
 
+class ScriptedLab:
+    """A participant endpoint that answers every plan with `scripted_submission` and keeps every update
+    it was sent (`sent`); for the in-process and paced transports."""
+
+    def __init__(self, pid: str) -> None:
+        self.participant_id, self.sent = pid, []
+
+    def exchange(self, update: Any) -> Submission | None:
+        self.sent.append(update)
+        plan = update.next_plan
+        return None if plan is None else scripted_submission(plan, self.participant_id)
+
+
 def trajectory_of_row(row: sqlite3.Row) -> Trajectory:
     """The trajectory a row of the journal's `trajectory_rows` view holds, read column by column: what
     `Journal.pool` must give back for it."""

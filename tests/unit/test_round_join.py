@@ -17,7 +17,7 @@ from hacfed.tools.cli import main
 from hacfed.tools.experiments.runner import plan_runs
 from hacfed.tools.sim import SimConfig
 from tests.unit.test_bench_modes import _matrix
-from tests.unit.test_coordinator_fakes import make_config, make_coordinator, scripted_submission
+from tests.unit.test_coordinator_fakes import ScriptedLab, make_config, make_coordinator, scripted_submission
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,20 +98,8 @@ def test_bad_join_input_names_the_value():
 # -- the coordinator and the paced transport ------------------------------------------------------------
 
 
-class _Scripted:
-    """A lab that answers every plan with the scripted honest submission and keeps what it was sent."""
-
-    def __init__(self, pid: str) -> None:
-        self.participant_id, self.sent = pid, []
-
-    def exchange(self, update):
-        self.sent.append(update)
-        plan = update.next_plan
-        return None if plan is None else scripted_submission(plan, self.participant_id)
-
-
 def _joined_run(tmp_path, rounds=12, k=3, eval_every=2):
-    labs = [_Scripted("a"), _Scripted("b")]
+    labs = [ScriptedLab("a"), ScriptedLab("b")]
     coord = make_coordinator(tmp_path, rounds=rounds, min_participants=2, max_staleness=k, round_join="newest",
                              eval_every=eval_every)
     outcomes, records = run_paced(coord, labs, {"b": 4.0}, lambda lab, update, sub: 1.0)
@@ -173,7 +161,7 @@ def _chain_cost(lab, update, submission):
 def _modelled(tmp_path, k, rounds, **kw):
     """(the fast lab's end time, its idle share) of a paced run of scripted labs at the chain pair's costs."""
     coord = make_coordinator(tmp_path, rounds=rounds, min_participants=2, max_staleness=k, **kw)
-    _, records = run_paced(coord, [_Scripted("a"), _Scripted("b")], {"b": 4.0}, _chain_cost)
+    _, records = run_paced(coord, [ScriptedLab("a"), ScriptedLab("b")], {"b": 4.0}, _chain_cost)
     fast = [r for (lab, _), r in records.items() if lab == "a"]
     end = max(r.finish for r in fast)
     return end, sum(r.idle for r in fast) / end
@@ -222,7 +210,7 @@ def test_the_joined_rows_are_the_labs_that_took_each_round_with_their_own_step(t
     def rows_of(outcome):
         return [{"round": outcome.round_id, "agent": m.participant_id} for m in outcome.summary.participants]
 
-    records = run_paced_sim(coord, [_Scripted("a"), _Scripted("b")], {"b": 4.0}, rows_of, rows.append)
+    records = run_paced_sim(coord, [ScriptedLab("a"), ScriptedLab("b")], {"b": 4.0}, rows_of, rows.append)
     for lab in ("a", "b"):  # a row for each round the lab took, none for the others
         mine = [r for r in rows if r["agent"] == lab]
         assert [r["round"] for r in mine] == sorted(s for (pid, s) in records if pid == lab and s < 8)

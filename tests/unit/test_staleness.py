@@ -15,7 +15,7 @@ from hacfed.server.coordinator.transport import run_rounds
 from hacfed.tools.cli import main
 from hacfed.tools.sim import SimConfig
 from hacfed.tools.sim_paced import parse_lab_speeds
-from tests.unit.test_coordinator_fakes import FakeClock, make_config, make_coordinator, scripted_submission
+from tests.unit.test_coordinator_fakes import FakeClock, ScriptedLab, make_config, make_coordinator, scripted_submission
 
 
 def _times(events, kind):
@@ -144,25 +144,11 @@ def test_stale_updates_send_each_sample_once_with_its_staleness(tmp_path):
     assert built.update.next_plan.round_id == 2 and coord.make_stale_update("a", 2).update.pool == ()
 
 
-class _Scripted:
-    """A lab that answers every plan with the scripted honest submission (test_coordinator_fakes)."""
-
-    def __init__(self, pid: str) -> None:
-        self.participant_id, self.sent = pid, []
-
-    def exchange(self, update):
-        self.sent.append(update)
-        plan = update.next_plan
-        if plan is None:
-            return None
-        return scripted_submission(plan, self.participant_id)
-
-
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_paced_runs_keep_the_journal_and_capabilities_of_the_synchronous_run(tmp_path, k):
     sync = make_coordinator(tmp_path / "sync", rounds=5, min_participants=2)
-    run_rounds(sync, [_Scripted("a"), _Scripted("b")])
-    labs = [_Scripted("a"), _Scripted("b")]
+    run_rounds(sync, [ScriptedLab("a"), ScriptedLab("b")])
+    labs = [ScriptedLab("a"), ScriptedLab("b")]
     paced = make_coordinator(tmp_path / "paced", rounds=5, min_participants=2, max_staleness=k)
     outcomes, records = run_paced(paced, labs, {"b": 3.0}, lambda lab, update, sub: 1.0)
     assert [o.round_id for o in outcomes] == list(range(5)) and all(o.closed.reason == "quorum" for o in outcomes)
@@ -184,7 +170,7 @@ def test_a_paced_run_needs_a_fresh_journal(tmp_path):
     coord.register("a")
     coord.open_round(0)
     with pytest.raises(ValueError, match="fresh journal"):
-        run_paced(coord, [_Scripted("a")], {}, lambda *a: 1.0)
+        run_paced(coord, [ScriptedLab("a")], {}, lambda *a: 1.0)
 
 
 # -- settings and the command line ----------------------------------------------------------------------
@@ -230,7 +216,7 @@ def test_cli_refuses_bad_pacing_without_traceback(capsys, args, message):
 def test_fake_clock_is_untouched_by_paced_runs(tmp_path):
     clock = FakeClock()
     coord = make_coordinator(tmp_path, clock, rounds=2, min_participants=2, max_staleness=1)
-    run_paced(coord, [_Scripted("a"), _Scripted("b")], {"a": 2.0}, lambda *a: 1.0, sleep=clock.sleep)
+    run_paced(coord, [ScriptedLab("a"), ScriptedLab("b")], {"a": 2.0}, lambda *a: 1.0, sleep=clock.sleep)
     assert clock.sleeps == []  # every round closed by quorum, on the simulated clock alone
 
 
@@ -243,7 +229,7 @@ def test_a_paced_sims_rows_carry_each_labs_step_on_the_clock(tmp_path):
     def rows_of(outcome):
         return [{"round": outcome.round_id, "agent": m.participant_id} for m in outcome.summary.participants]
 
-    records = run_paced_sim(coord, [_Scripted("a"), _Scripted("b")], {"b": 2.0}, rows_of, rows.append)
+    records = run_paced_sim(coord, [ScriptedLab("a"), ScriptedLab("b")], {"b": 2.0}, rows_of, rows.append)
     assert [(r["round"], r["agent"]) for r in rows] == [(q, lab) for q in range(3) for lab in ("a", "b")]
     for row in rows:
         record = records[(row["agent"], row["round"])]
@@ -257,5 +243,5 @@ def test_a_paced_sims_rows_carry_each_labs_step_on_the_clock(tmp_path):
 
 def test_every_round_of_a_paced_run_ends_published(tmp_path):
     coord = make_coordinator(tmp_path, rounds=4, min_participants=2, max_staleness=1)
-    run_paced(coord, [_Scripted("a"), _Scripted("b")], {"b": 3.0}, lambda *a: 1.0)
+    run_paced(coord, [ScriptedLab("a"), ScriptedLab("b")], {"b": 3.0}, lambda *a: 1.0)
     assert [coord.journal.round(r).state for r in range(4)] == ["PUBLISHED"] * 4
