@@ -70,8 +70,8 @@ class Replicated(Protocol):
     cfg: Any
     capabilities: dict[str, float]
     policy_version: int
-    _own: dict[str, Trajectory]
-    _reference: Any
+    own_samples: dict[str, Trajectory]
+    reference: Any
 
 
 # --- rank 0's handle on the others -------------------------------------------------------------
@@ -160,10 +160,10 @@ class RankGroup:
 
     def train(self, participant: Replicated, update: RoundUpdate) -> dict[str, float]:
         pid = participant.participant_id
-        self._command("training", ("train", pid, update, participant._own, participant.capabilities))
+        self._command("training", ("train", pid, update, participant.own_samples, participant.capabilities))
         return self._collective(
             "training", train_on_pool, participant.model, participant.tokenizer, participant.optimizer,
-            participant._reference, update, learner=pid, own=participant._own,
+            participant.reference, update, learner=pid, own=participant.own_samples,
             capabilities=participant.capabilities, cfg=participant.cfg, shards=self.shards,
         )
 
@@ -226,7 +226,7 @@ def _reference_model(participant: Replicated) -> Any:
     """The frozen reference copy of a full fine-tune (a LoRA reference is the policy itself)."""
     if participant.cfg.finetune == "lora":
         return None
-    return participant._reference.args[0]
+    return participant.reference.args[0]
 
 
 def _uses_cuda(participants: Sequence[Replicated]) -> bool:

@@ -1,4 +1,4 @@
-"""A lab's outbox: each signed submission is kept until the coordinator answers it (security.md §3.3, R5).
+"""A lab's outbox: each signed submission is kept until the coordinator answers it (security.md "Nothing lost", R5).
 
 Runs in a lab's hacfed-client process, inside the participant service (`hacfed.clients.service`);
 `hacfed-client replay` reads the round updates it kept.

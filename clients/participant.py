@@ -75,7 +75,7 @@ class Participant:
                       max_response_len=cfg.max_response_len or self.context)
         self.cfg = cfg
         self._inbound, self._outbound = filters_for(cfg, task)  # peers' text in, own text out (textfilter)
-        self.model, self._reference, self.optimizer = prepare_training(model, cfg)
+        self.model, self.reference, self.optimizer = prepare_training(model, cfg)
         self.policy_version = 0
         self.last_round: int | None = None  # the last plan rolled out
         self.last_pool_round: int | None = None  # the pool of the last update answered (trained on)
@@ -83,11 +83,12 @@ class Participant:
         self.timings = RoundTimings()
         self._eval_max_new_tokens = 16  # the last plan's max_new_tokens, for the final evaluation
         self.answer_keys = "public"  # the last plan's (hacfed.messages.ANSWER_KEYS), for the final step
-        self._own: dict[str, Trajectory] = {}  # own trajectories of the last rollout, with local ids
+        # own trajectories of the last rollout, with local ids (the data-parallel group and replay read and set it)
+        self.own_samples: dict[str, Trajectory] = {}
         self._vllm = None
         self._ranks: Any = None  # hacfed.clients.distributed.RankGroup when training data-parallel
         if cfg.checkpoint_dir:
-            self._maybe_resume(Path(cfg.checkpoint_dir))
+            self.resume(Path(cfg.checkpoint_dir))
         if cfg.rollout_backend == "vllm":
             from hacfed.rollout.vllm_backend import VllmRollout
 
@@ -189,7 +190,7 @@ class Participant:
 
     def train_on_pool(self, update: RoundUpdate) -> dict[str, float]:
         pool, skipped_filter = filter_pool(update.pool, self.participant_id, self._inbound)
-        readable = readable_pool(pool, self.participant_id, self.tokenizer, self.context, self._own)
+        readable = readable_pool(pool, self.participant_id, self.tokenizer, self.context, self.own_samples)
         update = replace(update, pool=readable.pool)
         metrics = self._train(update)
         metrics["skipped_context_own"] = float(readable.skipped_own)
@@ -202,8 +203,8 @@ class Participant:
             metrics = self._ranks.train(self, update)
         else:
             metrics = train_on_pool(
-                self.model, self.tokenizer, self.optimizer, self._reference, update,
-                learner=self.participant_id, own=self._own, capabilities=self.capabilities, cfg=self.cfg,
+                self.model, self.tokenizer, self.optimizer, self.reference, update,
+                learner=self.participant_id, own=self.own_samples, capabilities=self.capabilities, cfg=self.cfg,
             )
         if metrics.get("num_updates", 0) > 0:
             self.policy_version += 1
@@ -229,7 +230,7 @@ class Participant:
                 policy_version=self.policy_version, base_seed=self.cfg.seed, batch_size=self.cfg.rollout_batch_size,
                 vllm=self._vllm,
             )
-        self._own = {t.trajectory_id: t for t in out}
+        self.own_samples = {t.trajectory_id: t for t in out}
         return out
 
     # --- checkpoints -----------------------------------------------------------------------------
@@ -239,10 +240,12 @@ class Participant:
             directory, keep=self.cfg.keep_checkpoints, suffix=suffix,
             participant_id=self.participant_id, last_round=self.last_round, last_pool_round=self.last_pool_round,
             policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
-            model=self.model, optimizer=self.optimizer, own=self._own,
+            model=self.model, optimizer=self.optimizer, own=self.own_samples,
         )
 
-    def _maybe_resume(self, directory: Path, path: Path | None = None) -> None:
+    def resume(self, directory: Path, path: Path | None = None) -> None:
+        """Restore weights, optimizer, RNG and own samples from the newest checkpoint in `directory` (or `path`);
+        nothing when there is none."""
         restored = restore_participant(directory, self.participant_id, self.model, self.optimizer, path)
         if restored is None:
             return
@@ -250,4 +253,4 @@ class Participant:
         self.last_round = restored.last_round
         self.last_pool_round = restored.last_pool_round
         self.capabilities = restored.capabilities
-        self._own = restored.own
+        self.own_samples = restored.own

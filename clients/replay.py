@@ -1,4 +1,4 @@
-"""A lab's side of a purge (security.md §3.3, R11): roll back to the last checkpoint that never
+"""A lab's side of a purge (security.md "Nothing lost", R11): roll back to the last checkpoint that never
 trained on the purged participant's samples, and train again on the pools since, without them.
 
 Runs in `hacfed-client replay` (a lab's process, while its hacfed-client is stopped), after the
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -35,6 +35,9 @@ from hacfed.clients.outbox import Outbox
 from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
 from hacfed.messages import RoundUpdate
 from hacfed.wire import PayloadType, WireError, decode_round_update
+
+if TYPE_CHECKING:  # torch and the model stack: the participant's own module
+    from hacfed.clients.participant import Participant
 
 
 class ReplayError(ValueError):
@@ -91,11 +94,10 @@ def without(update: RoundUpdate, exclude: str) -> RoundUpdate:
 
 
 def replay(
-    participant: Any, checkpoint_dir: Path, outbox: Outbox, coordinator_key: Ed25519PublicKey, exclude: str,
+    participant: Participant, checkpoint_dir: Path, outbox: Outbox, coordinator_key: Ed25519PublicKey, exclude: str,
     from_round: int, say: Callable[[str], None] = lambda line: None,
 ) -> ReplayReport:
-    """Roll `participant` (a `hacfed.clients.participant.Participant`) back and train again; see
-    the module docstring."""
+    """Roll `participant` back and train again; see the module docstring."""
     checkpoint_dir = Path(checkpoint_dir)
     clean, latest, updates = plan_replay(checkpoint_dir, outbox, coordinator_key, exclude, from_round)
     excluded = {u.pool_round: sum(t.source_id == exclude for t in u.pool) for u in updates}
@@ -104,7 +106,7 @@ def replay(
         return ReplayReport(clean.name, (), excluded, None)
     latest_state = read_state(latest)
     kept_own = {pool_round_of(read_state(c)): own_trajectories(read_state(c)) for c in checkpoints(checkpoint_dir)}
-    participant._maybe_resume(checkpoint_dir, clean)  # weights, optimizer, RNG, own samples of that round
+    participant.resume(checkpoint_dir, clean)  # weights, optimizer, RNG, own samples of that round
     say(f"rolled back to {clean.name}; training again on the pools of rounds {[u.pool_round for u in updates]} "
         f"without {exclude}'s samples ({sum(excluded.values())} left out)")
     for update in updates:
@@ -114,10 +116,10 @@ def replay(
         say(f"pool of round {update.pool_round}: trained on {len(clean_update.pool)} samples "
             f"(left out {excluded[update.pool_round]}), {int(metrics.get('num_updates', 0))} updates")
         # the own samples of the next pool were rolled out right after this step: their token ids
-        participant._own = kept_own.get(update.pool_round, {})
+        participant.own_samples = kept_own.get(update.pool_round, {})
     participant.last_round = None if latest_state["round"] < 0 else int(latest_state["round"])
     participant.last_pool_round = pool_round_of(latest_state)
-    participant._own = own_trajectories(latest_state)
+    participant.own_samples = own_trajectories(latest_state)
     saved = participant.save(checkpoint_dir, suffix="-replay")
     say(f"saved {saved.name} (policy version {participant.policy_version}); hacfed-client resumes from it")
     return ReplayReport(clean.name, tuple(u.pool_round for u in updates), excluded, saved.name)

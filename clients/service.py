@@ -10,7 +10,7 @@ the ClientApp relay (`hacfed.clients.relay`, `hacfed.clients.local_socket`).
 answers to earlier submissions, then the request of this exchange (a signed `RoundUpdate`, the final
 acknowledgement, or nothing). It returns a signed `LabReply`: the signed `Submission` answering the
 update, plus every submission of the outbox that no answer acknowledged yet, byte for byte
-(security.md §3.3). Checks, in order, each refused with a `ParticipantRejection` (a gRPC status plus
+(security.md "Nothing lost"). Checks, in order, each refused with a `ParticipantRejection` (a gRPC status plus
 a `HACFED-E-...` code that reaches the coordinator through the relay), never a crash:
 
 1. the envelopes: structure, the coordinator's key, signature, domain, payload type;

@@ -1,4 +1,4 @@
-"""The envelopes of one exchange, as both sides wrap and unwrap them (security.md §3.3, S3).
+"""The envelopes of one exchange, as both sides wrap and unwrap them (security.md "Nothing lost", S3).
 
 Shared by both sides: the coordinator's driver (`hacfed.server.driver`) seals deliveries and
 answers and opens lab replies; a lab's participant service (`hacfed.clients.service`) does the

@@ -22,9 +22,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Any
 
 from hacfed.tasks.arithmetic import ArithmeticTask
+from hacfed.tasks.base import Task
 from hacfed.tasks.chain import MAX_RESPONSE_CHARS, ChainTask
 from hacfed.tasks.math_data import MathDataTask
 from hacfed.tasks.math_verifier import MathVerifierConfig
@@ -67,7 +67,7 @@ class ResponseFormat:
         return self.why_not(text, reward) is None
 
 
-def response_format(task: Any) -> ResponseFormat:
+def response_format(task: Task) -> ResponseFormat:
     """The response format of a built-in task, from what its verifier reads; a generic one (printable
     text within GENERIC_MAX_CHARS, no answer form) for any other task, a plugin's included."""
     if isinstance(task, ChainTask):

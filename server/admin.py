@@ -11,7 +11,7 @@ last hash, signed with the coordinator's key) against STATE/coordinator.pub or t
 .pub there too), and that the log still holds the last line the journal recorded (its number and
 hash, written in the transaction of the decision: `audit_tail`); exit 0 when intact, 1 when not.
 
-`purge` (security.md §3.3, R11) withdraws participant X's accepted samples of rounds >= R from every
+`purge` (security.md "Nothing lost", R11) withdraws participant X's accepted samples of rounds >= R from every
 pool published from now on, quarantines X (it gets no more updates and its submissions are refused),
 journals and audits the purge, and tells the operator what each lab must do. A lab trains on the pool
 of round k when it answers the update of round k + 1, so its checkpoint of round R (taken after it

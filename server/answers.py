@@ -1,5 +1,5 @@
 """The coordinator's answers to submissions: signed receipts and refusals, queued per lab until a
-reply proves the lab received them (security.md §3.3, S3, T12).
+reply proves the lab received them (security.md "Nothing lost", S3, T12).
 
 Runs in the coordinator's ServerApp process, inside the round driver (`hacfed.server.driver`).
 

@@ -24,9 +24,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from hacfed.tools.modes import MODE_NAMES, RECOMMENDED, get_mode, modes_help
+
+if TYPE_CHECKING:  # imported where it starts processes, after the arguments are parsed
+    from hacfed.procs import ManagedProcess
 
 DEFAULT_AGENTS = "tiny-llama,tiny-gpt2,tiny-qwen2"
 DEMO_MODE = RECOMMENDED
@@ -281,7 +284,7 @@ max_new_tokens = 6
     return path
 
 
-def _wait_ready(server: Any, timeout_s: float) -> str | None:
+def _wait_ready(server: ManagedProcess, timeout_s: float) -> str | None:
     """The address in this start's ready line (a resumed demo's log also holds the earlier ones);
     None when hacfed-server found the run already complete and exited 0."""
     deadline = time.monotonic() + timeout_s
@@ -298,7 +301,7 @@ def _wait_ready(server: Any, timeout_s: float) -> str | None:
     raise RuntimeError(f"hacfed-server not ready after {timeout_s:.0f} s; see {server.log_path}")
 
 
-def _since_start(server: Any) -> str:
+def _since_start(server: ManagedProcess) -> str:
     if not server.log_path.exists():
         return ""
     with open(server.log_path, "rb") as fh:
@@ -306,7 +309,7 @@ def _since_start(server: Any) -> str:
         return fh.read().decode("utf-8", errors="replace")
 
 
-def _follow(server: Any) -> int:
+def _follow(server: ManagedProcess) -> int:
     """Echo the coordinator's console from this start on (not a resumed run's earlier lines) while
     it runs; return its exit code."""
     log, position = server.log_path, server.log_offset

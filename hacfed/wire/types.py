@@ -36,7 +36,7 @@ class ErrorCode(StrEnum):
     IDENTITY_MISMATCH = "HACFED-E-IDENTITY-MISMATCH"  # signed by one participant, claimed by another
 
 
-# gRPC status names for each code (security.md §4 conventions: never UNKNOWN or INTERNAL).
+# gRPC status names for each code (security.md "How a refusal reaches a lab": never UNKNOWN or INTERNAL).
 GRPC_STATUS: Mapping[ErrorCode, str] = {
     ErrorCode.SCHEMA: "INVALID_ARGUMENT",
     ErrorCode.SIZE: "RESOURCE_EXHAUSTED",

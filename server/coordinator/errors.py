@@ -1,4 +1,5 @@
-"""The closed set of reasons the coordinator gives when it refuses something (security.md §4).
+"""The closed set of reasons the coordinator gives when it refuses something (security.md, "How a
+refusal reaches a lab").
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.

@@ -1,4 +1,4 @@
-"""The coordinator's durable journal: one SQLite file, WAL, `synchronous=FULL` (security.md §3.3).
+"""The coordinator's durable journal: one SQLite file, WAL, `synchronous=FULL` (security.md "Nothing lost").
 
 Runs in the coordinator's ServerApp process (`hacfed.server.driver`) and, in-process, in `hacfed sim`. hacfed-server
 also opens it before it starts anything, to refuse a journal of another run.
@@ -27,7 +27,7 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from hacfed.crashpoints import crash_point
 from hacfed.server.coordinator.audit import AuditEvent, AuditLog
@@ -47,6 +47,7 @@ from hacfed.server.coordinator.journal_schema import (
 )
 from hacfed.trajectory import Trajectory
 
+T = TypeVar("T")
 __all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SubmissionRecord", "SCHEMA_VERSION"]
 
 
@@ -60,7 +61,7 @@ class Journal:
         self._last_versions: dict[str, int] = {}  # last_policy_version, once read (see there)
         self._prompt_ids: dict[str, int] = {}  # prompts.prompt_json -> id, for rows committed (`_prompt_refs`)
         self._db = open_journal_db(self.path)
-        self.reads = JournalReads(self._db, self._lock)  # the queries that write nothing
+        self._reads = JournalReads(self._db, self._lock)  # the queries that write nothing
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -327,51 +328,81 @@ class Journal:
     # -- queries (`JournalReads`) ------------------------------------------------------------------
 
     def count_strikes(self, participant_id: str, since_round: int) -> int:
-        return self.reads.count_strikes(participant_id, since_round)
+        return self._reads.count_strikes(participant_id, since_round)
 
     def stored_result(self, content_hash: str) -> str | None:
-        return self.reads.stored_result(content_hash)
+        return self._reads.stored_result(content_hash)
 
     def hash_for_nonce(self, participant_id: str, nonce: str) -> str | None:
-        return self.reads.hash_for_nonce(participant_id, nonce)
+        return self._reads.hash_for_nonce(participant_id, nonce)
 
     def submission_seq(self, participant_id: str, round_id: int) -> int | None:
-        return self.reads.submission_seq(participant_id, round_id)
+        return self._reads.submission_seq(participant_id, round_id)
 
     def used_trajectory_ids(self, participant_id: str, ids: Sequence[str]) -> set[str]:
-        return self.reads.used_trajectory_ids(participant_id, ids)
+        return self._reads.used_trajectory_ids(participant_id, ids)
 
     def accepted_rewards(self, round_id: int) -> list[tuple[str, float]]:
-        return self.reads.accepted_rewards(round_id)
+        return self._reads.accepted_rewards(round_id)
 
     def pool(self, round_id: int) -> tuple[Trajectory, ...]:
-        return self.reads.pool(round_id)
+        return self._reads.pool(round_id)
 
     def round_sample_counts(self, round_id: int) -> tuple[int, int]:
-        return self.reads.round_sample_counts(round_id)
+        return self._reads.round_sample_counts(round_id)
 
     def submitters(self, round_id: int) -> dict[str, int]:
-        return self.reads.submitters(round_id)
+        return self._reads.submitters(round_id)
 
     def submitter_ids(self, round_id: int) -> set[str]:
-        return self.reads.submitter_ids(round_id)
+        return self._reads.submitter_ids(round_id)
 
     def round_stats(self, round_id: int) -> dict[str, dict[str, Any]]:
-        return self.reads.round_stats(round_id)
+        return self._reads.round_stats(round_id)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        return self.reads.events(kind)
+        return self._reads.events(kind)
 
     def count(self, table: str) -> int:
-        return self.reads.count(table)
+        return self._reads.count(table)
 
     def pools_trained_on(self) -> dict[str, list[int]]:
-        return self.reads.pools_trained_on()
+        return self._reads.pools_trained_on()
 
     def rounds_with_samples_of(self, participant_id: str, from_round: int) -> list[int]:
-        return self.reads.rounds_with_samples_of(participant_id, from_round)
+        return self._reads.rounds_with_samples_of(participant_id, from_round)
 
-    # -- purge (security.md §3.3, R11) ------------------------------------------------------------
+    def samples_from(self, round_id: int) -> tuple[int | None, list[tuple[int, int, str, str, str, float]]]:
+        return self._reads.samples_from(round_id)
+
+    def successes_before(self, before: int | None, pick: Callable[[str, str, str], T | None], limit: int) -> list[T]:
+        return self._reads.successes_before(before, pick, limit)
+
+    # -- what each lab was sent (`sent_steps`) --------------------------------------------------------
+
+    def sent_step_row(self, participant_id: str, step: int) -> tuple[float, int | None, int | None] | None:
+        return self._reads.sent_step_row(participant_id, step)
+
+    def sent_step_sources(self, participant_id: str, step: int) -> list[tuple[int, str]]:
+        return self._reads.sent_step_sources(participant_id, step)
+
+    def sent_step_keys(self) -> list[tuple[str, int]]:
+        return self._reads.sent_step_keys()
+
+    def sent_pairs(self, participant_id: str) -> set[tuple[int, str]]:
+        return self._reads.sent_pairs(participant_id)
+
+    def record_sent_step(self, participant_id: str, step: int, sent_at: float, capabilities_round: int | None,
+                         peers_per_prompt: int | None, sources: dict[int, frozenset[str]]) -> None:
+        """Journal one update's choice (`sent_steps` and its `sent_sources` rows) in one transaction; the key
+        (participant, round, source) refuses a submission sent to the lab twice."""
+        with self._tx() as db:
+            db.execute("INSERT INTO sent_steps VALUES (?, ?, ?, ?, ?)",
+                       (participant_id, step, sent_at, capabilities_round, peers_per_prompt))
+            db.executemany("INSERT INTO sent_sources VALUES (?, ?, ?, ?)",
+                           [(participant_id, step, q, s) for q in sorted(sources) for s in sorted(sources[q])])
+
+    # -- purge (security.md "Nothing lost", R11) ------------------------------------------------------------
 
     def purge(self, participant_id: str, from_round: int, now: float, detail: str) -> dict[int, int]:
         """Withdraw the participant's accepted samples of rounds >= from_round from every pool

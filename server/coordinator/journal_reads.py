@@ -3,7 +3,7 @@
 Runs wherever the journal is open (the coordinator's ServerApp process, `hacfed sim`,
 `hacfed-server purge`). Built by `hacfed.server.coordinator.journal.Journal`, which hands it its
 connection and the lock that guards it; every query here takes the lock and writes nothing. The
-journal's own methods of the same names call these.
+journal's own methods of the same names call these: the journal's methods are its one API.
 """
 
 from __future__ import annotations
@@ -251,3 +251,32 @@ class JournalReads:
                 (participant_id, from_round),
             ).fetchall()
         return [int(r[0]) for r in rows]
+
+    # -- what each lab was sent (`sent_steps`, `sent_sources`; `hacfed.server.coordinator.sent_steps`) ----
+
+    def sent_step_row(self, participant_id: str, step: int) -> tuple[float, int | None, int | None] | None:
+        """(sent_at, capabilities_round, peers_per_prompt) of the lab's journaled step, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT sent_at, capabilities_round, peers_per_prompt FROM sent_steps "
+                                   "WHERE participant_id=? AND step=?", (participant_id, step)).fetchone()
+        return None if row is None else (float(row[0]), row[1], row[2])
+
+    def sent_step_sources(self, participant_id: str, step: int) -> list[tuple[int, str]]:
+        """The (round, source) submissions the lab's step carries."""
+        with self._lock:
+            rows = self._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=? AND step=?",
+                                    (participant_id, step)).fetchall()
+        return [(int(q), s) for q, s in rows]
+
+    def sent_step_keys(self) -> list[tuple[str, int]]:
+        """Every journaled (participant, step), in that order."""
+        with self._lock:
+            rows = self._db.execute("SELECT participant_id, step FROM sent_steps ORDER BY 1, 2").fetchall()
+        return [(pid, int(step)) for pid, step in rows]
+
+    def sent_pairs(self, participant_id: str) -> set[tuple[int, str]]:
+        """The (round, source) submissions the lab was sent at any step."""
+        with self._lock:
+            rows = self._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=?",
+                                    (participant_id,)).fetchall()
+        return {(int(q), s) for q, s in rows}

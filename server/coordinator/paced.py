@@ -33,7 +33,7 @@ from hacfed.messages import RoundUpdate, Submission
 from hacfed.server.coordinator.round_join import JoinSchedule, own_step_plan
 from hacfed.server.coordinator.schedule import Schedule
 from hacfed.server.coordinator.state import Coordinator
-from hacfed.server.coordinator.transport import ParticipantEndpoint, RoundOutcome, _exchange, _wait_until_closable
+from hacfed.server.coordinator.transport import ParticipantEndpoint, RoundOutcome, exchange_with, wait_until_closable
 
 log = logging.getLogger("hacfed.server.coordinator.paced")
 
@@ -97,7 +97,7 @@ def run_paced(
         if event is None:
             if coordinator.current_round is None:
                 break
-            run.close_rounds(_wait_until_closable(coordinator, sleep))  # a round missing a submission
+            run.close_rounds(wait_until_closable(coordinator, sleep))  # a round missing a submission
             continue
         if event.kind == "start":
             run.start(event.lab, event.step, event.own_step)
@@ -140,7 +140,7 @@ class _PacedRun:
             return
         built = coordinator.make_stale_update(lab, step)
         update = built.update if own_step is None else own_step_plan(built.update, own_step, coordinator.cfg.eval_every)
-        submission = _exchange(self.endpoints[lab], update, failures)
+        submission = exchange_with(self.endpoints[lab], update, failures)
         self.in_flight[(lab, step)], self.staleness[(lab, step)] = submission, built.staleness
         self.skipped[(lab, step)] = built.skipped
         self.sched.finished(lab, step, float(self.cost(lab, built.update, submission)))

@@ -3,7 +3,7 @@
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
 
-A `Receipt` exists only for a submission the journal has committed (security.md §3.3: accepted ⇔
+A `Receipt` exists only for a submission the journal has committed (security.md "Nothing lost": accepted ⇔
 ACKed ⇔ durable). Its JSON form is stored with the submission, so an identical resend gets a
 byte-identical receipt back. Signing it (T12) is the transport's job.
 """

@@ -2,7 +2,7 @@
 
 Pure and torch-free: the order of events on the simulated clock for the paced in-process transport
 (`hacfed.server.coordinator.paced`, which drives `hacfed sim --round-join newest`), the rule by which
-such a round closes (`quorum_of`, read by `Coordinator.ready_to_close`), what a lab's step is told
+such a round closes (`Coordinator.quorum`, read by `Coordinator.ready_to_close`), what a lab's step is told
 to do (`own_step_plan`) and what it is sent (`newest_update`: of each peer, only its newest round).
 docs/staleness.md, "Joining the newest round", has the rules and what they guarantee.
 `round_join = "every"` (the default) is `schedule.Schedule`: every lab rolls out every round.
@@ -156,21 +156,6 @@ class JoinSchedule:
         return Event(time, "start", lab, step, own)
 
 
-def quorum_of(coordinator: Any, round_id: int) -> tuple[int, int, Callable[[], set[str]]]:
-    """(the submissions round `round_id` needs for its quorum, the contributors below which it closes
-    flagged below quorum, a function giving the participants it waits for). With round_join "newest",
-    once the transport recorded who took the round (`Coordinator.joined`): its takers that are still
-    awaited, all of them, and at most min_participants; otherwise the coordinator's usual rule
-    (`Coordinator.ready_to_close`)."""
-    cfg = coordinator.cfg
-    takers = coordinator.joined.get(round_id)
-    if takers is None:
-        needed = max(cfg.min_participants, cfg.expected_participants - len(coordinator.withdrawn))
-        return needed, cfg.min_participants, coordinator.awaited
-    awaited = coordinator.awaited() & set(takers)
-    return len(awaited), min(cfg.min_participants, len(takers)), lambda: awaited
-
-
 def own_step_plan(update: RoundUpdate, own_step: int, eval_every: int) -> RoundUpdate:
     """The update with its plan asking for an evaluation every `eval_every` of the lab's OWN steps
     (own_step 0, eval_every, ...) instead of every eval_every rounds; the final update (no plan)
@@ -187,7 +172,7 @@ def order_join_events(
 ) -> list[Event]:
     """Every event of a run whose compute times are known: `compute[lab]` is its time per step at
     speed 1, one number or one per own step (as many as it makes). A round closes by the rule of
-    `quorum_of`: oldest first, once every lab that took it has finished it and `expected` allows."""
+    `Coordinator.quorum`: oldest first, once every lab that took it has finished it and `expected` allows."""
     labs = list(compute)
     sched = JoinSchedule(labs, speeds, max_staleness, rounds)
     finished: dict[int, set[str]] = {}

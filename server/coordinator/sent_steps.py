@@ -49,42 +49,24 @@ class SentStep:
 
 def sent_step(journal: Journal, learner: str, step: int) -> SentStep | None:
     """The journaled update of `learner`'s step `step`, or None when none was built."""
-    with journal._lock:
-        row = journal._db.execute("SELECT sent_at, capabilities_round, peers_per_prompt FROM sent_steps WHERE "
-                                  "participant_id=? AND step=?", (learner, step)).fetchone()
-        if row is None:
-            return None
-        pairs = journal._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=? AND step=?",
-                                    (learner, step)).fetchall()
+    row = journal.sent_step_row(learner, step)
+    if row is None:
+        return None
     sources: dict[int, set[str]] = {}
-    for round_id, source in pairs:
-        sources.setdefault(int(round_id), set()).add(source)
-    return SentStep(learner, step, float(row[0]), row[1], {q: frozenset(s) for q, s in sources.items()}, row[2])
+    for round_id, source in journal.sent_step_sources(learner, step):
+        sources.setdefault(round_id, set()).add(source)
+    return SentStep(learner, step, row[0], row[1], {q: frozenset(s) for q, s in sources.items()}, row[2])
 
 
 def sent_steps(journal: Journal) -> list[SentStep]:
     """Every journaled update, by participant and step (for reports and tests)."""
-    with journal._lock:
-        keys = journal._db.execute("SELECT participant_id, step FROM sent_steps ORDER BY 1, 2").fetchall()
-    return [s for pid, step in keys if (s := sent_step(journal, pid, int(step))) is not None]
-
-
-def sent_pairs(journal: Journal, learner: str) -> set[tuple[int, str]]:
-    """The (round, source) submissions `learner` was sent at any step."""
-    with journal._lock:
-        rows = journal._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=?",
-                                   (learner,)).fetchall()
-    return {(int(q), s) for q, s in rows}
+    return [s for pid, step in journal.sent_step_keys() if (s := sent_step(journal, pid, step)) is not None]
 
 
 def record_sent_step(journal: Journal, step: SentStep) -> None:
     """Journal one update's choice in one transaction (`sent_steps` and its `sent_sources` rows)."""
-    with journal._tx() as db:
-        db.execute("INSERT INTO sent_steps VALUES (?, ?, ?, ?, ?)",
-                   (step.participant_id, step.step, step.sent_at, step.capabilities_round, step.peers_per_prompt))
-        db.executemany("INSERT INTO sent_sources VALUES (?, ?, ?, ?)",
-                       [(step.participant_id, step.step, q, s) for q in sorted(step.sources)
-                        for s in sorted(step.sources[q])])
+    journal.record_sent_step(step.participant_id, step.step, step.sent_at, step.capabilities_round,
+                             step.peers_per_prompt, step.sources)
 
 
 class _Choosing:
@@ -117,19 +99,19 @@ def journaled_update(
 ) -> StaleUpdate:
     """`learner`'s update for `step` (`stale_pool.stale_update`), its choice journaled at the first build,
     its share cut to fit `max_bytes` then (None: never cut), and read back at every later one (module
-    docstring). The caller holds the coordinator's lock."""
-    with journal._lock:
-        kept = sent_step(journal, learner, step)
-        if kept is None:
-            closed = journal.latest_closed_round()
-            choosing = _Choosing(sent_pairs(journal, learner))
-            built = stale_update(cfg, journal, choosing, learner, step, fresh_capabilities, plan_for,
-                                 max_bytes=max_bytes)
-            record_sent_step(journal, SentStep(learner, step, now, None if closed is None else closed.round_id,
-                                               choosing.chosen, built.peers_per_prompt))
-            return built
-        built = stale_update(cfg, journal, _Replaying(kept.sources), learner, step, fresh_capabilities, plan_for,
-                             peers_per_prompt=kept.peers_per_prompt)
+    docstring). The caller holds the coordinator's lock, which makes the read, the build and the record one
+    step: nothing else writes `sent_steps`."""
+    kept = sent_step(journal, learner, step)
+    if kept is None:
+        closed = journal.latest_closed_round()
+        choosing = _Choosing(journal.sent_pairs(learner))
+        built = stale_update(cfg, journal, choosing, learner, step, fresh_capabilities, plan_for,
+                             max_bytes=max_bytes)
+        record_sent_step(journal, SentStep(learner, step, now, None if closed is None else closed.round_id,
+                                           choosing.chosen, built.peers_per_prompt))
+        return built
+    built = stale_update(cfg, journal, _Replaying(kept.sources), learner, step, fresh_capabilities, plan_for,
+                         peers_per_prompt=kept.peers_per_prompt)
     if step == 0:  # P̂ before any round closed
         return built
     capabilities = {pid: 1.0 for pid in (*built.update.participants, *fresh_capabilities)}  # no history: 1.0

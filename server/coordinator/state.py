@@ -60,7 +60,7 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
-from hacfed.server.coordinator.round_join import newest_update, quorum_of
+from hacfed.server.coordinator.round_join import newest_update
 from hacfed.server.coordinator.sent_steps import journaled_update
 from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
@@ -89,7 +89,7 @@ class Coordinator:
         # Journaled participants whose registration was revoked (set by the driver, which re-reads the
         # registry): a round no longer waits for them, and the early close needs that many fewer labs.
         self.withdrawn: frozenset[str] = frozenset()
-        # round_join "newest": round -> the labs that took it, once no other can (set by the transport; `quorum_of`).
+        # round_join "newest": round -> the labs that took it, once no other can (set by the transport; `quorum`).
         self.joined: dict[int, frozenset[str]] = {}
         self.intake = SubmissionIntake(
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
@@ -216,6 +216,19 @@ class Coordinator:
             self._plans[round_id] = plan_from_json(record.plan_json)
         return self._plans[round_id]
 
+    def quorum(self, round_id: int) -> tuple[int, int, Callable[[], set[str]]]:
+        """(the submissions round `round_id` needs for its quorum, the contributors below which it closes
+        flagged below quorum, a function giving the participants it waits for). With round_join "newest",
+        once the transport recorded who took the round (`joined`): its takers that are still awaited, all
+        of them, and at most min_participants; otherwise every expected lab not withdrawn, at least
+        min_participants."""
+        takers = self.joined.get(round_id)
+        if takers is None:
+            needed = max(self.cfg.min_participants, self.cfg.expected_participants - len(self.withdrawn))
+            return needed, self.cfg.min_participants, self.awaited
+        awaited = self.awaited() & set(takers)
+        return len(awaited), min(self.cfg.min_participants, len(takers)), lambda: awaited
+
     def ready_to_close(self, now: float | None = None) -> str | None:
         """"quorum" or "deadline" if the open round may close now (see module docstring), else None."""
         record = self._oldest_open()
@@ -226,7 +239,7 @@ class Coordinator:
         # the round's trajectories) only matters once the deadline passed. The ServerApp polls
         # this every 0.2 s while a round is open (bench/coordinator_scale.py).
         submitted = self.journal.submitter_ids(record.round_id)
-        needed, least, awaited = quorum_of(self, record.round_id)
+        needed, least, awaited = self.quorum(record.round_id)
         if len(submitted) >= needed and awaited() <= submitted:
             return "quorum"
         if now >= record.deadline:
@@ -268,7 +281,7 @@ class Coordinator:
                 tracker.update([r for _, r in scored], [p for p, _ in scored])
             capabilities = tracker.capabilities()
             contributors = tuple(sorted(p for p, n in submitters.items() if n > 0))
-            below = len(contributors) < quorum_of(self, round_id)[1]
+            below = len(contributors) < self.quorum(round_id)[1]
             with self._fail.audited():
                 self.journal.close_round(round_id, reason, self._clock(), below, capabilities, tracker.state_dict())
             self._tracker = tracker  # only after the commit: a crash before it leaves the round OPEN

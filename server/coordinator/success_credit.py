@@ -123,7 +123,7 @@ class SuccessCredits:
         every submission committed since judged and remembered in that order: the memory after
         them (None without dedup) and the credits of those of `round_ids`."""
         memory = SuccessMemory(self._size) if self._dedup else None
-        before, rows = self._journal.reads.samples_from(first)
+        before, rows = self._journal.samples_from(first)
         def keyed(lab: str, prompt_id: str, text: str) -> tuple[bytes, str] | None:
             if self._fits is not None and not self._fits(text, 1.0):  # (a success) outside the format: no key
                 return None
@@ -131,7 +131,7 @@ class SuccessCredits:
             return None if key is None else (key, lab)
 
         if memory is not None:
-            for key, lab in self._journal.reads.successes_before(before, keyed, self._size):
+            for key, lab in self._journal.successes_before(before, keyed, self._size):
                 memory.add(key, lab)
         rounds: dict[int, list[Credited]] = {round_id: [] for round_id in round_ids}
         for (round_id, _), submission in groupby(rows, key=lambda row: row[:2]):

@@ -104,15 +104,15 @@ def _run_one_round(
             continue
         if coordinator.has_submitted(pid, round_id):  # answered before a coordinator restart
             continue
-        submission = _exchange(ep, update_for(pid), failures)
+        submission = exchange_with(ep, update_for(pid), failures)
         if submission is not None:
             results[pid] = coordinator.submit(submission, sender=pid)
-    reason = _wait_until_closable(coordinator, sleep)
+    reason = wait_until_closable(coordinator, sleep)
     closed = coordinator.close_round(reason)
     return RoundOutcome(round_id, closed, results, failures, coordinator.round_summary(round_id))
 
 
-def _exchange(ep: ParticipantEndpoint, update: RoundUpdate, failures: dict[str, str]) -> Submission | None:
+def exchange_with(ep: ParticipantEndpoint, update: RoundUpdate, failures: dict[str, str]) -> Submission | None:
     """One participant's turn. Its failure is an expected event for a federation (security.md T10),
     so it is logged and recorded, and the round goes on without it."""
     try:
@@ -129,7 +129,7 @@ def _exchange(ep: ParticipantEndpoint, update: RoundUpdate, failures: dict[str, 
     return submission
 
 
-def _wait_until_closable(coordinator: Coordinator, sleep: Callable[[float], None]) -> str:
+def wait_until_closable(coordinator: Coordinator, sleep: Callable[[float], None]) -> str:
     for _ in range(_MAX_WAITS):
         reason = coordinator.poll()
         if reason is not None:
@@ -157,7 +157,7 @@ def _send_final_update(coordinator: Coordinator, endpoints: Sequence[Participant
     for ep in endpoints:
         if ep.participant_id in quarantined:
             continue
-        submission = _exchange(ep, update_for(ep.participant_id), failures)
+        submission = exchange_with(ep, update_for(ep.participant_id), failures)
         if submission is not None:
             problem = coordinator.record_final_report(submission, sender=ep.participant_id)
             if problem is not None:

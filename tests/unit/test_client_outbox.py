@@ -1,4 +1,4 @@
-"""The lab's outbox (security.md §3.3, R5) and the lost round of issue 9: "a lab killed after its
+"""The lab's outbox (security.md "Nothing lost", R5) and the lost round of issue 9: "a lab killed after its
 checkpoint but before caching its reply loses that round (HACFED-E-STALE-ROUND on the resend)".
 
 The participant here is scripted but checkpoints for real (hacfed.clients.checkpoints, with its

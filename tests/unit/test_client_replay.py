@@ -60,7 +60,7 @@ def federation(tmp_path_factory):
         request = seal(encode_round_update(update), PayloadType.ROUND_UPDATE, key, DOMAIN_UPDATE)
         service.handle(seal_delivery((), request, key))
         assert service.outbox.entries()[-1].round_id == r
-        mine = tuple(t.without_local_ids() for t in service.participant._own.values())
+        mine = tuple(t.without_local_ids() for t in service.participant.own_samples.values())
         others = scripted_trajectories(update.next_plan, "lab-b") + scripted_trajectories(update.next_plan, "lab-x")
         pool, pool_round = mine + tuple(others), r
     service.outbox.close()
@@ -99,7 +99,7 @@ def test_replay_rolls_back_and_trains_again_without_the_purged_lab(federation, t
     assert state["round"] == 3 and state["pool_round"] == 2  # the lab resumes where it was
     assert not torch.equal(_params(participant), contaminated)
     at_clean = _lab_a(copy)
-    at_clean._maybe_resume(copy / "checkpoints", copy / "checkpoints" / report.clean_checkpoint)
+    at_clean.resume(copy / "checkpoints", copy / "checkpoints" / report.clean_checkpoint)
     assert not torch.equal(_params(participant), _params(at_clean))  # it did train on the clean pools
     # hacfed-client resumes from the replayed checkpoint
     assert torch.equal(_params(_lab_a(copy)), _params(participant))

@@ -166,7 +166,7 @@ def test_two_ranks_roll_out_every_prompt_once_and_a_dead_rank_stops_the_lab() ->
         out = p.rollout(full)
         assert [t.prompt_id for t in out] == [pid for pid in full.prompt_ids for _ in range(3)]
         assert len({t.trajectory_id for t in out}) == 15
-        assert set(p._own) == {t.trajectory_id for t in out}  # rank 0 keeps every rank's own samples
+        assert set(p.own_samples) == {t.trajectory_id for t in out}  # rank 0 keeps every rank's own samples
         assert all(t.reward == TASK.verify(TASK.problem(t.prompt_id), t.response_text).reward for t in out)
         pool = tuple(type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(out))
         os.killpg(ranks._ranks[0].proc.pid, signal.SIGKILL)

@@ -96,7 +96,7 @@ def test_own_sample_ratio_starts_at_one():
 
     p = make("a", "tiny-qwen2")
     sub = p.step(RoundUpdate("run", None, (), {"a": 1.0}, plan(0, n=2, g=3), ("a",)))
-    own = [p._own[t.trajectory_id] for t in sub.trajectories if t.source_token_count > 0]
+    own = [p.own_samples[t.trajectory_id] for t in sub.trajectories if t.source_token_count > 0]
     views, skipped = build_views(own, "a", p.tokenizer, max_prompt_len=128, max_response_len=64)
     assert skipped == 0
     logp, _ = sequence_logprobs(
@@ -162,7 +162,7 @@ def test_mixed_minibatches_with_kl_and_oversized_cross_samples(two_rollouts, lim
     pool = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(both)]
     p = make("a", "tiny-llama", minibatch_size=3, **limits)
     p.step(RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, plan(0), ("a", "b")))  # so "a" has own ids
-    own = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(p._own.values())][:4]
+    own = [type(t)(**{**t.__dict__, "reward": float(i % 2)}) for i, t in enumerate(p.own_samples.values())][:4]
     sub = p.step(RoundUpdate("run", 0, tuple(own + pool[4:] + [long_other]), {"a": 0.5, "b": 0.5}, plan(1), ("a", "b")))
     m = sub.report.metrics
     assert m["num_updates"] == 3 and m["num_samples"] == 8  # 4 own + 4 other; the long one skipped

@@ -130,3 +130,27 @@ def test_the_checks_find_what_they_look_for(tests_dir: Path):
     assert problems[:2] == ["S2: its Proof column cites no test",
                             f"S3: its status does not start with one of {STATUSES} in bold"]
     assert "S4: not in the tables" in problems and not any(p.startswith("S1:") for p in problems)
+
+
+THREAT_ID = re.compile(r"\bT(1[0-2]|[1-9])\b")
+QUOTED_SECTION = re.compile(r'security\.md,? "([^"]+)"')
+
+
+def _shipped_sources() -> list[tuple[Path, str]]:
+    return [(p, p.read_text(encoding="utf-8")) for top in ("hacfed", "server", "clients")
+            for p in sorted((ROOT / top).rglob("*.py")) if "_pb2" not in p.name]
+
+
+def test_every_threat_id_and_section_the_code_cites_is_in_security_md() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    table = {m.group(1) for m in re.finditer(r"^\| T(\d+) \|", text, re.M)}
+    headings = {line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")}
+    missing = []
+    for path, source in _shipped_sources():
+        for comment in re.findall(r"#[^\n]*|\"\"\"[\s\S]*?\"\"\"", source):
+            flat = " ".join(comment.split())
+            missing += [f"{path.relative_to(ROOT)}: T{n}" for n in THREAT_ID.findall(flat) if n not in table]
+            missing += [f"{path.relative_to(ROOT)}: \"{name}\"" for name in QUOTED_SECTION.findall(flat)
+                        if not any(h.startswith(name) for h in headings)]
+    assert table == {str(n) for n in range(1, 13)}, f"the threat table holds T{sorted(table)}"
+    assert not missing, "cited but not in docs/security.md:\n" + "\n".join(missing)
