@@ -51,6 +51,8 @@ class ErrorCode(str, enum.Enum):
     INCOMPLETE_GROUP = "HACFED-E-INCOMPLETE-GROUP"  # not exactly G samples for a planned prompt
     GROUP_REJECTED = "HACFED-E-GROUP-REJECTED"  # a valid sample whose group has an invalid sibling
     REWARD_MISMATCH = "HACFED-E-REWARD-MISMATCH"  # claimed reward != re-verified reward (a strike)
+    # the whole submission, after judging began
+    VERIFY_BUDGET = "HACFED-E-VERIFY-BUDGET"  # its verification took more than verify_budget_s (a strike)
 
     def __str__(self) -> str:
         return self.value
@@ -82,11 +84,14 @@ GRPC_STATUS: dict[ErrorCode, str] = {
     ErrorCode.INCOMPLETE_GROUP: "INVALID_ARGUMENT",
     ErrorCode.GROUP_REJECTED: "INVALID_ARGUMENT",
     ErrorCode.REWARD_MISMATCH: "INVALID_ARGUMENT",
+    ErrorCode.VERIFY_BUDGET: "RESOURCE_EXHAUSTED",
 }
 
-# Codes that count as a strike against the sender: only what proves dishonesty (a reward the
-# shared deterministic verifier contradicts), never what an honest bug or a slow network causes.
-STRIKE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.REWARD_MISMATCH})
+# Codes that count as a strike against the sender: what proves dishonesty (a reward the shared
+# deterministic verifier contradicts) or costs the coordinator far more than an honest submission
+# does (answers whose verification outlasts the per-submission budget, many times what a full
+# honest submission takes), never what an honest bug or a slow network causes.
+STRIKE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.REWARD_MISMATCH, ErrorCode.VERIFY_BUDGET})
 
 
 class CoordinatorStateError(RuntimeError):

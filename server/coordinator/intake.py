@@ -280,6 +280,7 @@ class SubmissionIntake:
             min_mean_logp=self.cfg.min_mean_logp,
             min_policy_version=self.journal.last_policy_version(pid),
             verify_threads=self.cfg.verify_threads,
+            verify_budget_s=self.cfg.verify_budget_s,
         )
         used = self.journal.used_trajectory_ids(
             pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)]
