@@ -251,6 +251,8 @@ class MathVerifier:
     def _verify_within(self, key: WorkerKey, budget: VerifyBudget) -> Verdict:
         """`_verify_in_sandbox` with its request's time charged to `budget` (not a worker's start,
         nor waiting for another caller's request); nothing sent once the budget is spent."""
+        if budget.seconds is None:
+            return self._verify_in_sandbox(key)
         if budget.exhausted:
             return _abort("the batch's verification budget is spent")
         return self._verify_in_sandbox(key, budget)
@@ -346,7 +348,7 @@ class MathVerifier:
                 self.cache_hits += 1
             return pending.verdict
         try:
-            pending.verdict = self._ask_worker(key, budget)
+            pending.verdict = self._ask_worker(key) if budget is None else self._ask_worker(key, budget)
             return pending.verdict
         finally:
             with self._pool:

@@ -20,6 +20,7 @@ raises `VerifyBudgetSpent`, which `validation` turns into the submission's refus
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,8 @@ def start_verified_rewards(
     (`hacfed.tasks.verify_budget`); past it the function returned raises `VerifyBudgetSpent`."""
     start = getattr(task, "start_verify_batch", None)
     if threads > 1 and callable(start):
-        pending = start([(problem, t.response_text) for problem, t in items], budget_s)
+        pairs = [(problem, t.response_text) for problem, t in items]
+        pending = start(pairs, budget_s) if _takes_budget(start) else start(pairs)
         return lambda: _checked_rewards(task, pending(), len(items))
     budget = VerifyBudget(budget_s)
     rewards = verified_rewards(task, items, threads, budget)
@@ -51,6 +53,14 @@ def start_verified_rewards(
         return rewards
 
     return done
+
+
+def _takes_budget(start: Callable[..., Any]) -> bool:
+    """Whether a task's `start_verify_batch` takes `budget_s` (one that does not verifies unbounded)."""
+    try:
+        return "budget_s" in inspect.signature(start).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _checked_rewards(task: Task, verdicts: Sequence[Any], n: int) -> list[float]:
