@@ -326,7 +326,7 @@ class SubmissionIntake:
         if judged is not None:
             self.credits.committed(round_id, outcome.accepted, judged)
         if strikes:
-            log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
+            log.warning("participant %s: %d strike(s) in round %d", pid, len(strikes), round_id)
         if quarantine:
             log.warning(
                 "participant %s QUARANTINED: reached %d strikes within %d rounds",
