@@ -12,10 +12,10 @@ limit and the byte quota with `admit` before it verifies or decodes anything; th
 comes right after decoding), then the whole-submission gates (identity, run, size, identical
 resend, nonce reuse, registration, quarantine, round state, one submission per round), and only
 then validation and reward re-verification (`validation`). Where the transport journals what it
-sends each lab (`sent_journaled`: the Flower driver under max_staleness >= 1), a round gate also
-refuses an open round the journal never sent to that lab (UNSENT_ROUND). Every refusal is journaled and audited
-under the authenticated sender, never under the id a submission claims (S10); a recorded submission
-returns only after its COMMIT (the ACK point, R2).
+sends each lab (`sent_journaled`: the Flower driver under max_staleness >= 1), the round gates also
+refuse an open round the journal never sent to that lab (UNSENT_ROUND). Every refusal is journaled
+and audited under the authenticated sender, never under the id a submission claims (S10); a
+recorded submission returns only after its COMMIT (the ACK point, R2).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class SubmissionIntake:
         self._plan_for, self._current_round, self._on_committed = plan_for, current_round, on_committed
         self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
         # a lab may submit only for a round the journal shows as sent to it (`sent_steps`); set by the
-        # Coordinator when its transport journals what it sends (`Coordinator.sent_journaled`)
+        # Coordinator when its transport journals what it sends (`Coordinator(sent_journaled=True)`)
         self.sent_journaled = False
         # what each accepted sample is credited for P̂ and the successes choice, with `dedup_successes`
         # or `format_gate`
