@@ -90,7 +90,7 @@ class FederationDriver:
         self.console = ConsoleLog(self.state_dir / CONSOLE_FILE, console)
         self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
         self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, str(config.config_dir)),
-                                       self.journal, clock=clock)
+                                       self.journal, clock=clock, sent_journaled=self.timing.streaming)
         self._key = load_private_key(config.coordinator_key)
         self.answers = AnswerQueue(self._key, self.cfg.run_id)
         self.membership = Membership(config.keys_dir, self.console,

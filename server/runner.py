@@ -25,6 +25,7 @@ from hacfed.leftovers import CHILDREN_FILE, forget_children, kill_leftovers, rec
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
 from hacfed.server.config import ServerConfig, write_server_config
 from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
+from hacfed.server.coordinator.settings_fit import check_settings_fit
 from hacfed.server.driver_settings import (
     CONSOLE_FILE,
     DONE_FILE,
@@ -69,9 +70,10 @@ class ConsoleTail:
 
 def check_before_writing(cfg: ServerConfig) -> None:
     """What a user can get wrong that the config types cannot see, checked before any file is
-    created: the task loads (its data files exist and parse), the state and keys paths are folders,
+    created: the task loads (its data files exist and parse), the settings fit it and the message caps
+    (`settings_fit`), the state and keys paths are folders,
     the state dir's file system has its free-space headroom (`server.min_free_mib`)."""
-    load_task_from_config(cfg.coordinator, str(cfg.config_dir))
+    check_settings_fit(cfg.coordinator, load_task_from_config(cfg.coordinator, str(cfg.config_dir)))
     for what, path in (("state dir", cfg.state_dir), ("keys dir", cfg.keys_dir)):
         if path.exists() and not path.is_dir():
             raise ValueError(f"the {what} {path} is a file, not a directory")

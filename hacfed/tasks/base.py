@@ -38,12 +38,15 @@ class Task(Protocol):
 
     def verify(self, problem: Problem, response: str) -> Verdict: ...
 
-    # Optional: `start_verify_batch(items: Sequence[tuple[Problem, str]]) -> Callable[[], list[Verdict]]`,
+    # Optional: `start_verify_batch(items: Sequence[tuple[Problem, str]], budget_s: float | None)
+    # -> Callable[[], list[Verdict]]`,
     # for a task that verifies a batch faster than item by item (the GSM8K-style `MathDataTask`: its
     # math-verify requests run while the rest is screened). It does what needs the caller's thread
     # now and returns a function that waits for the rest and gives `verify` of each item, in order,
     # so the coordinator can judge the next submission meanwhile. The coordinator uses it when
-    # present and `verify_threads` > 1; the verdicts must be `verify`'s.
+    # present and `verify_threads` > 1; the verdicts must be `verify`'s. When the batch's
+    # verification takes more than `budget_s` seconds, that function raises
+    # `hacfed.tasks.verify_budget.VerifyBudgetSpent` instead.
 
 
 class SplitLookup:

@@ -149,11 +149,20 @@ class MathDataTask(SplitLookup):
     def verify(self, problem: Problem, response: str) -> Verdict:
         return self._verifier.verify(problem.answer, response)
 
-    def start_verify_batch(self, items: Sequence[tuple[Problem, str]]) -> Callable[[], list[Verdict]]:
+    def start_verify_batch(
+        self, items: Sequence[tuple[Problem, str]], budget_s: float | None = None,
+    ) -> Callable[[], list[Verdict]]:
         """The coordinator's re-verification of a submission (`MathVerifier.start_concurrently`):
         every response is screened and the math-verify requests are sent now; the function returned
-        waits for them and gives `verify` of each (problem, response), in order."""
-        return self._verifier.start_concurrently([(problem.answer, response) for problem, response in items])
+        waits for them and gives `verify` of each (problem, response), in order, or raises
+        `VerifyBudgetSpent` when the requests took more than `budget_s` seconds."""
+        pairs = [(problem.answer, response) for problem, response in items]
+        return self._verifier.start_concurrently(pairs, budget_s)
+
+    @property
+    def worker_calls(self) -> int:
+        """Requests its verifier sent to a sandboxed math-verify worker so far (for benches and tests)."""
+        return self._verifier.worker_calls if "_verifier" in self.__dict__ else 0
 
     @cached_property
     def _verifier(self) -> MathVerifier:

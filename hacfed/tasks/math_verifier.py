@@ -7,7 +7,12 @@ Pipeline for one (gold, response) pair, cheapest first; any refusal is reward 0 
      and/or the last plain number;
   3. answer checks: non-empty, at most `max_answer_chars`, bracket nesting ((, [, {) at most
      `max_nesting` (math-verify's LaTeX parser is exponential in nesting: 15 bare braces take ~2 s,
-     95 parentheses time out);
+     95 parentheses time out); and, for an answer the fast path does not decide, its size
+     (`math_answers.size_refusal`): sympy evaluates integer powers and factorials exactly, in C
+     code no signal interrupts, so `\\boxed{9^{9^{9^{9}}}}` ran into the 5 s wall timeout. An
+     exponent over `max_exponent`, a factorial of more than `max_factorial`, an integer literal of
+     more than `max_integer_digits` digits or a part whose value may have more than
+     `max_value_digits` digits (bounds from above, a letter standing for 2) is refused in process;
   4. numeric fast path (`numeric_fast_path`): when gold and answer are both plain decimals
      (optional sign, optional 1,000-style grouping), they are compared exactly as `Decimal`s, in
      process, without the worker. This decides most GSM8K items. It is exact where math-verify
@@ -49,6 +54,7 @@ at 64 labs, 1,305 items per round need the worker and 814 of them are distinct.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,9 +70,11 @@ from hacfed.tasks.math_answers import (
     nesting_depth,
     plain_answer,
     plain_gold,
+    size_refusal,
 )
 from hacfed.tasks.sandbox import VERIFIER_ABORT, SandboxAbort, SandboxedWorker, SandboxLimits
 from hacfed.tasks.verdict_cache import VerdictCache, WorkerKey
+from hacfed.tasks.verify_budget import VerifyBudget
 
 WORKER_FACTORY = "hacfed.tasks.math_worker:worker_handler"  # what the sandboxed worker runs
 MAX_PARALLEL_WORKERS = 8
@@ -87,6 +95,10 @@ class MathVerifierConfig:
     max_response_chars: int = 10_000
     max_answer_chars: int = 200
     max_nesting: int = 8
+    max_exponent: int = 10_000
+    max_factorial: int = 10_000
+    max_integer_digits: int = 40
+    max_value_digits: int = 100_000
     numeric_fast_path: bool = True
     verdict_cache_entries: int = 65_536
     parallel_workers: int = 2
@@ -95,7 +107,8 @@ class MathVerifierConfig:
     def __post_init__(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
             raise ValueError(f"MathVerifierConfig.answer_mode must be one of {ANSWER_MODES}, got {self.answer_mode!r}")
-        for name in ("max_response_chars", "max_answer_chars", "max_nesting", "parallel_workers"):
+        for name in ("max_response_chars", "max_answer_chars", "max_nesting", "max_exponent", "max_factorial",
+                     "max_integer_digits", "max_value_digits", "parallel_workers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MathVerifierConfig.{name} must be an int >= 1, got {value!r}")
@@ -194,11 +207,18 @@ class MathVerifier:
         bad gold answer raises before anything is sent, as in `verify_many`."""
         return self.start_concurrently(pairs)()
 
-    def start_concurrently(self, pairs: Sequence[tuple[str, str]]) -> Callable[[], list[Verdict]]:
+    def start_concurrently(
+        self, pairs: Sequence[tuple[str, str]], budget_s: float | None = None,
+    ) -> Callable[[], list[Verdict]]:
         """`verify_concurrently` in two halves: this call screens every pair and sends the requests
         that need math-verify; the function it returns waits for their verdicts and gives the list.
         Between the two the caller may do other work while the workers decide (the coordinator
-        decodes and checks the next lab's submission: `hacfed.server.replies`)."""
+        decodes and checks the next lab's submission: `hacfed.server.replies`).
+
+        budget_s: the most seconds of worker requests the batch may use (`verify_budget`); once
+        spent its requests not yet sent are not sent, and the function returned raises
+        `VerifyBudgetSpent` instead of giving verdicts."""
+        budget = VerifyBudget(budget_s)
         for gold, _ in pairs:
             _check_gold(gold)
         askers: ThreadPoolExecutor | None = None  # taken at the first request only
@@ -214,13 +234,28 @@ class MathVerifier:
                 answer = self._cache.get(item)
                 if answer is None:
                     askers = askers or self._askers()
-                    answer = sent[item] = askers.submit(self._verify_in_sandbox, item)
+                    answer = sent[item] = askers.submit(self._verify_within, item, budget)
                     out.append(answer)
                     continue
             with self._pool:
                 self.cache_hits += 1
             out.append(answer)
-        return lambda: [v if isinstance(v, Verdict) else v.result() for v in out]
+
+        def verdicts() -> list[Verdict]:
+            done = [v if isinstance(v, Verdict) else v.result() for v in out]
+            budget.check()
+            return done
+
+        return verdicts
+
+    def _verify_within(self, key: WorkerKey, budget: VerifyBudget) -> Verdict:
+        """`_verify_in_sandbox` with its request's time charged to `budget` (not a worker's start,
+        nor waiting for another caller's request); nothing sent once the budget is spent."""
+        if budget.seconds is None:
+            return self._verify_in_sandbox(key)
+        if budget.exhausted:
+            return _abort("the batch's verification budget is spent")
+        return self._verify_in_sandbox(key, budget)
 
     def _askers(self) -> ThreadPoolExecutor:
         """The helper threads of `verify_concurrently`, one per possible worker, started on first use."""
@@ -292,9 +327,14 @@ class MathVerifier:
                 answer_number = dollar_amount(answer)
             if gold_number is not None and answer_number is not None:
                 return Verdict(1.0, "numeric match") if gold_number == answer_number else Verdict(0.0, "wrong answer")
+        cfg = self.config
+        too_big = size_refusal(answer, cfg.max_exponent, cfg.max_factorial, cfg.max_integer_digits,
+                               cfg.max_value_digits)
+        if too_big is not None:
+            return _abort(f"refused: answer holds {too_big}")
         return gold.strip(), answer
 
-    def _verify_in_sandbox(self, key: WorkerKey) -> Verdict:
+    def _verify_in_sandbox(self, key: WorkerKey, budget: VerifyBudget | None = None) -> Verdict:
         """Ask a worker; cache its verdict unless the request aborted (those may be transient). A
         key another thread is asking about right now gets that thread's verdict (an abort too)."""
         with self._pool:
@@ -308,21 +348,28 @@ class MathVerifier:
                 self.cache_hits += 1
             return pending.verdict
         try:
-            pending.verdict = self._ask_worker(key)
+            pending.verdict = self._ask_worker(key) if budget is None else self._ask_worker(key, budget)
             return pending.verdict
         finally:
             with self._pool:
                 del self._inflight[key]
             pending.done.set()
 
-    def _ask_worker(self, key: WorkerKey) -> Verdict:
+    def _ask_worker(self, key: WorkerKey, budget: VerifyBudget | None = None) -> Verdict:
         gold, answer = key
         worker = self._checkout()
         try:
             with self._pool:
                 self.worker_calls += 1
             try:
-                result = worker.call({"gold": gold, "answer": answer})
+                if budget is not None:
+                    worker.start()
+                started = time.monotonic()
+                try:
+                    result = worker.call({"gold": gold, "answer": answer})
+                finally:
+                    if budget is not None:
+                        budget.charge(time.monotonic() - started)
             except SandboxAbort as e:
                 return _abort(e.reason)
         finally:

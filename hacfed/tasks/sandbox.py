@@ -210,6 +210,14 @@ class SandboxedWorker:
                 raise SandboxAbort("protocol error: malformed reply")
             return result
 
+    def start(self) -> None:
+        """Start the worker process now if none runs (else the next `call` starts it), so that the
+        time a caller measures around `call` is the request's alone."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("SandboxedWorker is closed")
+            self._ensure_started()
+
     @property
     def network_isolated(self) -> bool:
         """Whether the current worker runs with no network interface but loopback (starts one if needed)."""

@@ -47,6 +47,7 @@ _NESTED = ("task", "sampling", "hacpo")
 # Settings that decide the prompt plans and the objective: a journal written under other values
 # belongs to a different experiment, so the coordinator refuses to resume it (see Journal.bind_run).
 MAX_VERIFY_THREADS = 8
+MAX_VERIFY_BUDGET_S = 600.0
 PLAN_FIELDS = ("run_id", "task", "seed", "prompts_per_round", "group_size", "sampling", "hacpo", "eval_every")
 
 
@@ -92,6 +93,11 @@ class CoordinatorConfig:
       workers busy while the rest is screened in process (a task with `start_verify_batch`, such as GSM8K,
       then verifies the submission as one batch: one thread screening, a helper per worker); a pure
       in-process verifier gains nothing from more than 1 (hacfed.server.coordinator.validation).
+    verify_budget_s: the most seconds one submission's reward verification may take (time its own
+      samples cost: sandboxed worker requests or in-process checks, not waiting behind another
+      submission's). Past it nothing more of it is verified and it is refused with
+      HACFED-E-VERIFY-BUDGET, a strike (hacfed.tasks.verify_budget). The default, 20 s, is four of
+      math-verify's 5 s per-sample timeouts and far above an honest GSM8K submission's cost (docs/results.md).
     max_staleness: K, how many rounds a lab may run ahead of the slowest one (docs/staleness.md). 0
       (the default) is the synchronous federation: one round open at a time, every lab trains on the
       whole pool of the round before. With K >= 1 up to K + 1 rounds are open at once, a lab trains on
@@ -131,6 +137,7 @@ class CoordinatorConfig:
     pool_peers_per_prompt: int = 7
     pool_peer_choice: str = "drawn"
     verify_threads: int = 2
+    verify_budget_s: float = 20.0
     answer_keys: str = "public"
     dedup_successes: bool = False
     format_gate: bool = False
@@ -178,6 +185,7 @@ class CoordinatorConfig:
         if self.pool_peer_choice not in PEER_CHOICES:
             _bad("pool_peer_choice", self.pool_peer_choice, f"one of {', '.join(map(repr, PEER_CHOICES))}")
         _int(self, "verify_threads", 1)
+        _number(self, "verify_budget_s", lambda v: 0 < v <= MAX_VERIFY_BUDGET_S, f"in (0, {MAX_VERIFY_BUDGET_S}]")
         if self.verify_threads > MAX_VERIFY_THREADS:
             _bad("verify_threads", self.verify_threads, f"an integer in [1, {MAX_VERIFY_THREADS}]")
         if self.answer_keys not in ANSWER_KEYS:

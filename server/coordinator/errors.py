@@ -11,7 +11,9 @@ module stays free of grpc). Codes never change meaning once released: add new on
 Which round-related code applies:
   - ROUND_CLOSED: the round was the most recently closed one (a straggler's late submission, R4);
   - STALE_ROUND: an older closed round (a replayed old envelope, S3);
-  - UNKNOWN_ROUND: a round that was never opened (a future round or garbage).
+  - UNKNOWN_ROUND: a round that was never opened (a future round or garbage);
+  - UNSENT_ROUND: an open round the journal does not show as sent to the lab (`sent_steps`, checked
+    when the coordinator journals what it sends: the Flower driver under max_staleness >= 1).
 An identical resend of a submission that was already recorded is none of these: it gets its
 original result and receipt back (T4 idempotency), whatever the round's state now.
 """
@@ -35,6 +37,7 @@ class ErrorCode(str, enum.Enum):
     UNKNOWN_ROUND = "HACFED-E-UNKNOWN-ROUND"
     STALE_ROUND = "HACFED-E-STALE-ROUND"
     ROUND_CLOSED = "HACFED-E-ROUND-CLOSED"
+    UNSENT_ROUND = "HACFED-E-UNSENT-ROUND"  # an open round whose plan the journal never sent to this lab
     NONCE_REUSE = "HACFED-E-NONCE-REUSE"  # same nonce, different payload
     DUPLICATE = "HACFED-E-DUPLICATE"  # second submission for a round, or a trajectory id already used
     # caps, checked before any costly work (decoding, hashing, verifying); each carries retry_after_s
@@ -52,6 +55,8 @@ class ErrorCode(str, enum.Enum):
     INCOMPLETE_GROUP = "HACFED-E-INCOMPLETE-GROUP"  # not exactly G samples for a planned prompt
     GROUP_REJECTED = "HACFED-E-GROUP-REJECTED"  # a valid sample whose group has an invalid sibling
     REWARD_MISMATCH = "HACFED-E-REWARD-MISMATCH"  # claimed reward != re-verified reward (a strike)
+    # the whole submission, after judging began
+    VERIFY_BUDGET = "HACFED-E-VERIFY-BUDGET"  # its verification took more than verify_budget_s (a strike)
 
     def __str__(self) -> str:
         return self.value
@@ -68,6 +73,7 @@ GRPC_STATUS: dict[ErrorCode, str] = {
     ErrorCode.UNKNOWN_ROUND: "FAILED_PRECONDITION",
     ErrorCode.STALE_ROUND: "FAILED_PRECONDITION",
     ErrorCode.ROUND_CLOSED: "FAILED_PRECONDITION",
+    ErrorCode.UNSENT_ROUND: "FAILED_PRECONDITION",
     ErrorCode.NONCE_REUSE: "ALREADY_EXISTS",
     ErrorCode.DUPLICATE: "ALREADY_EXISTS",
     ErrorCode.RATE_LIMITED: "RESOURCE_EXHAUSTED",
@@ -83,11 +89,14 @@ GRPC_STATUS: dict[ErrorCode, str] = {
     ErrorCode.INCOMPLETE_GROUP: "INVALID_ARGUMENT",
     ErrorCode.GROUP_REJECTED: "INVALID_ARGUMENT",
     ErrorCode.REWARD_MISMATCH: "INVALID_ARGUMENT",
+    ErrorCode.VERIFY_BUDGET: "RESOURCE_EXHAUSTED",
 }
 
-# Codes that count as a strike against the sender: only what proves dishonesty (a reward the
-# shared deterministic verifier contradicts), never what an honest bug or a slow network causes.
-STRIKE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.REWARD_MISMATCH})
+# Codes that count as a strike against the sender: what proves dishonesty (a reward the shared
+# deterministic verifier contradicts) or costs the coordinator far more than an honest submission
+# does (answers whose verification outlasts the per-submission budget, many times what a full
+# honest submission takes), never what an honest bug or a slow network causes.
+STRIKE_CODES: frozenset[ErrorCode] = frozenset({ErrorCode.REWARD_MISMATCH, ErrorCode.VERIFY_BUDGET})
 
 
 class CoordinatorStateError(RuntimeError):

@@ -11,9 +11,11 @@ Order, cheapest first (security.md T8): the caps of `limits` (the Flower driver 
 limit and the byte quota with `admit` before it verifies or decodes anything; the trajectory quota
 comes right after decoding), then the whole-submission gates (identity, run, size, identical
 resend, nonce reuse, registration, quarantine, round state, one submission per round), and only
-then validation and reward re-verification (`validation`). Every refusal is journaled and audited
-under the authenticated sender, never under the id a submission claims (S10); a recorded submission
-returns only after its COMMIT (the ACK point, R2).
+then validation and reward re-verification (`validation`). Where the transport journals what it
+sends each lab (`sent_journaled`: the Flower driver under max_staleness >= 1), the round gates also
+refuse an open round the journal never sent to that lab (UNSENT_ROUND). Every refusal is journaled
+and audited under the authenticated sender, never under the id a submission claims (S10); a
+recorded submission returns only after its COMMIT (the ACK point, R2).
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ class SubmissionIntake:
         self._lock, self._clock, self._fail = lock, clock, fail
         self._plan_for, self._current_round, self._on_committed = plan_for, current_round, on_committed
         self._judging: set[str] = set()  # participants with a submission begun and not finished (`begin_submit`)
+        # a lab may submit only for a round the journal shows as sent to it (`sent_steps`); set by the
+        # Coordinator when its transport journals what it sends (`Coordinator(sent_journaled=True)`)
+        self.sent_journaled = False
         # what each accepted sample is credited for P̂ and the successes choice, with `dedup_successes`
         # or `format_gate`
         keep = 2 + getattr(cfg, "max_staleness", 0)  # the rounds open at once, and the pool being published
@@ -258,6 +263,8 @@ class SubmissionIntake:
             latest_is_this = latest_closed and latest_closed.round_id == sub.round_id
             code = ErrorCode.ROUND_CLOSED if latest_is_this else ErrorCode.STALE_ROUND
             return Rejection(None, code, f"round {sub.round_id} is {record.state.lower()}")
+        if self.sent_journaled and not self.journal.was_sent(pid, sub.round_id):
+            return Rejection(None, ErrorCode.UNSENT_ROUND, f"round {sub.round_id} was never sent to {pid}")
         if pid in self._judging:
             detail = f"another submission of {pid} is being judged; resend this one after it"
             return Rejection(None, ErrorCode.DUPLICATE, detail, retry_after_s=JUDGING_RETRY_S)
@@ -280,6 +287,7 @@ class SubmissionIntake:
             min_mean_logp=self.cfg.min_mean_logp,
             min_policy_version=self.journal.last_policy_version(pid),
             verify_threads=self.cfg.verify_threads,
+            verify_budget_s=self.cfg.verify_budget_s,
         )
         used = self.journal.used_trajectory_ids(
             pid, [t.trajectory_id for t in sub.trajectories if isinstance(t, Trajectory)]
@@ -318,7 +326,7 @@ class SubmissionIntake:
         if judged is not None:
             self.credits.committed(round_id, outcome.accepted, judged)
         if strikes:
-            log.warning("participant %s: %d reward mismatch(es) in round %d", pid, len(strikes), round_id)
+            log.warning("participant %s: %d strike(s) in round %d", pid, len(strikes), round_id)
         if quarantine:
             log.warning(
                 "participant %s QUARANTINED: reached %d strikes within %d rounds",

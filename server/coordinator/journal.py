@@ -330,6 +330,9 @@ class Journal:
     def count_strikes(self, participant_id: str, since_round: int) -> int:
         return self._reads.count_strikes(participant_id, since_round)
 
+    def was_sent(self, participant_id: str, step: int) -> bool:
+        return self.reads.was_sent(participant_id, step)
+
     def stored_result(self, content_hash: str) -> str | None:
         return self._reads.stored_result(content_hash)
 

@@ -42,6 +42,15 @@ class JournalReads:
             ).fetchone()
         return int(row[0])
 
+    def was_sent(self, participant_id: str, step: int) -> bool:
+        """Whether an update for `step` (the round whose plan it rolls out) was journaled as sent to
+        `participant_id` (`sent_steps`, written under max_staleness >= 1 only)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM sent_steps WHERE participant_id=? AND step=?", (participant_id, step)
+            ).fetchone()
+        return row is not None
+
     def stored_result(self, content_hash: str) -> str | None:
         with self._lock:
             row = self._db.execute(

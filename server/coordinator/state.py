@@ -72,8 +72,12 @@ CLOSE_REASONS = ("quorum", "deadline")
 
 class Coordinator:
     def __init__(
-        self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time
+        self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time,
+        *, sent_journaled: bool = False,
     ) -> None:
+        """sent_journaled: the transport sends every lab its steps through `make_sent_update` (the Flower
+        driver under max_staleness >= 1), so a lab may submit only for a round the journal shows as sent
+        to it (`SubmissionIntake`, UNSENT_ROUND); the in-process paced transport of `hacfed sim` does not."""
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
         self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
         self._lock = threading.RLock()
@@ -95,6 +99,7 @@ class Coordinator:
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
             current_round=lambda: self.current_round, on_committed=self.kept.remember,
         )
+        self.intake.sent_journaled = sent_journaled
 
     @property
     def failed_closed(self) -> str | None:

@@ -21,7 +21,9 @@ Under a plan whose `answer_keys` is "coordinator" labs claim nothing: the claim 
 
 The samples of every group that passed the cheap checks are verified together, over
 `ValidationLimits.verify_threads` threads (`reward_verification`); the verdicts, and so the
-outcome, do not depend on the number of threads.
+outcome, do not depend on the number of threads. Their verification may take at most
+`ValidationLimits.verify_budget_s` seconds: past it the whole submission is refused with
+VERIFY_BUDGET (one strike, whose trajectory id is None) and nothing of it is accepted.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from hacfed.messages import RoundPlan, StepReport, Submission
 from hacfed.server.coordinator.errors import STRIKE_CODES, ErrorCode, safe_text
 from hacfed.server.coordinator.reward_verification import start_verified_rewards
 from hacfed.tasks.base import Task
+from hacfed.tasks.verify_budget import VerifyBudgetSpent
 from hacfed.trajectory import FINISH_REASONS, LOGP_EPS, ChatMessage, Trajectory
 from hacfed.wire.framing import encode_submission
 from hacfed.wire.types import MAX_REPORT_METRICS, WireError  # one cap: the wire refuses more before building them
@@ -75,6 +78,7 @@ class ValidationLimits:
     min_mean_logp: float
     min_policy_version: int = 0  # a participant's policy never goes back in time
     verify_threads: int = 1  # threads re-verifying rewards (module docstring); the verdicts never depend on it
+    verify_budget_s: float | None = None  # the most seconds its verification may take (None: unbounded)
 
 
 @dataclass(frozen=True)
@@ -204,12 +208,16 @@ def start_validation(
         problem = task.problem(prompt_id)
         to_verify.extend((problem, t) for t, _ in samples)
         judged.append((prompt_id, pos, samples, []))
-    rewards = start_verified_rewards(task, to_verify, limits.verify_threads)
+    rewards = start_verified_rewards(task, to_verify, limits.verify_threads, limits.verify_budget_s)
     claims = plan.answer_keys == "public"  # else the labs hold no answers and claim nothing
     report_rejection = check_report(sub.report, sub.participant_id, sub.round_id)
 
     def outcome() -> ValidationOutcome:
-        verified = iter(rewards())
+        try:
+            verified = iter(rewards())
+        except VerifyBudgetSpent as exc:  # the whole submission is refused, a strike
+            spent = Rejection(None, ErrorCode.VERIFY_BUDGET, safe_text(str(exc)))
+            return ValidationOutcome((), tuple(rejections) + (spent,), report_rejection)
         accepted: list[AcceptedTrajectory] = []
         refused = list(rejections)
         for prompt_id, pos, samples, group_rejections in judged:

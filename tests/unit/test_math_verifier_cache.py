@@ -12,7 +12,7 @@ from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig, Verdict
 from hacfed.tasks.sandbox import VERIFIER_ABORT, SandboxLimits
 
 ABORT = f"{VERIFIER_ABORT}: "
-TOWER = "\\boxed{9^{9^{9^{9}}}}"  # evaluating it needs ~10^8 digits: the worker times out
+TOWER = "\\boxed{9^{9^{9}}}"  # evaluating it needs ~10^8 digits: the worker times out
 
 # (gold, response): numeric fast path, math-verify equivalents and non-equivalents, in-process refusals.
 MIXED = [
@@ -128,8 +128,9 @@ def test_the_bound_holds_and_evicted_pairs_are_asked_again() -> None:
 
 
 def test_aborts_are_never_cached() -> None:
-    # 1 s per item keeps the timeout fast (the worker interrupts itself at 0.8 s and lives on).
-    with MathVerifier(MathVerifierConfig(sandbox=SandboxLimits(timeout_s=1.0))) as verifier:
+    # 1 s per item keeps the timeout fast; the size screen opened wide lets the tower reach the worker.
+    wide = MathVerifierConfig(sandbox=SandboxLimits(timeout_s=1.0), max_exponent=10**12, max_value_digits=10**12)
+    with MathVerifier(wide) as verifier:
         first = verifier.verify("72", TOWER)
         assert first == Verdict(0.0, ABORT + "timeout") and verifier.cached_verdicts == 0
         again = verifier.verify_many([("72", TOWER), ("72", "then " + TOWER), ("72", "\\boxed{72\\text{ dollars}}")])

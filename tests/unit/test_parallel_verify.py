@@ -106,8 +106,8 @@ def test_a_batch_with_a_missing_verdict_is_an_error(tmp_path) -> None:
 def test_the_coordinator_passes_its_verify_threads(tmp_path, monkeypatch) -> None:
     seen = []
     original = reward_verification.verified_rewards
-    monkeypatch.setattr(reward_verification, "verified_rewards", lambda task, items, threads: seen.append(threads) or
-                        original(task, items, threads))
+    monkeypatch.setattr(reward_verification, "verified_rewards", lambda task, items, threads, *budget:
+                        seen.append(threads) or original(task, items, threads, *budget))
     coord = make_coordinator(tmp_path, verify_threads=3, expected_participants=1)
     coord.register("a")
     coord.submit(scripted_submission(coord.open_round(0), "a"))

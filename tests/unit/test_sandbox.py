@@ -158,12 +158,14 @@ def test_equivalent_answers_score_one(verifier: MathVerifier, gold: str, respons
 
 def test_hostile_corpus_scores_zero_and_the_verifier_survives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    # 1 s per item keeps the timeout case fast; the honest item at the end takes milliseconds.
-    verifier = MathVerifier(MathVerifierConfig(sandbox=SandboxLimits(timeout_s=1.0)))
+    # 1 s per item keeps the timeout case fast; the honest item at the end takes milliseconds. The size
+    # screen is opened wide so that the tower reaches the worker (test_verify_budget: it is refused before).
+    verifier = MathVerifier(MathVerifierConfig(sandbox=SandboxLimits(timeout_s=1.0), max_exponent=10**12,
+                                               max_value_digits=10**12))
     hostile = {
         "import": "\\boxed{__import__('os').system('touch X')}",
         "sympify": "\\boxed{eval(\"open('X','w')\")}",
-        "tower": "\\boxed{9^{9^{9^{9}}}}",  # evaluating it would need ~10^8 digits: must time out
+        "tower": "\\boxed{9^{9^{9}}}",  # evaluating it would need ~10^8 digits: must time out
         "latex junk": "\\boxed{\\frac{\\frac{\\frac{}{}}{}}{\\left(\\right.}}",
         "bidi": "\\boxed{\u202e72\u202c}",
     }
