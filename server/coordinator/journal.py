@@ -331,7 +331,7 @@ class Journal:
         return self._reads.count_strikes(participant_id, since_round)
 
     def was_sent(self, participant_id: str, step: int) -> bool:
-        return self.reads.was_sent(participant_id, step)
+        return self._reads.was_sent(participant_id, step)
 
     def stored_result(self, content_hash: str) -> str | None:
         return self._reads.stored_result(content_hash)
