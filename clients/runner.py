@@ -40,12 +40,13 @@ from hacfed.clients.transport_probe import transport_mismatch
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
-from hacfed.metrics_sinks import MetricsLogger, open_logger, step_row
+from hacfed.metrics_sinks import MetricsLogger, TruncationWarnings, open_logger, step_row
 from hacfed.procs import ProcessError, ProcessSupervisor
 
 METRICS_FILE = "metrics.jsonl"  # the lab's own rows (hacfed.metrics_sinks.step_row), read by `hacfed report`
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
 _STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
+BUDGET_SETTING = "max_new_tokens in the coordinator's [sampling] (its operator's setting)"  # the plan's budget
 
 
 def say(text: str) -> None:
@@ -134,6 +135,7 @@ class Client:
         self.log = LogWatcher(cfg.state_dir / "supernode" / "supernode.log")
         self.run_id: str | None = None
         self.final_accuracy: float | None = None  # held-out accuracy after training on the final pool
+        self.truncation = TruncationWarnings(BUDGET_SETTING)  # responses cut at the budget, as hacfed sim says
 
     def on_answer(self, answered: Answered) -> None:
         say(describe_answer(answered, self.cfg.participant_id))
@@ -143,6 +145,8 @@ class Client:
             self.final_accuracy = report.eval_accuracy
         if report is not None and not answered.cached:
             self.log_step(answered.update.hacpo.mode, report, answered.final)
+            if warning := self.truncation.check(self.cfg.participant_id, report.metrics.get("rollout_truncated_frac")):
+                say(warning)
 
     def log_step(self, mode: str, report, final: bool) -> None:  # noqa: ANN001 - a hacfed.messages.StepReport
         """The step's row to the lab's sinks; a sink that fails is said once and never stops the lab."""
