@@ -12,7 +12,9 @@ addresses, ids and key files; the task is loaded here before anything is created
    disk was full: `hacfed.clients.supernode.HEARTBEAT_LOST_EXIT`), and restarted to find out why if
    the coordinator cut it off (revoked); a refusal to connect is named in one line.
 It exits 0 once the coordinator acknowledged its final report (or quarantined it) and the
-SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving.
+SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving. It exits 2,
+saying why in one line, once the coordinator refused this lab as it is (its id is not registered,
+or its task is not the coordinator's) and the SuperNode has sent the answer it was in the middle of.
 
 What the lab sees on its console: each round it answered, the coordinator's receipt or refusal
 (code and message) for every submission, and, while the coordinator is unreachable, each reconnect
@@ -136,6 +138,7 @@ class Client:
         self.run_id: str | None = None
         self.final_accuracy: float | None = None  # held-out accuracy after training on the final pool
         self.truncation = TruncationWarnings(BUDGET_SETTING)  # responses cut at the budget, as hacfed sim says
+        self.refused: str | None = None  # why the coordinator will not take this lab as it is (exit 2)
 
     def on_answer(self, answered: Answered) -> None:
         say(describe_answer(answered, self.cfg.participant_id))
@@ -167,6 +170,14 @@ class Client:
         log = self.cfg.state_dir / "supernode" / "supernode.log"
         self.final_offset = log.stat().st_size if log.exists() else 0
         self.final_answered.set()
+
+    def on_refused(self, line: str) -> None:
+        """The coordinator will not take this lab as it is (`ParticipantService` `on_refused`): the
+        supervising loop stops with exit code 2 once the answer in hand has left."""
+        if self.refused is None:
+            log = self.cfg.state_dir / "supernode" / "supernode.log"
+            self.final_offset = log.stat().st_size if log.exists() else 0
+            self.refused = line
 
     def closing_line(self) -> str:
         run = f"run {self.run_id}" if self.run_id else "the run"
@@ -237,6 +248,10 @@ class Client:
             f"for the coordinator (its receipts and refusals are printed here)")
         told = False
         while True:
+            if self.refused is not None:
+                self.reply_left(timeout_s=30.0)  # the coordinator learns it too (task mismatch: it stops waiting)
+                say(f"{self.refused}. Stopping (exit code 2).")
+                return 2
             if self.final_answered.is_set() and not told:
                 told = True
                 if self.cfg.stay:
@@ -305,7 +320,8 @@ def run_client(cfg: ClientConfig) -> int:
         say(f"TensorBoard event files in {cfg.tensorboard} (tensorboard --logdir {cfg.tensorboard})")
     client = Client(cfg, metrics)
     service = ParticipantService(participant, task, private_key, coordinator_key, state / "service",
-                                 on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
+                                 on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say,
+                                 on_refused=client.on_refused)
     relay = relay_socket_place(state)
     if relay.note() is not None:
         say(relay.note())
