@@ -42,8 +42,9 @@ from hacfed.clients.transport_probe import transport_mismatch
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
-from hacfed.metrics_sinks import MetricsLogger, TruncationWarnings, open_logger, step_row
+from hacfed.metrics_sinks import MetricsLogger, open_logger, step_row
 from hacfed.procs import ProcessError, ProcessSupervisor
+from hacfed.truncation_warnings import TruncationWarnings
 
 METRICS_FILE = "metrics.jsonl"  # the lab's own rows (hacfed.metrics_sinks.step_row), read by `hacfed report`
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")

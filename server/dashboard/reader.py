@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from hacfed.metrics_sinks import TRUNCATION_WARN_FRAC, truncation_warning
 from hacfed.server.dashboard.pace import NO_STALENESS, lab_paces, lab_staleness
 from hacfed.server.reporting import MAX_STEP_TIME_S, StepTimes, split_round
+from hacfed.truncation_warnings import TRUNCATION_WARN_FRAC, truncation_warning
 
 TIME_PARTS = ("rollout", "training", "eval", "exchange", "coordinator")
 MIN_CONNECTED_WINDOW_S = 120.0

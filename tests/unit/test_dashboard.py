@@ -16,7 +16,6 @@ from starlette.testclient import TestClient
 
 from hacfed.envelope import generate_key
 from hacfed.keys import fingerprint
-from hacfed.metrics_sinks import truncation_warning
 from hacfed.server.config import ServerSettings
 from hacfed.server.dashboard.app import STATIC, make_app
 from hacfed.server.dashboard.bind import parse_dashboard_address
@@ -24,6 +23,7 @@ from hacfed.server.dashboard.reader import BUDGET_SETTING, DashboardSources, Met
 from hacfed.server.dashboard.serve import start_dashboard
 from hacfed.server.registry import register_signing_key
 from hacfed.server.reporting import StepTimes, append_rows, round_rows, split_round
+from hacfed.truncation_warnings import truncation_warning
 from tests.unit.test_coordinator_fakes import FakeClock, make_coordinator, scripted_submission
 
 # -- the bind address -------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hacfed.metrics_sinks import TRUNCATION_WARN_FRAC, TruncationWarnings
 from hacfed.tasks.math_data import GSM8K_MAX_NEW_TOKENS, GSM8K_VALIDATION
 from hacfed.tasks.registry import load_task
 from hacfed.tools.sim import TASKS, response_budget, round_postfix, summary_table
+from hacfed.truncation_warnings import TRUNCATION_WARN_FRAC, TruncationWarnings
 
 
 @pytest.fixture(scope="module")
