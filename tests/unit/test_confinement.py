@@ -70,7 +70,7 @@ def _run_fake_session(tmp_path: Path, *args: str, tests: str = _FAKE_TESTS,
     (outer / "shared" / "data.txt").write_text("secret")
     (repo / "pytest.ini").write_text("[pytest]\n")
     (repo / "test_fake.py").write_text(textwrap.dedent(tests))
-    env = dict(os.environ, **env_extra)
+    env = dict(os.environ, **{"HACFED_TEST_CONFINE": "1", **env_extra})  # on, even where the outer run has it off
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CONFINE_DIR), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "hacfed_confine", "-q", "-p", "no:cacheprovider",
                            "--basetemp", str(tmp_path / "inner-tmp"), *args, "test_fake.py"],
