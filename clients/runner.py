@@ -12,7 +12,9 @@ addresses, ids and key files; the task is loaded here before anything is created
    disk was full: `hacfed.clients.supernode.HEARTBEAT_LOST_EXIT`), and restarted to find out why if
    the coordinator cut it off (revoked); a refusal to connect is named in one line.
 It exits 0 once the coordinator acknowledged its final report (or quarantined it) and the
-SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving.
+SuperNode has sent the answer to that acknowledgement; with --stay it keeps serving. It exits 2,
+saying why in one line, once the coordinator refused this lab as it is (its id is not registered,
+or its task is not the coordinator's) and the SuperNode has sent the answer it was in the middle of.
 
 What the lab sees on its console: each round it answered, the coordinator's receipt or refusal
 (code and message) for every submission, and, while the coordinator is unreachable, each reconnect
@@ -42,10 +44,12 @@ from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
 from hacfed.metrics_sinks import MetricsLogger, open_logger, step_row
 from hacfed.procs import ProcessError, ProcessSupervisor
+from hacfed.truncation_warnings import TruncationWarnings
 
 METRICS_FILE = "metrics.jsonl"  # the lab's own rows (hacfed.metrics_sinks.step_row), read by `hacfed report`
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
 _STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
+BUDGET_SETTING = "max_new_tokens in the coordinator's [sampling] (its operator's setting)"  # the plan's budget
 
 
 def say(text: str) -> None:
@@ -134,6 +138,8 @@ class Client:
         self.log = LogWatcher(cfg.state_dir / "supernode" / "supernode.log")
         self.run_id: str | None = None
         self.final_accuracy: float | None = None  # held-out accuracy after training on the final pool
+        self.truncation = TruncationWarnings(BUDGET_SETTING)  # responses cut at the budget, as hacfed sim says
+        self.refused: str | None = None  # why the coordinator will not take this lab as it is (exit 2)
 
     def on_answer(self, answered: Answered) -> None:
         say(describe_answer(answered, self.cfg.participant_id))
@@ -143,6 +149,8 @@ class Client:
             self.final_accuracy = report.eval_accuracy
         if report is not None and not answered.cached:
             self.log_step(answered.update.hacpo.mode, report, answered.final)
+            if warning := self.truncation.check(self.cfg.participant_id, report.metrics.get("rollout_truncated_frac")):
+                say(warning)
 
     def log_step(self, mode: str, report, final: bool) -> None:  # noqa: ANN001 - a hacfed.messages.StepReport
         """The step's row to the lab's sinks; a sink that fails is said once and never stops the lab."""
@@ -163,6 +171,14 @@ class Client:
         log = self.cfg.state_dir / "supernode" / "supernode.log"
         self.final_offset = log.stat().st_size if log.exists() else 0
         self.final_answered.set()
+
+    def on_refused(self, line: str) -> None:
+        """The coordinator will not take this lab as it is (`ParticipantService` `on_refused`): the
+        supervising loop stops with exit code 2 once the answer in hand has left."""
+        if self.refused is None:
+            log = self.cfg.state_dir / "supernode" / "supernode.log"
+            self.final_offset = log.stat().st_size if log.exists() else 0
+            self.refused = line
 
     def closing_line(self) -> str:
         run = f"run {self.run_id}" if self.run_id else "the run"
@@ -233,6 +249,10 @@ class Client:
             f"for the coordinator (its receipts and refusals are printed here)")
         told = False
         while True:
+            if self.refused is not None:
+                self.reply_left(timeout_s=30.0)  # the coordinator learns it too (task mismatch: it stops waiting)
+                say(f"{self.refused}. Stopping (exit code 2).")
+                return 2
             if self.final_answered.is_set() and not told:
                 told = True
                 if self.cfg.stay:
@@ -301,7 +321,8 @@ def run_client(cfg: ClientConfig) -> int:
         say(f"TensorBoard event files in {cfg.tensorboard} (tensorboard --logdir {cfg.tensorboard})")
     client = Client(cfg, metrics)
     service = ParticipantService(participant, task, private_key, coordinator_key, state / "service",
-                                 on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say)
+                                 on_answer=client.on_answer, on_finished=client.on_finished, on_notice=say,
+                                 on_refused=client.on_refused)
     relay = relay_socket_place(state)
     if relay.note() is not None:
         say(relay.note())

@@ -25,7 +25,10 @@ a `HACFED-E-...` code that reaches the coordinator through the relay), never a c
 
 Answers: a signed receipt settles its outbox entry and is kept; a signed refusal too (unless it
 carries a retry-after: then the entry stays pending and is resent); each is printed through
-`on_notice`. A second, different receipt for the same submission is reported (T12). The outbox entry
+`on_notice`. What means this lab cannot take part as it is goes to `on_refused` instead, one line:
+the coordinator's notice that its id is not registered, and a plan of another task (the coordinator
+gets the HACFED-E-TASK-MISMATCH refusal too, and stops waiting for this lab). A second, different
+receipt for the same submission is reported (T12). The outbox entry
 is written before the participant's checkpoint of the same step (`Participant.step`'s
 `before_checkpoint`), so a lab killed after its checkpoint resends the same submission instead of
 losing the round, and one killed before it redoes the step (`Outbox.discard_uncovered`).
@@ -76,6 +79,7 @@ from hacfed.wire import (
 OUTBOX_FILE = "outbox.sqlite"
 RUN_FILE = "run.json"
 TASK_MISMATCH = "HACFED-E-TASK-MISMATCH"
+REFUSALS_OF_THE_LAB = ("HACFED-E-UNKNOWN-PARTICIPANT",)  # notices (no submission) that end this lab's run
 WRONG_RUN = "HACFED-E-WRONG-RUN"
 STALE_UPDATE = "HACFED-E-STALE-ROUND"
 _OUTER_TYPES = (str(PayloadType.DELIVERY), HELLO_REQUEST_TYPE, KEY_REQUEST_TYPE)
@@ -132,6 +136,7 @@ class ParticipantService:
         on_answer: Callable[[Answered], None] | None = None,
         on_finished: Callable[[], None] | None = None,
         on_notice: Callable[[str], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.participant = participant
         self.task = task
@@ -142,6 +147,7 @@ class ParticipantService:
         self._on_answer = on_answer
         self._on_finished = on_finished
         self._on_notice = on_notice
+        self._on_refused = on_refused
         self.finished = False  # the coordinator's final acknowledgement arrived: the run is over
         self._lock = threading.Lock()
         self.steps = 0  # how many updates were really trained on (not answered from the outbox)
@@ -265,6 +271,9 @@ class ParticipantService:
             self._notice(f"{where}: REFUSED {answer.code}: {answer.message} (resent in a later reply; retry after "
                          f"{answer.retry_after_ms / 1000:.1f}s)")
             return
+        if not answer.nonce and answer.code in REFUSALS_OF_THE_LAB:  # a notice: this lab cannot take part
+            self._refused(f"the coordinator refused this lab ({answer.code}): {answer.message}")
+            return
         before = (
             self.outbox.settle(answer.nonce, "refused", data, answer.code, answer.message) if answer.nonce else None
         )
@@ -323,11 +332,13 @@ class ParticipantService:
             try:
                 problem = self.task.problem(planned.prompt_id)
             except KeyError:
-                raise _task_mismatch(f"plan prompt {planned.prompt_id!r} is unknown to this client's task "
-                                     f"{self.task.name}") from None
-            if tuple(problem.messages) != tuple(planned.messages):
-                raise _task_mismatch(f"plan prompt {planned.prompt_id!r} has other text than this client's task "
-                                     f"{self.task.name}")
+                problem = None
+            if problem is None or tuple(problem.messages) != tuple(planned.messages):
+                what = "is unknown to" if problem is None else "has other text than"
+                mismatch = _task_mismatch(f"plan prompt {planned.prompt_id!r} {what} this client's task "
+                                          f"{self.task.name}")
+                self._refused(mismatch.message)
+                raise mismatch
 
     def _notify(self, answered: Answered) -> None:
         if self._on_answer is not None:
@@ -336,6 +347,12 @@ class ParticipantService:
     def _notice(self, line: str) -> None:
         if self._on_notice is not None:
             self._on_notice(line)
+
+    def _refused(self, line: str) -> None:
+        if self._on_refused is not None:
+            self._on_refused(line)
+        else:
+            self._notice(line)
 
 
 def _codes(receipt: SubmissionReceipt) -> str:

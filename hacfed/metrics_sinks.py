@@ -151,24 +151,3 @@ def step_row(participant_id: str, round_id: int, mode: str, seed: int, metrics: 
     row.update({f"train/{k}": v for k, v in metrics.items()})
     return row
 
-
-# Above this fraction of responses cut at the budget, a lab's rewards mostly score unfinished
-# answers: the console says so once per lab (rollout_truncated_frac in every row).
-TRUNCATION_WARN_FRAC = 0.10
-
-
-class TruncationWarnings:
-    """One console warning per lab whose `rollout_truncated_frac` first goes above
-    TRUNCATION_WARN_FRAC; `setting` names what to raise (e.g. "--max-new-tokens")."""
-
-    def __init__(self, setting: str) -> None:
-        self.setting = setting
-        self.warned: set[str] = set()
-
-    def check(self, agent: str, truncated_frac: float | None) -> str | None:
-        """The warning for this row, or None (at or below the threshold, unknown, or already warned)."""
-        if truncated_frac is None or truncated_frac <= TRUNCATION_WARN_FRAC or agent in self.warned:
-            return None
-        self.warned.add(agent)
-        return (f"warning: {agent}: {truncated_frac:.0%} of its responses were cut at the response budget "
-                f"(finish reason 'length'); their rewards score unfinished answers: raise {self.setting}")

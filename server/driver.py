@@ -15,7 +15,8 @@ participants are connected: the first round waits up to one deadline for `expect
 with `min_participants`; whoever is late joins the open round or the next one. After the last round a plan-less
 update collects the final reports (`hacfed.server.run_end`). The driver owns the rounds (opening, closing, what each
 lab is sent); its collaborators own the rest: `Deliveries` (in flight, retry times, sealing), `Hellos` (which lab a
-node is), `LabReplies` (judging replies), `RunEnd` (final reports and acknowledgements), `SealedUpdates`.
+node is), `RoundMembers` (whom rounds count on), `LabReplies` (judging replies), `RunEnd` (final reports and
+acknowledgements), `SealedUpdates`.
 
 Everything sent to a lab is a signed `Delivery` (hacfed.exchange): the answers to its earlier submissions (signed
 receipts and refusals, `hacfed.server.answers`) plus this exchange's request (or only the answers, to an idle lab).
@@ -62,6 +63,7 @@ from hacfed.server.reporting import (
     rounds_written,
     split_round,
 )
+from hacfed.server.round_members import RoundMembers
 from hacfed.server.round_updates import SealedUpdates
 from hacfed.server.round_waiting import WaitingLine
 from hacfed.server.run_end import RunEnd, write_status
@@ -111,7 +113,7 @@ class FederationDriver:
         )
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
         self._last_error: dict[str, str] = {}
-        self._told: set[str] = set()
+        self.members = RoundMembers(self.coordinator, self.membership, self.console)  # whom rounds count on
         self._registered: set[str] = set()  # registered with the coordinator by this driver
         self._connected: set[str] = set()  # admitted participants the loop currently knows
         self._steps: dict[int, dict[str, StepTimes]] = {}  # round -> lab -> the step times its submission reported
@@ -171,8 +173,7 @@ class FederationDriver:
         """The admitted labs among the loop's nodes (the registry re-read if it changed), joins and
         leaves named on the console; `_nodes` becomes the nodes that may be sent something."""
         admitted = self.membership.admit(participants)
-        self.coordinator.withdrawn = frozenset(  # revoked: rounds stop waiting for them
-            p.participant_id for p in self.coordinator.participants() if not self.membership.known(p.participant_id))
+        self.members.refresh()  # revoked (or on another task): rounds stop waiting for them
         for pid in sorted(admitted - self._connected):
             self.console(f"{'rejoined' if pid in self._registered else 'joined'}: {pid}")
             self.coordinator.register(pid)  # idempotent; a quarantined participant stays so
@@ -194,7 +195,10 @@ class FederationDriver:
 
     def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
         """True when node `node_id` may be participant `participant_id` (`Hellos.identify`)."""
-        return self.hellos.identify(node_id, participant_id, proof)
+        if not self.hellos.identify(node_id, participant_id, proof):
+            return False
+        self.members.rejoined(participant_id)
+        return True
 
     def on_reply(self, node_id: int, payload: bytes) -> None:
         self.on_replies([(node_id, payload)])
@@ -253,6 +257,8 @@ class FederationDriver:
         if sent.round_id == ANSWERS:  # its answers stay queued; try again after the interval
             self.deliveries.hold_answers(pid, self.config.server.retry_interval_s)
             return
+        if self.members.failed(pid, error):  # on another task: not sent this round again, not waited for
+            return
         self.deliveries.hold(pid, self.config.server.retry_interval_s)
         if self._last_error.get(pid) != error:  # a participant that stays down is named once
             self._last_error[pid] = error
@@ -282,15 +288,8 @@ class FederationDriver:
 
     # -- rounds ---------------------------------------------------------------------------------
 
-    def _active(self, admitted: set[str]) -> set[str]:
-        quarantined = {p.participant_id for p in self.coordinator.participants() if p.quarantined}
-        for pid in sorted((admitted & quarantined) - self._told):
-            self._told.add(pid)
-            self.console(f"{pid} is quarantined (reward mismatches): it gets no more updates")
-        return admitted - quarantined
-
     def _maybe_open(self, admitted: set[str]) -> None:
-        connected = len(self._active(admitted))
+        connected = len(self.members.active(admitted))
         first = self.coordinator.next_round_id == 0
         needed = self.cfg.expected_participants if first else self.cfg.min_participants
         if connected < needed:
@@ -314,7 +313,7 @@ class FederationDriver:
 
     def _targets(self, admitted: set[str], done: Callable[[str], bool]) -> dict[int, str]:
         now, busy = self._monotonic(), self.deliveries.busy()
-        active = self._active(admitted)
+        active = self.members.active(admitted)
         return {node: pid for node, pid in self._nodes.items()
                 if pid in active and pid not in busy and not done(pid) and self.deliveries.may_ask(pid, now)}
 

@@ -14,7 +14,9 @@ back to the driver. Participants are discovered continuously: every node that ap
 participant id (from the SuperNode's node config; a ServerApp cannot read node configs itself)
 and carries the participant's proof, and the node becomes that participant only if the driver's
 `identify` accepts it (hacfed: `hacfed.hello`, `hacfed.server.membership`). A refused node is
-asked again after `hello_timeout_s`. A node that joins late takes part from the next round on.
+asked again at once, the first time (that hello may tell it why: hacfed's notice that its id is not
+registered, `hacfed.server.hellos`, on which its hacfed-client stops), then after `hello_timeout_s`.
+A node that joins late takes part from the next round on.
 
 The run config names the driver: `driver` = "pkg.module:factory", `factory(run_config) ->
 RoundDriver` (the other keys, declared in `server/flower_app/pyproject.toml`, are the driver's).
@@ -180,6 +182,7 @@ class RoundLoop:
         self.participants: dict[int, str] = {}  # node id -> participant id (answered hello)
         self._hellos: dict[str, tuple[int, float]] = {}  # message id -> (node id, sent at)
         self._hello_retry_at: dict[int, float] = {}  # node id -> when to say hello again
+        self._refused: set[int] = set()  # nodes refused once: their next hellos wait hello_timeout_s
         self._next_discovery = 0.0
         self.rounds_run = 0
 
@@ -232,8 +235,11 @@ class RoundLoop:
                 continue
             if not self.driver.identify(node_id, participant_id, hello.payload):
                 log(WARNING, "[hacfed] node %s refused as participant %s", node_id, printable(participant_id))
-                self._hello_retry_at[node_id] = now + self.timing.hello_timeout_s
+                again_at_once = node_id not in self._refused  # the first time: the next hello may say why
+                self._refused.add(node_id)
+                self._hello_retry_at[node_id] = now if again_at_once else now + self.timing.hello_timeout_s
                 continue
+            self._refused.discard(node_id)
             for other, pid in list(self.participants.items()):
                 if pid == participant_id and other != node_id:
                     log(WARNING, "[hacfed] %s moved from node %s to node %s", pid, other, node_id)

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from hacfed.messages import ANSWER_KEYS, PEER_CHOICES
-from hacfed.metrics_sinks import TruncationWarnings
 from hacfed.tools import hostile
 from hacfed.tools.modes import MODE_NAMES, get_mode, hacpo_config_for
 from hacfed.tools.sim_paced import check_pacing, run_paced_sim
+from hacfed.truncation_warnings import TruncationWarnings
 
 SIM_MODES = MODE_NAMES
 DEFAULT_LR = 5e-5  # chosen on the validation split (docs/results.md)

@@ -26,9 +26,11 @@ from urllib.parse import quote
 
 from hacfed.server.dashboard.pace import NO_STALENESS, lab_paces, lab_staleness
 from hacfed.server.reporting import MAX_STEP_TIME_S, StepTimes, split_round
+from hacfed.truncation_warnings import TRUNCATION_WARN_FRAC, truncation_warning
 
 TIME_PARTS = ("rollout", "training", "eval", "exchange", "coordinator")
 MIN_CONNECTED_WINDOW_S = 120.0
+BUDGET_SETTING = "[sampling] max_new_tokens"  # the coordinator's response budget, sent in every plan
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,7 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
     for pid in sorted(set(seen) | set(fingerprints)):
         p = seen.get(pid)
         last = latest.get(pid, {})
+        cut = _num(last.get("train/rollout_truncated_frac"))  # responses cut at the budget
         table.append({
             "id": pid,
             "fingerprint": fingerprints.get(pid),
@@ -228,7 +231,9 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
             "accepted": journal["accepted"].get(pid, 0),
             "rejected": rejected.get(pid, 0),
             "reward": _num(last.get("reward_mean")),
-            "truncated": _num(last.get("train/rollout_truncated_frac")),  # responses cut at the budget
+            "truncated": cut,
+            "truncation_warning": truncation_warning(pid, cut, BUDGET_SETTING)  # what hacfed-client says
+            if cut is not None and cut > TRUNCATION_WARN_FRAC else None,
             "capability": _num(last.get("capability")),
             **paces.get(pid, no_pace),
             **staleness.get(pid, NO_STALENESS),

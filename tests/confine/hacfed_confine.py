@@ -14,6 +14,10 @@ Where a path may be:
 - inside the specific roots of this run (the virtual environment, the Python installation,
   $HACFED_HOME, pytest's temporary directory): allowed;
 - inside the general roots (the temporary directory, /proc, /sys, /dev, /etc, /usr): allowed;
+- inside the source directory of a distribution installed in editable mode (a lab's own task package,
+  `pip install -e ~/my-task`, found through `importlib.metadata`: its `direct_url.json`): allowed to
+  read, and to write only the import system's `__pycache__`. Installed packages belong to the
+  environment, like the virtual environment, not to the clone; a test must not write into them;
 - anywhere else (the home directory, /opt, ...): a violation.
 A read of a path that does not exist is not recorded (it reads nothing: libraries probe for optional
 configuration files); writes and directory creation are recorded wherever they aim.
@@ -38,9 +42,12 @@ _EVENTS = {"open": 0, "os.listdir": 0, "os.scandir": 0, "os.mkdir": 0}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
-def make_config(repo: str, specific: list[str], general: list[str] | None = None) -> dict[str, object]:
+def make_config(repo: str, specific: list[str], general: list[str] | None = None,
+                installed: list[str] | None = None) -> dict[str, object]:
     """The rules of one session: `repo` and `specific` roots allowed, the entries beside `repo` that
-    exist now forbidden, `general` roots (default GENERAL_ROOTS plus the temporary directory) allowed."""
+    exist now forbidden, `general` roots (default GENERAL_ROOTS plus the temporary directory) allowed,
+    `installed` roots (editable sources, `installed_sources`) readable; one that holds the clone is
+    left out (it would allow everything)."""
     import tempfile
 
     repo = os.path.realpath(repo)
@@ -51,7 +58,28 @@ def make_config(repo: str, specific: list[str], general: list[str] | None = None
     roots = list(GENERAL_ROOTS if general is None else general)
     if general is None:
         roots.append(tempfile.gettempdir())
-    return {"repo": repo, "specific": _both(specific), "general": _both(roots), "parent": parent, "siblings": siblings}
+    readable = [p for p in _both(installed or []) if not _under(repo, p)]
+    return {"repo": repo, "specific": _both(specific), "general": _both(roots), "parent": parent, "siblings": siblings,
+            "installed": readable}
+
+
+def installed_sources(path: list[str] | None = None) -> list[str]:
+    """The source directories of the distributions installed in editable mode that `path` (default
+    sys.path) holds: the `file:` URL of each one's `direct_url.json` (PEP 610) whose `dir_info`
+    says editable."""
+    import importlib.metadata
+    from urllib.parse import unquote, urlparse
+
+    found = []
+    for dist in importlib.metadata.distributions(**({} if path is None else {"path": path})):
+        try:
+            info = json.loads(dist.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        url = urlparse(str(info.get("url", ""))) if isinstance(info, dict) else None
+        if url is not None and url.scheme == "file" and (info.get("dir_info") or {}).get("editable"):
+            found.append(unquote(url.path))
+    return sorted(set(found))
 
 
 def _both(paths: list[str]) -> list[str]:
@@ -75,6 +103,7 @@ class Confinement:
         self.general = [str(p) for p in config["general"]]  # type: ignore[union-attr]
         self.parent = str(config["parent"])
         self.siblings = frozenset(str(s) for s in config["siblings"])  # type: ignore[union-attr]
+        self.installed = [str(p) for p in config.get("installed", [])]  # type: ignore[union-attr]
         self.log_path = os.path.join(log_dir, f"{os.getpid()}.tsv")
         self._seen: set[tuple[str, str]] = set()
         self._local = threading.local()
@@ -87,6 +116,12 @@ class Confinement:
             if name in self.siblings:  # only a specific root that is itself beside the clone (../venv) allows it
                 return any(_under(path, r) and r != self.parent and _under(r, self.parent) for r in self.specific)
         return any(_under(path, r) for r in self.specific) or any(_under(path, r) for r in self.general)
+
+    def readable(self, path: str, writing: bool) -> bool:
+        """Inside an installed distribution's source: a read, or the import system's bytecode cache."""
+        if writing and "__pycache__" not in path.split(os.sep):
+            return False
+        return any(_under(path, r) for r in self.installed)
 
     def hook(self, event: str, args: tuple[object, ...]) -> None:
         if event not in _EVENTS or getattr(self._local, "busy", False):
@@ -112,6 +147,8 @@ class Confinement:
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
                 (isinstance(flags, int) and bool(flags & _WRITE_FLAGS))
         if not writing and not os.path.lexists(path):
+            return
+        if self.readable(path, writing) or self.readable(os.path.realpath(path), writing):
             return
         key = (event, path)
         if key in self._seen:
@@ -170,7 +207,7 @@ def pytest_configure(config) -> None:  # noqa: ANN001 - pytest.Config
         specific.append(os.environ["HACFED_HOME"])
     log_dir = tempfile.mkdtemp(prefix="hacfed-confine-")
     with open(os.path.join(log_dir, CONFIG_FILE), "w", encoding="utf-8") as fh:
-        json.dump(make_config(str(config.rootpath), specific), fh)
+        json.dump(make_config(str(config.rootpath), specific, installed=installed_sources()), fh)
     here = os.path.dirname(os.path.abspath(__file__))
     _session.update(log_dir=log_dir, reported=set(), env={k: os.environ.get(k) for k in (LOG_ENV, "PYTHONPATH")})
     os.environ[LOG_ENV] = log_dir

@@ -31,6 +31,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.unit.test_dashboard import federation  # noqa: F401 - the fixture: a journal and its metrics
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,6 +181,33 @@ def test_the_page_shows_each_labs_staleness_at_k1(tmp_path):
     assert rows == {pid: f"max {w['stale_max']}, mean {w['stale_mean']:.2f} (step {w['stale_step']})"
                     for pid, w in want.items()}, dom.stdout[-3000:]
     assert rows["lab-a"] == "max 1, mean 0.50 (step 2)"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_the_page_warns_of_a_lab_whose_responses_are_mostly_cut_at_the_budget(tmp_path, federation):  # noqa: F811
+    """The journal and metrics of tests/unit/test_dashboard.py's federation, lab-a's last row with 62 %
+    of its responses cut at the budget: the page says so above the table, in the words hacfed-client
+    prints, and its cut cell is marked; lab-b (no fraction reported) gets no warning (issue 43)."""
+    from hacfed.server.dashboard.bind import parse_dashboard_address
+    from hacfed.server.dashboard.serve import start_dashboard
+    from hacfed.server.reporting import append_rows
+
+    sources = federation["sources"]
+    append_rows(sources.metrics, [{"round": 2, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
+                                   "train/rollout_truncated_frac": 0.62}])
+    dashboard = start_dashboard(parse_dashboard_address("127.0.0.1:0"), sources)
+    try:
+        dom = _chromium(tmp_path, "--dump-dom", dashboard.url)
+    finally:
+        dashboard.stop()
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    warnings = re.findall(r'<li data-participant="([^"]+)">(.*?)</li>', dom.stdout)
+    assert warnings == [("lab-a", "warning: lab-a: 62% of its responses were cut at the response budget (finish "
+                                  "reason 'length'); their rewards score unfinished answers: raise [sampling] "
+                                  "max_new_tokens")], dom.stdout[-3000:]
+    rows = dict(re.findall(r'<tr data-participant="([^"]+)">(.*?)</tr>', dom.stdout))
+    cells = re.findall(r'<td(?: class="([^"]*)")?>(.*?)</td>', rows["lab-a"])
+    assert cells[-2] == ("num bad", "0.62"), cells  # the "cut" column, before P̂
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)

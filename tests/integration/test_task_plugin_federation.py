@@ -7,8 +7,9 @@ claiming the opposite of every reward) must earn strikes and quarantine from the
 re-verifies every claim with the plugin's reward in its sandboxed worker. The train data is Parquet
 with field names of its own (`word`, `backwards`), the eval data JSON lines. Half the train problems
 have an empty answer, which every response ends with, so the plugin gives them 1.0 and the real
-reversed words 0.0 (these tiny models do not reverse words): the journal holds both verdicts, each
-the one the labs claimed. Tiny rounds (2 rounds of 2 prompts x G=2, 8 new tokens, 4 eval problems).
+reversed words less (these tiny models do not reverse words; at most a letter or two in place): the
+journal holds both kinds of verdict, each the one the labs claimed. Tiny rounds (2 rounds of 2
+prompts x G=2, 8 new tokens, 4 eval problems).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def test_a_plugin_task_federation_verifies_every_claim_and_quarantines_a_liar(tm
     assert {pid for pid, *_ in rows} == {"lab-a", "lab-b"} and len(rows) >= 3 * 2 * 2
     assert all(prompt.startswith("reverse-word:") for _, prompt, _, _ in rows)
     assert all(reward == claimed for *_, reward, claimed in rows)  # the plugin's verdicts, the same at both ends
-    assert {reward for *_, reward, _ in rows} == {0.0, 1.0}, rows
+    rewards = {reward for *_, reward, _ in rows}
+    assert 1.0 in rewards and min(rewards) < 1.0, rows
     assert mismatches >= 3 and quarantined == 1 and honest_rejections == 0
     assert after - before == set()

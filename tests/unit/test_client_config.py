@@ -11,7 +11,7 @@ import pytest
 from hacfed.clients.config import DEFAULT_TASK, PARTICIPANT_KEYS, load_client_config, setting_names
 from hacfed.clients.main import NAMES, build_parser, main
 from hacfed.clients.participant_config import ParticipantConfig
-from hacfed.clients.runner import describe_answer
+from hacfed.clients.runner import BUDGET_SETTING, Client, describe_answer
 from hacfed.clients.service import Answered
 from hacfed.keys import ensure_key_pair
 from hacfed.messages import RoundUpdate, StepReport, Submission
@@ -186,6 +186,28 @@ def test_progress_lines_say_what_the_step_did() -> None:
     cut = Submission("test-run", "lab-a", 1, pool[:6], StepReport("lab-a", 1, {"rollout_truncated_frac": 0.5}, None))
     described = describe_answer(Answered(update, cut, 2.0, False), "lab-a")
     assert "claimed reward 0.33, 50% cut at the response budget" in described
+
+
+def test_the_client_warns_when_most_responses_are_cut_at_the_budget_once_and_again_when_worse(
+        flags: dict, capsys: pytest.CaptureFixture) -> None:
+    """hacfed-client says what hacfed sim says (hacfed.metrics_sinks.TruncationWarnings) when its
+    rollouts are cut at the plan's response budget: once, and again when the fraction grew (issue 43)."""
+    from hacfed.server.coordinator.plan import make_plan
+    from tests.unit.test_coordinator_fakes import TASK, make_config
+
+    plan = make_plan(make_config(Path("/tmp")), TASK, 1)
+    update = RoundUpdate("test-run", 0, (), {}, plan)
+    client = Client(load_client_config(None, flags))
+    warnings = []
+    for cut in (0.05, 0.62, 0.66, 0.94, 0.94):
+        report = StepReport("lab-a", 1, {"rollout_truncated_frac": cut}, None)
+        client.on_answer(Answered(update, Submission("test-run", "lab-a", 1, (), report), 1.0, False))
+        warnings += [line for line in capsys.readouterr().out.splitlines() if "warning:" in line]
+    assert warnings == [
+        f"hacfed-client: warning: lab-a: 62% of its responses were cut at the response budget (finish reason "
+        f"'length'); their rewards score unfinished answers: raise {BUDGET_SETTING}",
+        f"hacfed-client: warning: lab-a: 94% of its responses were cut at the response budget (up from 62%) "
+        f"(finish reason 'length'); their rewards score unfinished answers: raise {BUDGET_SETTING}"]
 
 
 def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict, tmp_path: Path) -> None:

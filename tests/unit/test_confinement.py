@@ -3,6 +3,7 @@ test that reads a sibling directory of the clone fails, in the pytest process an
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,15 +61,16 @@ def test_clean(tmp_path):
 '''
 
 
-def _run_fake_session(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+def _run_fake_session(tmp_path: Path, *args: str, tests: str = _FAKE_TESTS,
+                      **env_extra: str) -> subprocess.CompletedProcess[str]:
     outer = tmp_path / "outer"
     repo = outer / "repo"
     repo.mkdir(parents=True)
-    (outer / "shared").mkdir()
+    (outer / "shared").mkdir(exist_ok=True)
     (outer / "shared" / "data.txt").write_text("secret")
     (repo / "pytest.ini").write_text("[pytest]\n")
-    (repo / "test_fake.py").write_text(textwrap.dedent(_FAKE_TESTS))
-    env = dict(os.environ, **env_extra)
+    (repo / "test_fake.py").write_text(textwrap.dedent(tests))
+    env = dict(os.environ, **{"HACFED_TEST_CONFINE": "1", **env_extra})  # on, even where the outer run has it off
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(CONFINE_DIR), env.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "hacfed_confine", "-q", "-p", "no:cacheprovider",
                            "--basetemp", str(tmp_path / "inner-tmp"), *args, "test_fake.py"],
@@ -105,3 +107,41 @@ def test_the_check_can_be_switched_off(tmp_path: Path) -> None:
     result = _run_fake_session(tmp_path, HACFED_TEST_CONFINE="0")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "files outside the clone" not in result.stdout
+
+
+_TASK_PACKAGE_TESTS = '''
+from pathlib import Path
+
+import mytask
+
+SOURCE = Path(mytask.__file__).resolve().parents[2]
+
+def test_imports_and_reads_the_installed_task_package():
+    assert mytask.WORD == "apple" and (SOURCE / "pyproject.toml").read_text()
+
+def test_writes_into_the_installed_task_package():
+    (SOURCE / "written-by-a-test.txt").write_text("no")
+'''
+
+
+def test_an_editable_task_package_beside_the_clone_may_be_read_not_written(tmp_path: Path) -> None:
+    """A lab's own task package installed with `pip install -e` from outside the clone (README, "Your
+    own task") belongs to the environment: the suite reads it (imports, data) without a violation,
+    and a write into it is still one (issue 43)."""
+    outer = tmp_path / "outer"
+    source = outer / "my-task"  # beside the clone, where the README's reader keeps it
+    (source / "src" / "mytask").mkdir(parents=True)
+    (source / "pyproject.toml").write_text("[project]\nname = 'mytask'\n")
+    (source / "src" / "mytask" / "__init__.py").write_text("WORD = 'apple'\n")
+    site = tmp_path / "site"  # what pip writes: the dist-info with PEP 610's direct_url.json
+    info = site / "mytask-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mytask\nVersion: 0.1\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": source.as_uri(), "dir_info": {"editable": True}}))
+    paths = os.pathsep.join(p for p in (str(site), str(source / "src"), os.environ.get("PYTHONPATH")) if p)
+    result = _run_fake_session(tmp_path, tests=_TASK_PACKAGE_TESTS, PYTHONPATH=paths)
+    out = result.stdout + result.stderr
+    assert "ERROR test_fake.py::test_imports_and_reads_the_installed_task_package" not in out, out
+    assert f"open {source}/written-by-a-test.txt   [test_fake.py::test_writes_into_the_installed_task_package" \
+        in out, out
+    assert "2 passed, 1 error" in out, out

@@ -19,10 +19,11 @@ from hacfed.keys import fingerprint
 from hacfed.server.config import ServerSettings
 from hacfed.server.dashboard.app import STATIC, make_app
 from hacfed.server.dashboard.bind import parse_dashboard_address
-from hacfed.server.dashboard.reader import DashboardSources, MetricsTail, Snapshotter, open_read_only
+from hacfed.server.dashboard.reader import BUDGET_SETTING, DashboardSources, MetricsTail, Snapshotter, open_read_only
 from hacfed.server.dashboard.serve import start_dashboard
 from hacfed.server.registry import register_signing_key
 from hacfed.server.reporting import StepTimes, append_rows, round_rows, split_round
+from hacfed.truncation_warnings import truncation_warning
 from tests.unit.test_coordinator_fakes import FakeClock, make_coordinator, scripted_submission
 
 # -- the bind address -------------------------------------------------------------------------------
@@ -312,6 +313,13 @@ def test_the_participants_table_shows_the_fraction_of_responses_cut_at_the_budge
                                    "train/rollout_truncated_frac": 0.25}])
     parts = {p["id"]: p for p in Snapshotter(sources, clock=federation["clock"]).get()["participants"]}
     assert parts["lab-a"]["truncated"] == 0.25 and parts["lab-b"]["truncated"] is None
+    assert parts["lab-a"]["truncation_warning"] == truncation_warning("lab-a", 0.25, BUDGET_SETTING)
+    assert "25% of its responses were cut at the response budget" in parts["lab-a"]["truncation_warning"]
+    assert parts["lab-b"]["truncation_warning"] is None
+    append_rows(sources.metrics, [{"round": 2, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
+                                   "train/rollout_truncated_frac": 0.1}])  # at the threshold: no warning
+    parts = {p["id"]: p for p in Snapshotter(sources, clock=federation["clock"]).get()["participants"]}
+    assert parts["lab-a"]["truncated"] == 0.1 and parts["lab-a"]["truncation_warning"] is None
 
 
 def test_each_labs_last_round_how_far_behind_and_its_idle_time(federation):

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hacfed.metrics_sinks import TRUNCATION_WARN_FRAC, TruncationWarnings
 from hacfed.tasks.math_data import GSM8K_MAX_NEW_TOKENS, GSM8K_VALIDATION
 from hacfed.tasks.registry import load_task
 from hacfed.tools.sim import TASKS, response_budget, round_postfix, summary_table
+from hacfed.truncation_warnings import TRUNCATION_WARN_FRAC, TruncationWarnings
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +52,15 @@ def test_sim_takes_the_budget_from_the_task_unless_asked(gsm8k):
         response_budget(None, load_task(TASKS["add2"][0]))
 
 
-def test_truncation_warns_once_per_lab_above_the_threshold_and_names_the_setting():
+def test_truncation_warns_once_per_lab_above_the_threshold_and_again_when_worse():
     warnings = TruncationWarnings("--max-new-tokens")
     assert warnings.check("a", TRUNCATION_WARN_FRAC) is None and warnings.check("a", None) is None
     text = warnings.check("a", 0.5)
-    assert text is not None and "a: 50%" in text and "--max-new-tokens" in text
-    assert warnings.check("a", 0.9) is None  # once per lab
+    assert text is not None and "a: 50%" in text and "--max-new-tokens" in text and "up from" not in text
+    assert warnings.check("a", 0.55) is None and warnings.check("a", 0.3) is None  # not worse by 10 points
+    worse = warnings.check("a", 0.6)
+    assert worse is not None and "a: 60%" in worse and "(up from 50%)" in worse
+    assert warnings.check("a", 0.65) is None  # measured from the last warning
     assert warnings.check("b", 0.11) is not None
 
 

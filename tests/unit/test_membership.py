@@ -181,6 +181,6 @@ def test_a_node_whose_id_is_not_registered_is_told_so_with_its_next_hello(tmp_pa
     assert notices == [] and 2 not in fed.mapped
     fed.identified()  # the loop asks again later: this hello carries the notice
     assert 2 not in fed.mapped and len(notices) == 1
-    assert "REFUSED HACFED-E-UNKNOWN-PARTICIPANT" in notices[0] and "hacfed-server register" in notices[0]
+    assert "refused this lab (HACFED-E-UNKNOWN-PARTICIPANT)" in notices[0] and "hacfed-server register" in notices[0]
     fed.identified()  # at most every NOTICE_INTERVAL_S
     assert len(notices) == 1

@@ -246,3 +246,67 @@ def test_a_streaming_loop_sends_a_lab_its_next_exchange_while_another_is_out() -
     assert driver.replied == [1, 1, 1]
     assert driver.errors == [(2, "HACFED-E-ROUND-DEADLINE: no reply within 0.5s")]
     assert driver.closes >= 3
+
+
+class HelloGrid:
+    """One node (7) that answers every hello at once as lab-x; replies are Flower `Message`s."""
+
+    def __init__(self) -> None:
+        self.hellos: list[tuple[float, bytes]] = []  # (loop clock, payload) of each hello pushed
+        self._replies: list = []
+        self.clock = 0.0
+
+    def get_node_ids(self):
+        return [7]
+
+    def push_messages(self, messages):
+        from flwr.app import ConfigRecord, Message, RecordDict
+        from flwr.common import Metadata
+
+        ids = []
+        for m in messages:
+            msg_id = f"m{len(self.hellos)}"
+            self.hellos.append((self.clock, m.content["hacfed"]["payload"]))
+            meta = Metadata(run_id=1, message_id=f"r{msg_id}", src_node_id=7, dst_node_id=0,
+                            reply_to_message_id=msg_id, group_id="hello", created_at=0.0, ttl=60.0,
+                            message_type=m.metadata.message_type)
+            content = RecordDict({"hacfed": ConfigRecord({"participant-id": "lab-x", "payload": b"proof"})})
+            self._replies.append(Message(content=content, metadata=meta))
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, ids):
+        out, self._replies = [r for r in self._replies if r.metadata.reply_to_message_id in ids], []
+        return out
+
+
+class RefusingDriver:
+    """Refuses every node (as the coordinator refuses a lab whose id is not registered)."""
+
+    timing = LoopTiming(0.01, 9.0, hello_timeout_s=60.0, discovery_interval_s=1.0)
+
+    def __init__(self) -> None:
+        self.hellos = 0
+
+    def hello(self, node_id: int) -> bytes:
+        self.hellos += 1
+        return b"hello %d" % self.hellos
+
+    def identify(self, node_id: int, participant_id: str, proof: bytes) -> bool:
+        return False
+
+
+def test_a_refused_node_is_asked_again_at_once_then_after_the_hello_timeout(monkeypatch) -> None:
+    """The second hello carries hacfed's notice (e.g. that the lab is not registered): it must go out
+    at the next discovery, not after hello_timeout_s (issue 43: the lab learned it only 53-83 s later)."""
+    import hacfed.server.serverapp as serverapp
+
+    grid, driver = HelloGrid(), RefusingDriver()
+    monkeypatch.setattr(serverapp.time, "monotonic", lambda: grid.clock)
+    loop = RoundLoop(grid, driver, driver.timing)
+    for step in range(200):  # 100 s of the loop's clock, a discovery every 0.5 s
+        grid.clock = step * 0.5
+        loop.discover()
+    sent_at = [at for at, _ in grid.hellos]
+    assert sent_at[:2] == [0.0, 1.0], sent_at  # refused at 0.5 s (the reply's pull): asked again at 1.0 s
+    assert sent_at[2] >= 1.0 + 60.0, sent_at  # refused again: the next hello waits hello_timeout_s

@@ -89,7 +89,8 @@ def test_example_plugin_scores_in_its_sandbox_not_in_this_process(example: Plugi
     assert problem.prompt_id.startswith("reverse-word:") and problem.answer == "elppa"
     assert problem.messages[-1].content == "Write the word backwards: apple\nAnswer:"  # the plugin's template
     assert example.verify(problem, " so it is elppa ").reward == 1.0
-    assert example.verify(problem, "apple").reward == 0.0
+    assert example.verify(problem, "zzzzz").reward == 0.0
+    assert example.verify(problem, "elppx").reward == 0.8  # partial credit: four letters in place
     assert example.problem(problem.prompt_id) is problem
     assert "hacfed_task_example" not in sys.modules  # only the worker imported it
     assert example._worker.pid not in (None, os.getpid())

@@ -11,12 +11,17 @@ import hacfed_task_example as task
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def test_reward_is_one_only_when_the_response_ends_with_the_reversed_word() -> None:
+def test_reward_is_one_when_the_response_ends_with_the_reversed_word_else_the_letters_in_place() -> None:
     problem = {"prompt_id": "reverse-word:x", "question": "apple", "answer": "elppa", "prompt": "..."}
     assert task.reward(problem, "It is elppa\n") == 1.0
+    assert task.reward(problem, "elppx") == 0.8  # e, l, p, p in place
+    assert task.reward(problem, "I say zzzz") == 0.0
+    assert task.reward(problem, "ppa") == 0.6  # the last three letters
     assert task.reward(problem, "elppa, I think") == 0.0
-    assert task.reward(problem, "apple") == 0.0
-    assert all(type(task.reward(problem, r)) is float for r in ("", "elppa"))
+    assert task.reward(problem, "apple") == 0.2  # the middle p
+    assert task.reward(problem, "") == 0.0
+    assert task.reward({**problem, "answer": ""}, "anything") == 1.0
+    assert all(type(task.reward(problem, r)) is float for r in ("", "elppa", "x"))
 
 
 def test_problems_match_the_data_files() -> None:

@@ -80,6 +80,19 @@
     });
   }
 
+  // One line per lab whose responses are mostly cut at the budget (the warning hacfed-client prints).
+  function drawWarnings(list) {
+    const box = el("warnings");
+    box.replaceChildren();
+    for (const p of list) {
+      if (!p.truncation_warning) continue;
+      const li = document.createElement("li");
+      li.textContent = p.truncation_warning;
+      li.dataset.participant = p.id;
+      box.appendChild(li);
+    }
+  }
+
   function drawCounts(c) {
     el("counts-text").textContent = "accepted " + c.accepted + ", rejected " + c.rejected +
       (c.rejected ? " (" + Object.keys(c.codes).map(function (k) { return k + " x" + c.codes[k]; }).join(", ") + ")" : "");
@@ -126,6 +139,7 @@
     if (!s.round) return;
     drawRound(s.round, s.run_id);
     drawParticipants(s.participants);
+    drawWarnings(s.participants);
     drawCounts(s.counts);
     drawCharts(s.curves, s.times);
     drawSplit(s.times);

@@ -3,7 +3,8 @@
 hacfed finds this module through the entry point `reverse-word` of the group `hacfed.tasks`
 (pyproject.toml) and uses, in its sandboxed worker only:
 
-  reward(problem, response) -> float   1.0 when the response, stripped, ends with the word reversed
+  reward(problem, response) -> float   1.0 when the response, stripped, ends with the word reversed;
+                                       else the share of its letters the response's end has in place
   problems(split) -> list[dict]        the words below ("train" / "eval"), for a [task] without files
   prompt_template                      the user message, "{question}" replaced by the word
 
@@ -27,8 +28,15 @@ EVAL_WORDS = 10  # the last ten words are the held-out split
 
 
 def reward(problem: dict, response: str) -> float:
-    """1.0 if the response (surrounding space stripped) ends with the reversed word, else 0.0."""
-    return 1.0 if response.strip().endswith(problem["answer"]) else 0.0
+    """1.0 if the response (surrounding space stripped) ends with the reversed word; else the share
+    of the reversed word's letters that the response's last as many characters have in the same
+    place ("elppx" for "elppa": 0.8). Partial credit gives a small model a signal to learn from
+    before it writes whole words backwards."""
+    answer, text = problem["answer"], response.strip()
+    if text.endswith(answer):
+        return 1.0
+    tail = text[-len(answer):].rjust(len(answer))
+    return sum(a == b for a, b in zip(tail, answer)) / len(answer)
 
 
 def problems(split: str) -> list[dict]:
