@@ -109,6 +109,26 @@ def test_problems_from_the_plugin_when_the_task_names_no_files() -> None:
         task.close()
 
 
+def test_num_validation_sets_the_last_train_problems_aside(example: PluginTask) -> None:
+    """A lab chooses its settings on the validation split, never on the eval (test) problems."""
+    task = load_task({**SPEC, "num_validation": 8}, base_dir=EXAMPLE)
+    try:
+        ids = lambda problems: [p.prompt_id for p in problems]  # noqa: E731
+        everything = ids(example.train_problems())
+        assert ids(task.validation_problems()) == everything[-8:]
+        assert ids(task.train_problems()) == everything[:-8]  # never trained on, never in a plan
+        assert ids(task.eval_problems()) == ids(example.eval_problems())
+        assert example.validation_problems() == ()  # the default: no validation split
+        held_out = task.validation_problems()[0]
+        assert task.verify(held_out, held_out.solution).reward == 1.0
+    finally:
+        task.close()
+    assert "not more than num_validation 1000" in refusal(lambda: load_task({**SPEC, "num_validation": 1000},
+                                                                            base_dir=EXAMPLE))
+    assert "'num_validation' must be an integer >= 0" in refusal(lambda: load_task({**SPEC, "num_validation": -1},
+                                                                                   base_dir=EXAMPLE))
+
+
 def test_example_coordinator_config_loads() -> None:
     from hacfed.server.coordinator import load_coordinator_config, load_task_from_config
 
