@@ -52,7 +52,8 @@ def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
         ({"server": "coordinator.example:9092"}, "ClientConfig.insecure must be false for the non-loopback server"),
         ({"insecure": False, "tls_ca": __file__}, "is not a PEM certificate"),
         ({"server": "nowhere"}, "ClientConfig.server must be HOST:PORT"),
-        ({"coordinator_key": "missing.pub"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
+        ({"coordinator_key": "missing.pub"}, r"ClientConfig.coordinator_key: the file '\S*missing.pub' does not exist; "
+                                             "give the coordinator's public key file, coordinator.pub"),
         ({"insecure": None}, "ClientConfig.insecure must be true without tls_ca"),
         ({"tls_ca": __file__}, "ClientConfig.insecure must be true without tls_ca"),
         ({"participant_id": ""}, "ParticipantConfig.participant_id must be a non-empty string, got ''"),
