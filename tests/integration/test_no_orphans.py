@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.unit.test_child_guard import WAYS, _binds, kill_all, wait_gone
+from tests.unit.test_child_guard import QUICK_S, WAYS, _binds, kill_all, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ class Program:
         assert self.note_tree(), "nothing was started"
         for sig in WAYS[way]:
             self.popen.send_signal(sig)
-            time.sleep(0.2)
+            time.sleep(QUICK_S)
         self.popen.wait(timeout=180)
         left = wait_gone(self.seen)
         assert left == set(), f"{way}: outlived it: {[_describe(pid) for pid in left]}"
