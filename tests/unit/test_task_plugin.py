@@ -25,7 +25,6 @@ from hacfed.server.coordinator import Coordinator, Journal
 from hacfed.server.coordinator.errors import ErrorCode
 from hacfed.tasks.plugin import PluginTask
 from hacfed.tasks.plugin_worker import call_reward, load_problems
-from hacfed.tasks.records import read_fields
 from hacfed.tasks.registry import TASK_KINDS, load_task
 from hacfed.tasks.sandbox import VERIFIER_ABORT, network_isolation_prefix
 from hacfed.trajectory import Trajectory
@@ -194,16 +193,6 @@ def test_data_mistakes_are_one_line_naming_the_file(tmp_path: Path, setup, spec,
     (tmp_path / "e.jsonl").write_text('{"question": "xy", "answer": "yx"}\n')
     message = refusal(lambda: load_task({**SPEC, "eval_files": "e.jsonl", **spec}, base_dir=tmp_path))
     assert words in message, message
-
-
-def test_a_bad_json_line_is_named_by_its_line_number_and_nothing_else_is_printed(
-        tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
-    good = "".join(f'{{"question": "q{i}", "answer": "a{i}"}}\n' for i in range(4))
-    (tmp_path / "t.jsonl").write_text(good + '{"question": oops}\n')  # line 5, as an editor numbers it
-    capfd.readouterr()
-    message = refusal(lambda: read_fields(str(tmp_path / "t.jsonl"), ("question", "answer")))
-    assert message == f"{tmp_path / 't.jsonl'}, line 5: not valid JSON (Expecting value at column 14)"
-    assert capfd.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize(
