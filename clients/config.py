@@ -31,8 +31,8 @@ DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
 
 # The ParticipantConfig fields a lab sets in [participant] (and by flag); the rest keep their defaults.
 PARTICIPANT_KEYS = ("participant_id", "model", "finetune", "device", "rollout_backend", "learning_rate", "lora_rank",
-                    "eval_problems", "minibatch_size", "microbatch_tokens", "seed", "keep_checkpoints", "nproc",
-                    "inbound_filter",
+                    "eval_problems", "eval_split", "minibatch_size", "microbatch_tokens", "seed", "keep_checkpoints",
+                    "nproc", "inbound_filter",
                     "outbound_filter", "deny_patterns", "deny_strings")
 REQUIRED = ("participant_id", "model", "server", "state_dir", "coordinator_key")
 

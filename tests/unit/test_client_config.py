@@ -197,3 +197,12 @@ def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict
     path.write_text("[participant]\ninsecure = true\n")
     with pytest.raises(ValueError, match="ClientConfig.tls_ca must be an existing CA certificate"):
         load_client_config(path, {**flags, "insecure": None, "tls_ca": str(tmp_path / "nope.pem")})
+
+
+def test_a_lab_can_evaluate_on_the_validation_split(flags: dict, tmp_path: Path) -> None:
+    """Choosing a lab's settings without the test problems: --eval-split / [participant] eval_split."""
+    assert load_client_config(None, {**flags, "eval_split": "validation"}).participant.eval_split == "validation"
+    assert build_parser().parse_args(["--eval-split", "validation"]).eval_split == "validation"
+    path = tmp_path / "lab.toml"
+    path.write_text('[participant]\neval_split = "validation"\n')
+    assert load_client_config(path, flags).participant.eval_split == "validation"
