@@ -31,8 +31,8 @@ DEFAULT_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+"}
 
 # The ParticipantConfig fields a lab sets in [participant] (and by flag); the rest keep their defaults.
 PARTICIPANT_KEYS = ("participant_id", "model", "finetune", "device", "rollout_backend", "learning_rate", "lora_rank",
-                    "eval_problems", "minibatch_size", "microbatch_tokens", "seed", "keep_checkpoints", "nproc",
-                    "inbound_filter",
+                    "eval_problems", "eval_split", "minibatch_size", "microbatch_tokens", "seed", "keep_checkpoints",
+                    "nproc", "inbound_filter",
                     "outbound_filter", "deny_patterns", "deny_strings")
 REQUIRED = ("participant_id", "model", "server", "state_dir", "coordinator_key")
 
@@ -94,9 +94,10 @@ class ClientConfig:
                     _bad(name, value, "a path")
                 object.__setattr__(self, name, Path(value).expanduser().resolve())
         if not self.coordinator_key.is_file():
-            _bad(
-                "coordinator_key", str(self.coordinator_key), "the coordinator's public key file (its coordinator.pub)"
-            )
+            what = "is a directory" if self.coordinator_key.is_dir() else "does not exist"
+            raise ValueError(f"ClientConfig.coordinator_key: the file {str(self.coordinator_key)!r} {what}; give the "
+                             "coordinator's public key file, coordinator.pub, which hacfed-server writes to its state "
+                             "dir and names when it starts")
         try:
             load_public_key(self.coordinator_key)
         except ValueError as exc:

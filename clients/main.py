@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 5e-05)")
     parser.add_argument("--lora-rank", type=int, help="LoRA rank with --finetune lora (default: 8)")
     parser.add_argument("--eval-problems", type=int, help="held-out problems per greedy evaluation (default: 200)")
+    parser.add_argument("--eval-split", choices=("test", "validation"), help="what the greedy evaluation scores: "
+                        "the task's test split, or its validation split, for choosing this lab's settings without "
+                        "the test problems (a plugin task's num_validation) (default: test)")
     parser.add_argument("--minibatch-size", type=int, help="samples per optimizer step (default: prompts x G / 2, "
                         "half of one source's samples: the paper's two updates per source)")
     parser.add_argument("--seed", type=int, help="local seed for sampling and initialisation (default: 0)")
@@ -91,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 NAMES = ("model", "server", "participant_id", "state_dir", "coordinator_key", "insecure", "tls_ca", "finetune",
-         "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "minibatch_size", "seed",
-         "stay", "tensorboard", "wandb", "nproc", "slowdown")
+         "device", "rollout_backend", "learning_rate", "lora_rank", "eval_problems", "eval_split", "minibatch_size",
+         "seed", "stay", "tensorboard", "wandb", "nproc", "slowdown")
 REPLAY_SERVER = "127.0.0.1:1"  # replay talks to nobody: --server may be left out (a valid placeholder address)
 
 

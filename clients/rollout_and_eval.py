@@ -83,6 +83,8 @@ def evaluate_held_out(model: Any, tokenizer: Any, task: Task, max_problems: int,
         if not hasattr(task, "validation_problems"):
             raise ValueError(f"task {task.name} has no validation split")
         pool = task.validation_problems()
+        if not pool:
+            raise ValueError(f"task {task.name} has an empty validation split (its [task] sets no num_validation)")
     elif split == "test":
         pool = task.eval_problems()
     else:

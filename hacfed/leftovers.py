@@ -3,9 +3,11 @@
 Run by both sides: hacfed-server and hacfed-client each record and clean up their own children.
 
 A supervisor cleans up after SIGTERM, Ctrl-C and exceptions, but nothing runs after SIGKILL, and
-Flower's daemons run in their own process groups, so they outlive their parent: a SuperLink would
-keep the Fleet port, and a lab's SuperNode would keep answering hellos for a participant that is
-gone (the coordinator would then see two nodes with one participant id). So each CLI records its
+Flower's daemons run in their own process groups. Each child's guard (`hacfed.child_guard`) ends it
+once its parent is gone, but that takes up to its grace period, and a guard can itself be killed:
+a SuperLink left over would keep the Fleet port, and a lab's SuperNode would keep answering hellos
+for a participant that is gone (the coordinator would then see two nodes with one participant
+id). So each CLI records its
 children's pids with their start times in `<state-dir>/children.json`, and a restarted one kills
 those (by pid and process group, after checking the start time so a recycled pid is never hit)
 before it starts anything.

@@ -5,7 +5,9 @@ then one `flwr-serverapp` / `flwr-clientapp` per run or message), and a killed p
 leave those behind. So every child hacfed starts gets its own process group
 (`start_new_session=True`) and is ended through that group, by pid (`os.killpg`), never by
 name. A `ProcessSupervisor` used as a context manager stops everything it started when the
-block ends, also on exceptions, Ctrl-C, SIGTERM/SIGHUP and interpreter exit (atexit).
+block ends, also on exceptions, Ctrl-C (however many), SIGTERM/SIGHUP and interpreter exit
+(atexit). Where none of that runs (SIGKILL), each child's guard (`hacfed.child_guard`, which
+starts it) sees its parent gone and ends the child's whole tree.
 
     with ProcessSupervisor() as sup:
         link = sup.start(["flower-superlink", ...], env=flower_env(home), log_path=log, name="superlink")
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from hacfed.child_guard import guarded_argv
 from hacfed.proc_table import descendants, group_exists, pgid_or_none, signal_group
 
 DEFAULT_GRACE_S = 5.0
@@ -130,8 +133,13 @@ def start_process(
     log_path: Path,
     name: str,
     cwd: Path | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
 ) -> ManagedProcess:
-    """Start `argv` in a new session (own process group); stdout and stderr go to `log_path`."""
+    """Start `argv` in a new session (own process group); stdout and stderr go to `log_path`.
+
+    It runs under a `hacfed.child_guard`, which leads the group, is the pid returned, exits as
+    `argv` does, and ends the whole tree (SIGTERM, SIGKILL after `grace_s`) once this process is
+    gone, however it ended."""
     if not argv:
         raise ValueError(f"argv for {name!r} is empty")
     log_path = Path(log_path)
@@ -139,7 +147,7 @@ def start_process(
     log_offset = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as log_file:
         popen = subprocess.Popen(  # noqa: S603 - argv is built by hacfed, never by a shell
-            list(argv),
+            guarded_argv(list(argv), os.getpid(), grace_s),
             env=dict(env),
             cwd=str(cwd) if cwd is not None else None,
             stdin=subprocess.DEVNULL,
@@ -199,7 +207,7 @@ class ProcessSupervisor:
         name: str,
         cwd: Path | None = None,
     ) -> ManagedProcess:
-        proc = start_process(argv, env=env, log_path=log_path, name=name, cwd=cwd)
+        proc = start_process(argv, env=env, log_path=log_path, name=name, cwd=cwd, grace_s=self.grace_s)
         with self._lock:
             self._processes.append(proc)
         return proc
@@ -233,8 +241,13 @@ class ProcessSupervisor:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for sig in self._previous_handlers:  # a second SIGTERM must not interrupt the cleanup
-            signal.signal(sig, signal.SIG_IGN)
+        if threading.current_thread() is threading.main_thread():
+            # A second Ctrl-C or SIGTERM must not interrupt the cleanup (a user presses Ctrl-C
+            # three times): the rest of the children would outlive this process.
+            if (handler := signal.getsignal(signal.SIGINT)) is not None:
+                self._previous_handlers.setdefault(signal.SIGINT, handler)
+            for sig in self._previous_handlers:
+                signal.signal(sig, signal.SIG_IGN)
         try:
             self.stop_all()
         finally:

@@ -8,12 +8,11 @@
 `register` and `revoke` edit the registry (`<state-dir>/keys`, or --keys-dir; see
 `hacfed.server.registry`) and record the change in the coordinator's hash-chained audit log
 (`<state-dir>/audit.log`; a change the log cannot record is undone), so they work whether or not the
-coordinator is running. A running
-hacfed-server picks a change up within about a second: it registers or unregisters the lab's
-SuperNode key with its SuperLink (`hacfed.server.node_auth`), and its round driver re-reads the
-registry before every round and every submission, so a revoked lab's next submission is refused,
-it is sent no more rounds (no more pools), and rounds no longer wait for it (they close at quorum
-with the labs that are left).
+coordinator is running. A running hacfed-server picks a change up within seconds (it reads the
+registry every second): it registers or unregisters the lab's SuperNode key with its SuperLink
+(`hacfed.server.node_auth`), and its round driver re-reads the registry before every round and every
+submission, so a revoked lab's next submission is refused, it is sent no more rounds (no more
+pools), and rounds no longer wait for it (they close at quorum with the labs that are left).
 """
 
 from __future__ import annotations

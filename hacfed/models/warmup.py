@@ -144,6 +144,14 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
     return {key: value.to(device) for key, value in batch.items()}
 
 
+def name_causal_lm_loss(model: torch.nn.Module) -> None:
+    """Name the loss the warm-up trains with. transformers derives it from the class name, finds none
+    in `GPT2LMHeadModel`, warns "`loss_type=None` was set in the config but it is unrecognized" and
+    falls back to this same causal-LM cross-entropy: naming it changes nothing but the warning."""
+    if getattr(model, "loss_type", "ForCausalLM") is None:
+        model.loss_type = "ForCausalLM"
+
+
 def _train_step(model, optimizer, scheduler, batch: dict[str, torch.Tensor], max_grad_norm: float) -> float:
     model.train()
     loss = model(**batch).loss  # mean cross-entropy over the batch's completion tokens
@@ -234,6 +242,7 @@ def warm_up(
     train = [encode_example(tokenizer, p) for p in task.train_problems()]
     held_out = _held_out(task)
     device = next(model.parameters()).device
+    name_causal_lm_loss(model)
     held_out_batch = _to(collate([encode_example(tokenizer, p) for p in held_out], pad_id), device)
     batches = _batches(train, config.batch_size, pad_id, device, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)

@@ -45,6 +45,7 @@ from typing import Any, Callable, Literal, Sequence
 from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.tasks.math_answers import extract_boxed
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
+from hacfed.tasks.records import check_json_lines
 from hacfed.trajectory import ChatMessage
 
 DEFAULT_PROMPT_TEMPLATE = "{question}\nLet's think step by step and output the final answer within \\boxed{}."
@@ -309,14 +310,19 @@ def read_columns(path: str, data_format: str, fields: tuple[str, ...], cache_dir
     if Path(path).stat().st_size == 0:
         raise ValueError(f"data file is empty: {path}")
     builder = "json" if data_format == "jsonl" else "parquet"
+    if data_format == "jsonl":
+        check_json_lines(path)  # a bad line named by its number from 1, not pyarrow's 0-based row
     bars_were_on = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors come back as the one line below
     try:
         dataset = datasets.load_dataset(builder, data_files=[str(path)], split="train", cache_dir=cache_dir)
     except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowException) as e:
         cause = e.__cause__ if e.__cause__ is not None else e
         raise ValueError(f"{path}: cannot be read as {data_format}: {cause}") from e
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if bars_were_on:
             datasets.enable_progress_bars()
     missing = [f for f in fields if f not in dataset.column_names]

@@ -9,6 +9,7 @@ The coordinator's `[task]` (and each lab's, the same table):
     eval_files = ["data/eval.jsonl"]     #   directory (hacfed.tasks.records); relative to the config
     question_field = "question"          # default "question"
     answer_field = "answer"              # default "answer"
+    num_validation = 100                 # the last 100 train problems: the validation split (default 0)
     # name = "reverse-word"  prompt_template = "{question}"  system_prompt = "..."
     # max_train = 1000  max_eval = 100  cache_dir = "..."
     [task.sandbox]                       # hacfed.tasks.sandbox.SandboxLimits of the plugin's worker
@@ -34,6 +35,12 @@ Problems are identified as `<name>:<sha256(question)[:16]>` (name: the [task]'s 
 plugin's); a question repeated in a split keeps its first record, and a train question that is
 also in the eval split is dropped from train. A problem's reference `solution` (supervised warm-up)
 is its "solution", else its answer.
+
+The validation split, for choosing a lab's settings without looking at the eval (test) problems:
+with `num_validation = N`, the last N train problems (after the above) are set aside. Nothing trains
+on them and no round plan draws them; a lab scores on them with `eval_split = "validation"`
+(hacfed-client's participant config, or `hacfed sim --eval-split validation`). Every site must use
+the same N (it is part of the [task], which the coordinator checks).
 
 Where the plugin runs: only in a sandboxed worker (hacfed.tasks.sandbox: its own process with time
 and memory limits and no network; hacfed.tasks.plugin_worker is its side), at the coordinator,
@@ -81,6 +88,7 @@ _PROBLEMS_REPLY_BYTES = 256 << 20  # what problems(split) may return through the
 _PROBLEMS_TIMEOUT_S = 120.0
 _log = logging.getLogger(__name__)
 Item = tuple[str, str, "str | None"]  # one problem as read: question, answer, solution
+Splits = tuple[tuple[Problem, ...], tuple[Problem, ...], tuple[Problem, ...]]  # train, validation, eval
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,7 @@ class PluginTaskConfig:
     system_prompt: str | None = None
     max_train: int | None = None
     max_eval: int | None = None
+    num_validation: int = 0  # the last N train problems become the validation split (module docstring)
     cache_dir: str | None = None
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
 
@@ -120,6 +129,9 @@ class PluginTaskConfig:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"plugin task: {key!r} must be an integer >= 1, got {value!r}")
+        if isinstance(self.num_validation, bool) or not isinstance(self.num_validation, int) \
+                or self.num_validation < 0:
+            raise ValueError(f"plugin task: 'num_validation' must be an integer >= 0, got {self.num_validation!r}")
         if not isinstance(self.sandbox, SandboxLimits):
             raise ValueError(f"plugin task: 'sandbox' must be a SandboxLimits, got {self.sandbox!r}")
 
@@ -149,14 +161,19 @@ class PluginTask(SplitLookup):
     """A verifiable task whose reward is a plugin's, called in its sandboxed worker. Built by
     `load_plugin_task`, which has checked the plugin and read the problems."""
 
-    def __init__(self, config: PluginTaskConfig, worker: SandboxedWorker,
-                 splits: tuple[tuple[Problem, ...], tuple[Problem, ...]], questions: Mapping[str, str]) -> None:
+    def __init__(self, config: PluginTaskConfig, worker: SandboxedWorker, splits: "Splits",
+                 questions: Mapping[str, str]) -> None:
         self.name = config.task_name
         self.config = config
         self._worker = worker
-        self._splits = splits
+        train, self._validation, held_out = splits
+        self._splits = (train, held_out)
         self._questions = dict(questions)
         self._warned = False
+
+    def validation_problems(self) -> tuple[Problem, ...]:
+        """The last `num_validation` train problems, never trained on (empty when 0)."""
+        return self._validation
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         if not isinstance(response, str):
@@ -256,17 +273,20 @@ def _plugin_problems(config: PluginTaskConfig, value: str) -> list[list[Item]]:
         return out
 
 
-def _splits(config: PluginTaskConfig, template: str, items: list[list[Item]]
-            ) -> tuple[tuple[tuple[Problem, ...], tuple[Problem, ...]], dict[str, str]]:
+def _splits(config: PluginTaskConfig, template: str, items: list[list[Item]]) -> tuple[Splits, dict[str, str]]:
     questions: dict[str, str] = {}
     train_all, eval_all = (_problems(config, template, split, questions) for split in items)
     eval_ids = {p.prompt_id for p in eval_all}
     train = [p for p in train_all if p.prompt_id not in eval_ids]
     if not train:
         raise ValueError(f"plugin task {config.task_name}: no train problems left after removing eval questions")
+    if len(train) <= config.num_validation:
+        raise ValueError(f"plugin task {config.task_name}: {len(train)} train problems left after removing eval "
+                         f"questions, not more than num_validation {config.num_validation}")
     if not eval_all:
         raise ValueError(f"plugin task {config.task_name}: the eval split has no problems")
-    return (tuple(train[: config.max_train]), tuple(eval_all[: config.max_eval])), questions
+    cut = len(train) - config.num_validation
+    return (tuple(train[:cut][: config.max_train]), tuple(train[cut:]), tuple(eval_all[: config.max_eval])), questions
 
 
 def _problems(

@@ -8,13 +8,15 @@
                       saved DatasetDict, name one split's folder (`data/train`)
 
 Every user mistake is a ValueError of one line naming the path: a missing path, an empty file, a
-file the format cannot parse, a missing field (with the fields the records do have), no records.
+file the format cannot parse (for JSON lines, the line number as an editor shows it, from 1), a
+missing field (with the fields the records do have), no records. `datasets` logs nothing meanwhile.
 
     questions, answers = read_fields("data/train.csv", ("question", "answer"))
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +42,15 @@ def data_source(path: str) -> str:
 def read_fields(path: str, fields: tuple[str, ...], cache_dir: str | None = None) -> tuple[list[Any], ...]:
     """The named columns of the records at `path`, in record order."""
     source = data_source(path)
+    if Path(path).suffix.lower() == ".jsonl":
+        check_json_lines(path)
     import datasets  # heavy (pyarrow, pandas): imported only when data is actually read
     import pyarrow
 
     bars_were_on = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors come back as the one line below
     try:
         if source == "disk":
             dataset = datasets.load_from_disk(path)
@@ -56,6 +62,7 @@ def read_fields(path: str, fields: tuple[str, ...], cache_dir: str | None = None
         cause = e.__cause__ if e.__cause__ is not None else e
         raise ValueError(f"{path}: cannot be read as {source}: {_one_line(cause)}") from e
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if bars_were_on:
             datasets.enable_progress_bars()
     if isinstance(dataset, datasets.DatasetDict):
@@ -68,6 +75,20 @@ def read_fields(path: str, fields: tuple[str, ...], cache_dir: str | None = None
     if len(dataset) == 0:
         raise ValueError(f"{path}: no records")
     return tuple(list(dataset[f]) for f in fields)
+
+
+def check_json_lines(path: str) -> None:
+    """Each non-blank line of a JSON-lines file is a JSON object; else one line naming the line (from 1)."""
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {number}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}, line {number}: a JSON {type(record).__name__}, not an object (a record)")
 
 
 def _one_line(error: BaseException) -> str:

@@ -102,7 +102,7 @@ def _list_models(store: Any) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     # One line per mistake and no abbreviated flags, for every subcommand (they are made with the same class).
-    parser = OneLineArgumentParser(prog="hacfed", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="hacfed", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
     _add_models_parser(sub)
     from hacfed.tools import sim_cli  # torch-free at import; heavy modules load inside run_sim

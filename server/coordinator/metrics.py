@@ -31,7 +31,9 @@ class ParticipantRoundMetrics:
     train_metrics: Mapping[str, float] = field(default_factory=dict)
     strikes: int = 0  # total so far
     quarantined: bool = False
-    capability: float | None = None  # P̂ after this round closed (None while open)
+    # P̂ after this round closed; None while open, and for a lab with no accepted sample yet, whose P̂
+    # is the algorithm's starting 1.0 (hacfed.capability), not a measurement: shown as "P -".
+    capability: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ def build_round_summary(
 ) -> RoundSummary:
     """Pure assembly from journal reads (`Journal.round_stats`, `Journal.submitters`)."""
     caps = record.capabilities or {}
+    measured = {pid for pid, rates in ((record.tracker_state or {}).get("history") or {}).items() if rates}
     rows = []
     for p in participants:
         s = stats.get(p.participant_id, {})
@@ -103,7 +106,7 @@ def build_round_summary(
                 train_metrics=dict(report.get("metrics", {})),
                 strikes=p.strikes,
                 quarantined=p.quarantined,
-                capability=caps.get(p.participant_id),
+                capability=caps.get(p.participant_id) if p.participant_id in measured else None,
             )
         )
     return RoundSummary(

@@ -176,7 +176,7 @@ class Federation:
             time.sleep(0.05)
 
     def kill(self, proc: Proc) -> None:
-        """kill -9 only this process: its children (SuperLink, SuperNode) outlive it."""
+        """kill -9 only this process: its children's guards (hacfed.child_guard) then end them."""
         self.remember(proc)
         os.kill(proc.popen.pid, signal.SIGKILL)
         assert proc.exit_code(30) == -signal.SIGKILL

@@ -76,7 +76,7 @@ def test_every_crash_point_then_restart_keeps_each_receipt_exactly_once(federati
     restart_s: list[float] = []  # from each restart to the ServerApp's "coordinator ready"
     for life, point in enumerate(POINTS, start=1):
         _wait_for_crash(fed, server, point)
-        fed.kill(server)  # kill -9 hacfed-server; its SuperLink is left for the restart to stop
+        fed.kill(server)  # kill -9 hacfed-server; its SuperLink's guard ends it (or the restart does)
         assert fed.integrity() == "ok", point
         submissions = fed.rows("SELECT seq, participant_id, round_id, nonce FROM submissions ORDER BY seq")
         pending = {pid: [e for e in fed.outbox(pid) if e["state"] == "pending"] for pid in LABS}
@@ -100,7 +100,8 @@ def test_every_crash_point_then_restart_keeps_each_receipt_exactly_once(federati
         server = fed.server(f"server-{life + 1}.log", following)
         fed.console(server, r"coordinator ready \(run faults-crash\): ")  # the ServerApp has resumed the journal
         restart_s.append(round(time.monotonic() - restarted, 1))
-        assert re.search(r"stopped superlink \(pid \d+\) left running by a previous hacfed-server", server.text())
+        if re.search(r"superlink \(pid \d+\) left running", server.text()):  # its guard had not ended it yet
+            assert re.search(r"stopped superlink \(pid \d+\) left running by a previous hacfed-server", server.text())
     assert server.exit_code(400) == 0, server.text()[-5000:]
     for pid in LABS:
         assert fed.labs[pid].exit_code(120) == 0, fed.labs[pid].text()[-3000:]

@@ -4,7 +4,9 @@ The commands are read from the README section's bash blocks and run in order in 
 laid out like the clone (deploy/coordinator.toml copied in), with only these substitutions:
 - each command's first word (hacfed-server, hacfed-client) is this venv's script: the environment the
   README asks to activate;
-- port 9092 becomes a port that is free now (the README's choice; another test may hold 9092).
+- port 9092 becomes a port that is free now (the README's choice; another test may hold 9092);
+- the run's `rounds=200` becomes `rounds=10`: the README's many rounds leave a person the time to
+  run step 6 by hand (`test_the_walkthrough_run_leaves_time_for_step_6`); the test runs it at once.
 The long-running commands (hacfed-server --config, hacfed-client --model) start in the background,
 as in their own terminals; the revocation (step 6) runs once round 0 closed, while the federation
 runs; lab-b, which the README says to stop with Ctrl-C once revoked, gets SIGINT. Besides the README's
@@ -38,6 +40,8 @@ from tests.integration.test_federation_flower import _running_descendants
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 README_PORT = "9092"
+README_ROUNDS, TEST_ROUNDS = "rounds=200", "rounds=10"
+MIN_README_ROUNDS = 100  # about a second each with the tiny models: minutes, time to type step 6
 LONG_RUNNING = (("hacfed-server", "--config"), ("hacfed-client", "--model"))
 
 
@@ -61,6 +65,7 @@ def free_port() -> int:
 def as_run(command: str, port: int) -> list[str]:
     """The command's words, with the two substitutions of the module docstring."""
     argv = [word.replace(f":{README_PORT}", f":{port}") for word in shlex.split(command)]
+    argv = [TEST_ROUNDS if word == README_ROUNDS else word for word in argv]
     assert argv[0] in ("hacfed-server", "hacfed-client"), command
     return [str(BIN / argv[0]), *argv[1:]]
 
@@ -109,6 +114,7 @@ class Walkthrough:
     stop_codes: dict[str, int] = field(default_factory=dict)
     open_round_at_revoke: int = -1
     lab_b_log_at_revoke: int = 0
+    revoke_s: float = -1.0  # from the revoke command's return to the SuperLink unregistering lab-b
     leftovers: set[int] = field(default_factory=set)
 
     def journal(self, query: str) -> list[tuple]:
@@ -144,6 +150,10 @@ def _play(run: Walkthrough, env: dict[str, str], port: int) -> None:
         assert done.returncode == 0, (command, done.stdout, done.stderr)
         if words[1] == "revoke":
             run.open_round_at_revoke = run.journal("SELECT MAX(round_id) FROM rounds")[0][0]
+            returned = time.monotonic()
+            run.procs["server"].wait_for(r"unregistered the SuperNode of lab-b", timeout=120)
+            run.revoke_s = time.monotonic() - returned
+            print(f"revocation: lab-b's SuperNode unregistered {run.revoke_s:.1f} s after the revoke command returned")
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +237,7 @@ def test_a_lab_that_was_never_registered_never_joins(walkthrough: Walkthrough) -
 def test_a_lab_started_again_after_its_run_says_so_in_one_line(walkthrough: Walkthrough) -> None:
     rerun = walkthrough.rerun
     assert rerun is not None and rerun.returncode == 0 and rerun.stderr == "", rerun
-    assert rerun.stdout.count("\n") == 1 and "this lab already finished run hacfed-demo" in rerun.stdout, rerun.stdout
+    assert rerun.stdout.count("\n") == 1 and "this lab already finished run federation-1" in rerun.stdout, rerun.stdout
 
 
 @pytest.mark.slow
@@ -235,6 +245,15 @@ def test_every_process_of_the_walkthrough_stops_cleanly(walkthrough: Walkthrough
     assert walkthrough.stop_codes == {"lab-b": 0, "lab-c": 0}, {
         name: walkthrough.procs[name].text()[-1500:] for name in walkthrough.stop_codes}
     assert walkthrough.leftovers == set()
+
+
+def test_the_walkthrough_run_leaves_time_for_step_6() -> None:
+    """A person runs step 6 by hand while the federation runs: the run must not end seconds after the
+    labs joined (10 rounds did)."""
+    server = next(c for c in readme_walkthrough() if c.startswith("hacfed-server --config"))
+    rounds = [int(word.split("=")[1]) for word in shlex.split(server) if word.startswith("rounds=")]
+    assert rounds and rounds[0] >= MIN_README_ROUNDS, server
+    assert f"--set {README_ROUNDS}" in server and TEST_ROUNDS in as_run(server, 1)  # what the slow tests run
 
 
 def test_the_walkthrough_leaves_nothing_git_would_add() -> None:

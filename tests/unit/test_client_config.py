@@ -52,7 +52,8 @@ def test_file_then_flags_then_task_items(flags: dict, tmp_path: Path) -> None:
         ({"server": "coordinator.example:9092"}, "ClientConfig.insecure must be false for the non-loopback server"),
         ({"insecure": False, "tls_ca": __file__}, "is not a PEM certificate"),
         ({"server": "nowhere"}, "ClientConfig.server must be HOST:PORT"),
-        ({"coordinator_key": "missing.pub"}, "ClientConfig.coordinator_key must be the coordinator's public key file"),
+        ({"coordinator_key": "missing.pub"}, r"ClientConfig.coordinator_key: the file '\S*missing.pub' does not exist; "
+                                             "give the coordinator's public key file, coordinator.pub"),
         ({"insecure": None}, "ClientConfig.insecure must be true without tls_ca"),
         ({"tls_ca": __file__}, "ClientConfig.insecure must be true without tls_ca"),
         ({"participant_id": ""}, "ParticipantConfig.participant_id must be a non-empty string, got ''"),
@@ -218,3 +219,12 @@ def test_the_insecure_flag_replaces_the_files_tls_ca_and_the_reverse(flags: dict
     path.write_text("[participant]\ninsecure = true\n")
     with pytest.raises(ValueError, match="ClientConfig.tls_ca must be an existing CA certificate"):
         load_client_config(path, {**flags, "insecure": None, "tls_ca": str(tmp_path / "nope.pem")})
+
+
+def test_a_lab_can_evaluate_on_the_validation_split(flags: dict, tmp_path: Path) -> None:
+    """Choosing a lab's settings without the test problems: --eval-split / [participant] eval_split."""
+    assert load_client_config(None, {**flags, "eval_split": "validation"}).participant.eval_split == "validation"
+    assert build_parser().parse_args(["--eval-split", "validation"]).eval_split == "validation"
+    path = tmp_path / "lab.toml"
+    path.write_text('[participant]\neval_split = "validation"\n')
+    assert load_client_config(path, flags).participant.eval_split == "validation"

@@ -300,7 +300,9 @@ def test_round_summary_and_metrics_file(coord, tmp_path):
     assert a.reward_mean == pytest.approx(1 / 3) and a.eval_accuracy == 0.75 and a.train_metrics == {"loss": 0.25}
     assert a.capability == pytest.approx(1 / 3)
     assert (b.submitted, b.reward_mean, b.eval_accuracy) == (False, None, None)
+    assert b.capability is None  # nothing measured: not the starting P̂ of 1.00
     assert summary.console_line().startswith("round 0 closed (deadline): a reward 0.33 eval 0.75")
+    assert summary.console_line().endswith("| b reward - eval - P - acc 0 rej 0")
     path = tmp_path / "metrics.jsonl"
     append_jsonl(path, summary)
     append_jsonl(path, summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tomllib
 from pathlib import Path
@@ -122,3 +123,31 @@ def test_participant_toml_agrees_with_the_cli_defaults() -> None:
     assert {k: v for k, v in choices.items() if v != defaults[k]} == {}
     lr_help = next(a.help for a in build_parser()._actions if a.dest == "learning_rate")
     assert f"(default: {defaults['learning_rate']})" in lr_help  # the help states the same default
+
+
+def _named(block: str, candidates: set[str]) -> set[str]:
+    return {name for name in candidates if re.search(rf"(?<![\w.]){name}(?![\w.])", block)}
+
+
+def _comment(text: str, start: str) -> str:
+    """The comment paragraph that begins with `start`."""
+    lines = text[text.index(start):].splitlines()
+    return " ".join(next(iter([lines[:i] for i, line in enumerate(lines) if line.strip() in ("#", "")]), lines))
+
+
+def test_the_required_keys_are_documented_as_the_code_requires_them() -> None:
+    """deploy/*.toml and docs/operating.md name exactly the keys the configs refuse to start without."""
+    from dataclasses import MISSING, fields
+
+    from hacfed.clients.config import REQUIRED, setting_names
+    from hacfed.server.coordinator.config import CoordinatorConfig
+
+    every = {f.name for f in fields(CoordinatorConfig)}
+    coordinator = {f.name for f in fields(CoordinatorConfig) if f.default is MISSING and f.default_factory is MISSING}
+    lab_every, lab = {*setting_names(), "tls_ca", "insecure"}, {*REQUIRED, "tls_ca", "insecure"}
+    assert _named(_comment((DEPLOY / "coordinator.toml").read_text(), "# Required keys:"), every) == coordinator
+    assert _named(_comment((DEPLOY / "participant.toml").read_text(), "# Required, here or as flags:"),
+                  lab_every) == lab
+    table = (DEPLOY.parent / "docs" / "operating.md").read_text().split("## Configuration files")[1]
+    rows = [line.split("|")[2] for line in table.splitlines() if line.startswith(("| coordinator", "| lab"))]
+    assert [_named(rows[0], every), _named(rows[1], lab_every)] == [coordinator, lab]

@@ -33,6 +33,6 @@ def test_a_complete_run_is_named_with_its_results_and_nothing_starts(tmp_path):
         proc.communicate()
         pytest.fail("hacfed-server started a complete run again")
     assert proc.returncode == 0 and err == "", out + err
-    assert out.splitlines()[-1] == (f"hacfed-server: the run hacfed-demo in {state} is already complete; nothing to "
+    assert out.splitlines()[-1] == (f"hacfed-server: the run federation-1 in {state} is already complete; nothing to "
                                     f"do (its metrics: {state / 'metrics.jsonl'}; a new run needs a fresh --state-dir)")
     assert not (state / "superlink").exists()

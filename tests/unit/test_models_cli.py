@@ -65,3 +65,11 @@ def test_models_help_shows_every_default(capsys):
         cli.main(["models", "build", "--help"])
     out = capsys.readouterr().out
     assert "initialisation and data-order seed (default: 0)" in out and "(default: False)" in out
+
+
+def test_hacfed_help_names_every_command_in_whole_sentences(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = capsys.readouterr().out
+    description = " ".join(help_text.split("\n\n")[1].split())
+    assert description.endswith("`hacfed report RUN_DIR`."), description  # not a dangling comma

@@ -13,6 +13,7 @@ from hacfed.models.warmup import (
     collate,
     encode_example,
     lr_factor,
+    name_causal_lm_loss,
     teacher_forced_exact_match,
     warm_up,
 )
@@ -154,3 +155,23 @@ def test_warm_up_without_a_bar_prints_plain_progress_lines(monkeypatch, capsys):
     monkeypatch.setattr(warmup_module, "PLAIN_PROGRESS_EVERY_S", 3600.0)  # a short build says nothing
     warm_up(model, tok, TASK, config, seed=7, evaluate=lambda *a: 0.0, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_gpt2_warm_up_step_prints_no_loss_type_warning() -> None:
+    import logging
+
+    model, tok = build_untrained("tiny-gpt2", seed=0)
+    assert model.loss_type is None  # GPT2LMHeadModel's name names no loss: transformers would warn
+    warnings: list[str] = []
+    catcher = logging.Handler(logging.WARNING)
+    catcher.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    library = logging.getLogger("transformers")
+    library.addHandler(catcher)
+    logging.Logger.warning_once.cache_clear()  # transformers warns once per process: make this the first time
+    try:
+        name_causal_lm_loss(model)
+        batch = collate([encode_example(tok, p) for p in TASK.train_problems()[:2]], tok.eos_token_id)
+        assert torch.isfinite(model(**batch).loss)
+    finally:
+        library.removeHandler(catcher)
+    assert not [w for w in warnings if "loss_type" in w], warnings

@@ -110,6 +110,26 @@ def test_problems_from_the_plugin_when_the_task_names_no_files() -> None:
         task.close()
 
 
+def test_num_validation_sets_the_last_train_problems_aside(example: PluginTask) -> None:
+    """A lab chooses its settings on the validation split, never on the eval (test) problems."""
+    task = load_task({**SPEC, "num_validation": 8}, base_dir=EXAMPLE)
+    try:
+        ids = lambda problems: [p.prompt_id for p in problems]  # noqa: E731
+        everything = ids(example.train_problems())
+        assert ids(task.validation_problems()) == everything[-8:]
+        assert ids(task.train_problems()) == everything[:-8]  # never trained on, never in a plan
+        assert ids(task.eval_problems()) == ids(example.eval_problems())
+        assert example.validation_problems() == ()  # the default: no validation split
+        held_out = task.validation_problems()[0]
+        assert task.verify(held_out, held_out.solution).reward == 1.0
+    finally:
+        task.close()
+    assert "not more than num_validation 1000" in refusal(lambda: load_task({**SPEC, "num_validation": 1000},
+                                                                            base_dir=EXAMPLE))
+    assert "'num_validation' must be an integer >= 0" in refusal(lambda: load_task({**SPEC, "num_validation": -1},
+                                                                                   base_dir=EXAMPLE))
+
+
 def test_example_coordinator_config_loads() -> None:
     from hacfed.server.coordinator import load_coordinator_config, load_task_from_config
 
@@ -160,7 +180,8 @@ def test_a_csv_task_with_its_own_field_names(tmp_path: Path) -> None:
          "missing field(s) ['question']; the records have ['q', 'answer']"),
         (lambda d: (d / "t.csv").write_text("question,answer\n"), {"train_files": "t.csv"}, "t.csv: no records"),
         (lambda d: (d / "t.txt").write_text("x"), {"train_files": "t.txt"}, "unknown data format '.txt'"),
-        (lambda d: (d / "t.jsonl").write_text("{not json\n"), {"train_files": "t.jsonl"}, "cannot be read as json"),
+        (lambda d: (d / "t.jsonl").write_text("{not json\n"), {"train_files": "t.jsonl"}, "t.jsonl, line 1: not valid"),
+        (lambda d: (d / "t.jsonl").write_text("[1, 2]\n"), {"train_files": "t.jsonl"}, "line 1: a JSON list, not an"),
         (lambda d: (d / "dir").mkdir(), {"train_files": "dir"}, "cannot be read as disk"),
         (lambda d: (d / "t.jsonl").write_text('{"question": "", "answer": "b"}\n'), {"train_files": "t.jsonl"},
          "record 1: field 'question' must be non-empty text"),

@@ -63,3 +63,13 @@ def test_a_saved_dataset_dict_asks_for_one_split(tmp_path: Path) -> None:
         str(tmp_path / "dd"))
     message = refusal(lambda: read_fields(str(tmp_path / "dd"), ("question",), CACHE))
     assert "a saved DatasetDict with splits ['train']; name one split's folder" in message
+
+
+def test_a_bad_json_line_is_named_by_its_line_number_and_nothing_else_is_printed(
+        tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    good = "".join(f'{{"question": "q{i}", "answer": "a{i}"}}\n' for i in range(4))
+    (tmp_path / "t.jsonl").write_text(good + '{"question": oops}\n')  # line 5, as an editor numbers it
+    capfd.readouterr()
+    message = refusal(lambda: read_fields(str(tmp_path / "t.jsonl"), ("question", "answer")))
+    assert message == f"{tmp_path / 't.jsonl'}, line 5: not valid JSON (Expecting value at column 14)"
+    assert capfd.readouterr() == ("", "")

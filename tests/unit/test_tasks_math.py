@@ -148,7 +148,7 @@ def test_missing_field_unextractable_answer_and_bad_json_name_the_file_and_recor
         _task(files, train_files=(nulls,)).train_problems()
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"question": "a?", "answer": "#### 1"}\n{not json\n')
-    with pytest.raises(ValueError, match=r"broken\.jsonl: cannot be read as jsonl"):
+    with pytest.raises(ValueError, match=r"broken\.jsonl, line 2: not valid JSON"):
         _task(files, train_files=(str(broken),)).train_problems()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
