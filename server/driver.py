@@ -36,7 +36,7 @@ from contextlib import contextmanager
 
 from hacfed.crashpoints import crash_point
 from hacfed.envelope import load_private_key
-from hacfed.flower_pulls import shorten_pull_retries
+from hacfed.flower_pulls import reply_content_wait_s, shorten_pull_retries
 from hacfed.identity import is_participant_id
 from hacfed.server.allocator import keep_freed_memory
 from hacfed.server.answers import AnswerQueue
@@ -392,9 +392,12 @@ def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
     path = run_config.get("driver-config")
     if not isinstance(path, str) or not path:
         raise ValueError(f"run config 'driver-config' must name the server config file, got {path!r}")
-    from flwr.superlink.grid import grpc_grid  # the ServerApp's Grid: a reply's content still arriving is
-    shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages])  # retried after 20 ms, not 1 s
-    driver = FederationDriver(read_server_config(path), supervisor=parse_supervisor(run_config.get("supervisor", "")))
+    from flwr.superlink.grid import grpc_grid
+
+    config = read_server_config(path)  # the ServerApp's Grid: a reply's content still arriving is retried
+    shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages],  # after 20 ms, not 1 s; given up
+                         max_time_s=reply_content_wait_s(config.coordinator.round_deadline_s))  # past the bound
+    driver = FederationDriver(config, supervisor=parse_supervisor(run_config.get("supervisor", "")))
     keep_freed_memory()
     freeze_startup_objects()
     return driver
