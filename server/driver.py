@@ -47,8 +47,9 @@ from hacfed.server.coordinator import Coordinator, Journal, load_task_from_confi
 from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
+from hacfed.server.disk_space import held_detail
 from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, SupervisorGone, parse_supervisor, supervisor_alive
-from hacfed.server.headroom import Headroom
+from hacfed.server.headroom import Headroom, is_no_space
 from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
@@ -117,8 +118,15 @@ class FederationDriver:
         self._steps: dict[int, dict[str, StepTimes]] = {}  # round -> lab -> the step times its submission reported
         self._coordinator_s, self._waiting_since = 0.0, None  # (a round's coordinator seconds; see _maybe_open)
         self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
-        self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic)
+        self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic,
+                                 on_resume=self._hold_deadlines)
         self._resume()
+
+    def _hold_deadlines(self, paused_s: float) -> None:
+        """Space is back after `paused_s` paused: the open rounds' deadlines move as much later."""
+        with self._fail_closed_guard():
+            for round_id in self.journal.hold_deadlines(paused_s, self.coordinator.now(), held_detail(paused_s)):
+                self.console(f"round {round_id}: deadline held {paused_s:.0f}s (the time paused)")
 
     def _record_steps(self, participant_id: str, round_id: int, times: StepTimes) -> None:
         self._steps.setdefault(round_id, {})[participant_id] = times
@@ -132,6 +140,10 @@ class FederationDriver:
             yield
         except AuditError as exc:
             self.coordinator.failed_closed = self.coordinator.failed_closed or str(exc)
+        if self.coordinator.failed_closed is not None and is_no_space(self.coordinator.failed_closed):
+            self.console(f"WRITE FAILED for lack of space: {self.coordinator.failed_closed}. The ServerApp stops; "
+                         f"hacfed-server pauses and runs it again once {self.state_dir} can be written")
+            raise FailedClosed(self.coordinator.failed_closed)
         if self.coordinator.failed_closed is not None:
             self.console(f"WRITE FAILED: {self.coordinator.failed_closed}. The coordinator accepts nothing more (fail "
                          f"closed): make {self.state_dir} writable (free space, permissions, file-size limit), check "
@@ -261,6 +273,8 @@ class FederationDriver:
     def round_done(self) -> bool:
         if not supervisor_alive(self.supervisor):
             return True  # end the exchange; next_round then stops this orphaned ServerApp
+        if self.headroom.paused():  # a deadline extension is a journal write: none while paused
+            return False
         with self._fail_closed_guard():  # a deadline extension is a journal write
             if self.coordinator.current_round is not None:
                 return self.coordinator.poll() is not None
