@@ -141,7 +141,7 @@ class FederationDriver:
         except AuditError as exc:
             self.coordinator.failed_closed = self.coordinator.failed_closed or str(exc)
         if self.coordinator.failed_closed is not None and is_no_space(self.coordinator.failed_closed):
-            self.console(f"WRITE FAILED for lack of space: {self.coordinator.failed_closed}. The ServerApp stops; "
+            self.console(f"WRITE FAILED: {self.coordinator.failed_closed}. No space: the ServerApp stops; "
                          f"hacfed-server pauses and runs it again once {self.state_dir} can be written")
             raise FailedClosed(self.coordinator.failed_closed)
         if self.coordinator.failed_closed is not None:
