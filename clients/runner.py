@@ -38,7 +38,7 @@ from hacfed.clients.outbox import Outbox
 from hacfed.clients.relay import serve_participant_unix
 from hacfed.clients.service import OUTBOX_FILE, Answered, ParticipantService
 from hacfed.clients.supernode import HEARTBEAT_LOST_EXIT, SuperNode, heartbeat_lost_reason, start_supernode
-from hacfed.clients.transport_probe import transport_mismatch
+from hacfed.clients.transport_probe import TransportWatch
 from hacfed.enrolment import ENROLMENT_FILE, SUPERNODE_KEY
 from hacfed.envelope import load_public_key
 from hacfed.leftovers import forget_children, kill_leftovers, record_children
@@ -112,6 +112,9 @@ class LogWatcher:
                 self.out("the coordinator is unreachable; " + line[line.index(_STOCK_RETRY):].strip())
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def connect_failure(log_tail: str, state_dir: Path) -> tuple[str, float]:
     """Why the SuperNode could not join, in one line, and how long to wait before trying again."""
     if "No SuperNode found with the given public key" in log_tail:
@@ -123,7 +126,7 @@ def connect_failure(log_tail: str, state_dir: Path) -> tuple[str, float]:
     if "handshake" in log_tail.lower() or "SSL" in log_tail:
         return ("the TLS handshake with the coordinator failed: check --tls-ca (the federation's ca.pem) and that "
                 "--server is a name or address its certificate names", 30.0)
-    lines = [line for line in log_tail.splitlines() if line.strip()]
+    lines = [_ANSI.sub("", line) for line in log_tail.splitlines() if line.strip()]  # Flower's colours: plain
     return ("the SuperNode exited while connecting: " + (lines[-1][-300:] if lines else "no output"), 5.0)
 
 
@@ -191,15 +194,13 @@ class Client:
         cfg = self.cfg
         node_config = {"participant-id": cfg.participant_id, "participant-address": relay_address}
         auth_key = None if cfg.insecure else cfg.state_dir / SUPERNODE_KEY
-        told = None
+        told, transport = None, TransportWatch(cfg.server, cfg.insecure, say)  # a mismatch: said within seconds
         while True:
-            if (mismatch := transport_mismatch(cfg.server, cfg.insecure)) is not None and mismatch != told:
-                say(f"{mismatch}; still trying")
-                told = mismatch
             try:
-                self.node = start_supernode(sup, cfg.state_dir / "supernode", superlink_address=cfg.server,
-                                            node_config=node_config, insecure=cfg.insecure, root_cert=cfg.tls_ca,
-                                            auth_key=auth_key, idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
+                with transport.watching():
+                    self.node = start_supernode(sup, cfg.state_dir / "supernode", superlink_address=cfg.server,
+                                                node_config=node_config, insecure=cfg.insecure, root_cert=cfg.tls_ca,
+                                                auth_key=auth_key, idle_poll_s=cfg.idle_poll_s, ready_timeout_s=60.0)
                 record_children(cfg.state_dir, [("supernode", self.node.process.pid)])
                 return self.node
             except TimeoutError:

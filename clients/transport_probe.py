@@ -6,6 +6,8 @@ coordinator is "not reachable yet": the SuperNode's gRPC channel fails the same 
 coordinator that is down.
 
     hint = transport_mismatch("coord.example.org:9092", insecure=True)   # None, or one line to print
+    with TransportWatch(server, insecure, say).watching():               # probed again while it connects
+        start_supernode(...)
 
 The probe opens one TCP connection and offers a TLS handshake without checking the certificate (it
 only asks which protocol answers; the SuperNode checks the certificate against `--tls-ca`):
@@ -21,6 +23,9 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from hacfed.config_values import split_host_port
 
@@ -53,3 +58,36 @@ def transport_mismatch(server: str, insecure: bool, timeout_s: float = 3.0) -> s
         return (f"the coordinator at {server} is not speaking TLS (a plaintext hacfed-server --insecure?) but "
                 "this lab expects TLS (--tls-ca): use the same transport on both sides")
     return None
+
+
+class TransportWatch:
+    """Probes in a thread while the SuperNode connects (`with watch.watching(): start_supernode(...)`):
+    a coordinator that was down when the lab started, or that comes up meanwhile, is probed again
+    every `interval_s`, and a mismatch is said (`say`) as soon as it is known, not after the
+    SuperNode's own retries give up (about 40 s, with Flower's raw log line). Said once per watch."""
+
+    def __init__(self, server: str, insecure: bool, say: Callable[[str], None], interval_s: float = 2.0,
+                 probe: Callable[[str, bool], str | None] = transport_mismatch) -> None:
+        self.server, self.insecure, self._say = server, insecure, say
+        self.interval_s, self._probe = interval_s, probe
+        self.said: str | None = None
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        stop = threading.Event()
+        thread = threading.Thread(target=self._run, args=(stop,), name="hacfed-transport-watch", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _run(self, stop: threading.Event) -> None:
+        while self.said is None and not stop.is_set():
+            mismatch = self._probe(self.server, self.insecure)
+            if mismatch is not None:
+                self.said = mismatch
+                self._say(f"{mismatch}; still trying")
+                return
+            stop.wait(self.interval_s)

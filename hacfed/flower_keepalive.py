@@ -4,7 +4,10 @@ Without it a lab's SuperNode whose link to the coordinator dies silently (a part
 dropped the flow) keeps its TCP connection "up": its pull waits without a deadline until TCP gives
 up, many minutes later, while Flower's SuperLink pings only every 210 s. With it the SuperNode's
 channel pings after `KEEPALIVE_TIME_MS` and closes the connection when no answer comes within
-`KEEPALIVE_TIMEOUT_MS`; the call fails with UNAVAILABLE, and the SuperNode reconnects (hacfed's
+`KEEPALIVE_TIMEOUT_MS` (also given as gRPC's ping timeout, which is what gRPC 1.85 waits for a
+ping's answer: a link that is down is noticed sooner through the TCP user timeout gRPC derives from
+the keepalive, a frozen host that still acknowledges TCP only by the ping; tests/faults/
+test_half_open_keepalive.py); the call fails with UNAVAILABLE, and the SuperNode reconnects (hacfed's
 backoff, `hacfed.clients.backoff`) until the link is back. The servers of the same processes accept
 pings that often (`grpc.http2.min_recv_ping_interval_without_data_ms`, also between calls), so no
 `too_many_pings` GOAWAY ever answers them.
@@ -31,6 +34,9 @@ KEEPALIVE_TIMEOUT_MS = 5_000  # no answer within 5 s: the connection is dead
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # gRPC 1.85 waits for a keepalive ping's ACK for this long (default 60 s), not keepalive_timeout_ms:
+    # a peer that still ACKs TCP but never answers the ping (its host frozen) took 70 s to notice
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 1),  # also between pulls
     ("grpc.http2.max_pings_without_data", 0),
 )

@@ -30,5 +30,8 @@ class ConsoleLog:
         if self._sink is not None:
             self._sink(line)
             return
-        with open(self._path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        try:
+            with open(self._path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError as exc:  # a full disk: the line stays in the log; hacfed-server says PAUSED itself
+            log.warning("console line not written to %s: %s", self._path, exc)

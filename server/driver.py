@@ -37,7 +37,7 @@ from contextlib import contextmanager
 
 from hacfed.crashpoints import crash_point
 from hacfed.envelope import load_private_key
-from hacfed.flower_pulls import shorten_pull_retries
+from hacfed.flower_pulls import reply_content_wait_s, shorten_pull_retries
 from hacfed.identity import is_participant_id
 from hacfed.server.allocator import keep_freed_memory
 from hacfed.server.answers import AnswerQueue
@@ -48,8 +48,9 @@ from hacfed.server.coordinator import Coordinator, Journal, load_task_from_confi
 from hacfed.server.coordinator.audit import AuditLog
 from hacfed.server.coordinator.errors import AuditError, safe_text
 from hacfed.server.deliveries import ACK, ANSWERS, FINAL, Deliveries, what
+from hacfed.server.disk_space import held_detail
 from hacfed.server.driver_settings import CONSOLE_FILE, Supervisor, SupervisorGone, parse_supervisor, supervisor_alive
-from hacfed.server.headroom import Headroom
+from hacfed.server.headroom import Headroom, is_no_space
 from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
@@ -119,8 +120,15 @@ class FederationDriver:
         self._steps: dict[int, dict[str, StepTimes]] = {}  # round -> lab -> the step times its submission reported
         self._coordinator_s, self._waiting_since = 0.0, None  # (a round's coordinator seconds; see _maybe_open)
         self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
-        self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic)
+        self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic,
+                                 on_resume=self._hold_deadlines)
         self._resume()
+
+    def _hold_deadlines(self, paused_s: float) -> None:
+        """Space is back after `paused_s` paused: the open rounds' deadlines move as much later."""
+        with self._fail_closed_guard():
+            for round_id in self.journal.hold_deadlines(paused_s, self.coordinator.now(), held_detail(paused_s)):
+                self.console(f"round {round_id}: deadline held {paused_s:.0f}s (the time paused)")
 
     def _record_steps(self, participant_id: str, round_id: int, times: StepTimes) -> None:
         self._steps.setdefault(round_id, {})[participant_id] = times
@@ -134,6 +142,10 @@ class FederationDriver:
             yield
         except AuditError as exc:
             self.coordinator.failed_closed = self.coordinator.failed_closed or str(exc)
+        if self.coordinator.failed_closed is not None and is_no_space(self.coordinator.failed_closed):
+            self.console(f"WRITE FAILED: {self.coordinator.failed_closed}. No space: the ServerApp stops; "
+                         f"hacfed-server pauses and runs it again once {self.state_dir} can be written")
+            raise FailedClosed(self.coordinator.failed_closed)
         if self.coordinator.failed_closed is not None:
             self.console(f"WRITE FAILED: {self.coordinator.failed_closed}. The coordinator accepts nothing more (fail "
                          f"closed): make {self.state_dir} writable (free space, permissions, file-size limit), check "
@@ -267,6 +279,8 @@ class FederationDriver:
     def round_done(self) -> bool:
         if not supervisor_alive(self.supervisor):
             return True  # end the exchange; next_round then stops this orphaned ServerApp
+        if self.headroom.paused():  # a deadline extension is a journal write: none while paused
+            return False
         with self._fail_closed_guard():  # a deadline extension is a journal write
             if self.coordinator.current_round is not None:
                 return self.coordinator.poll() is not None
@@ -391,9 +405,12 @@ def make_driver(run_config: Mapping[str, object]) -> FederationDriver:
     path = run_config.get("driver-config")
     if not isinstance(path, str) or not path:
         raise ValueError(f"run config 'driver-config' must name the server config file, got {path!r}")
-    from flwr.superlink.grid import grpc_grid  # the ServerApp's Grid: a reply's content still arriving is
-    shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages])  # retried after 20 ms, not 1 s
-    driver = FederationDriver(read_server_config(path), supervisor=parse_supervisor(run_config.get("supervisor", "")))
+    from flwr.superlink.grid import grpc_grid
+
+    config = read_server_config(path)  # the ServerApp's Grid: a reply's content still arriving is retried
+    shorten_pull_retries(grpc_grid, [grpc_grid.GrpcGrid.pull_messages],  # after 20 ms, not 1 s; given up
+                         max_time_s=reply_content_wait_s(config.coordinator.round_deadline_s))  # past the bound
+    driver = FederationDriver(config, supervisor=parse_supervisor(run_config.get("supervisor", "")))
     keep_freed_memory()
     freeze_startup_objects()
     return driver

@@ -25,7 +25,9 @@ from hacfed.leftovers import CHILDREN_FILE, forget_children, kill_leftovers, rec
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
 from hacfed.server.config import ServerConfig, write_server_config
 from hacfed.server.coordinator import Journal, JournalError, load_task_from_config
+from hacfed.server.coordinator.errors import AuditError
 from hacfed.server.coordinator.settings_fit import check_settings_fit
+from hacfed.server.disk_space import SpacePause, hold_open_deadlines
 from hacfed.server.driver_settings import (
     CONSOLE_FILE,
     DONE_FILE,
@@ -160,6 +162,7 @@ class Server:
         self.console = ConsoleTail(self.state / CONSOLE_FILE, print)
         self.node_auth: NodeAuthSync | None = None  # with TLS: Flower's SuperNode authentication
         self._checked_registry = 0.0
+        self.space = SpacePause(self.state, say, time.monotonic, time.time)  # writes failing for lack of space
 
     def start_link(self, port: int) -> SuperLink:
         host, _ = self.cfg.listen
@@ -205,6 +208,10 @@ class Server:
         while True:
             self.console.pump()
             self.watch_registry()
+            ended = (self.link is not None and not self.link.process.alive()) or not (self.run and self.run.alive())
+            if self._paused_for_space(ended):
+                time.sleep(0.2)
+                continue
             if self.link is not None and not self.link.process.alive():
                 say(f"the SuperLink exited (code {self.link.process.returncode()}); restarting it on port "
                     f"{self.link.fleet_port}")
@@ -234,6 +241,35 @@ class Server:
                 f"journal). Last output:\n{tail}")
             time.sleep(min(2.0 * failures, 10.0))
             self.submit()
+
+    def _paused_for_space(self, ended: bool) -> bool:
+        """True while the state dir's writes fail for lack of space (hacfed.server.disk_space): nothing is
+        restarted and an ended run is not a failure. When space returns, Flower's side starts again."""
+        pause = self.space.check(now_needed=ended and not self.space.paused)
+        if pause is not None:
+            self._restart_after_pause(*pause)
+        return self.space.paused
+
+    def _restart_after_pause(self, since: float, paused_s: float) -> None:
+        """The SuperLink and the ServerApp may have failed a write in any state (Flower's SuperExec was
+        seen to die, leaving runs that never start): both start again, on the same port, once the open
+        rounds' deadlines are held by the pause (unless the ServerApp's driver held them itself)."""
+        if self.run is not None and self.run.alive():
+            self.sup.stop(self.run)
+        assert self.link is not None
+        port = self.link.fleet_port
+        if self.link.process.alive():
+            self.sup.stop(self.link.process)
+        c = self.cfg.coordinator
+        try:
+            held = hold_open_deadlines(c.journal_path, c.audit_path, since, paused_s, time.time())
+        except (JournalError, AuditError) as exc:
+            say(f"the open rounds' deadlines could not be held: {exc}")
+        else:
+            for round_id in held:
+                say(f"round {round_id}: deadline held {paused_s:.0f}s (the time paused)")
+        self.start_link(port)
+        self.submit()
 
     def _progress(self) -> tuple[int, int | None, tuple[int, ...]]:
         """Where the rounds stand (`driver-status.json`): a round opened or closed since is progress."""

@@ -153,6 +153,17 @@ class Journal:
             _event(db, now, "deadline_extended", None, round_id, detail)
             self._audit(AuditEvent("deadline_extended", round_id=round_id, code="below_quorum", detail=detail))
 
+    def hold_deadlines(self, by_s: float, now: float, detail: str) -> list[int]:
+        """Move every open round's deadline `by_s` later (the coordinator was paused for lack of space:
+        hacfed.server.headroom); returns those rounds. Not an extension: `extensions` is unchanged."""
+        with self._tx() as db:
+            held = [r for (r,) in db.execute("SELECT round_id FROM rounds WHERE state='OPEN' ORDER BY round_id")]
+            db.execute("UPDATE rounds SET deadline=deadline+? WHERE state='OPEN'", (by_s,))
+            for round_id in held:
+                _event(db, now, "deadline_held", None, round_id, detail)
+                self._audit(AuditEvent("deadline_held", round_id=round_id, code="paused", detail=detail))
+        return held
+
     def close_round(
         self, round_id: int, reason: str, closed_at: float, below_quorum: bool,
         capabilities: dict[str, float], tracker_state: dict,

@@ -16,6 +16,14 @@ round has closed with all four labs:
   heartbeat intervals (`flwr.common.constant.HEARTBEAT_DEFAULT_INTERVAL`, 30 s) of the restart, the
   lab's model load included; it then contributes to a round that all four close by quorum.
 
+Under load a healthy lab can miss the 5 s deadline as well; that round closes after an extension
+with fewer labs and is no trial of the row, so the fault is made again in a later round
+(`_a_fair_trial`, up to TRIALS times): every check above holds for the round that is the trial, and
+the test waits on what the labs and the coordinator do, not on the machine being fast enough once.
+On a loaded machine this test also found the coordinator hanging after lab-c's restart: the restart
+stopped lab-c's old SuperNode between its reply's metadata and content, and the ServerApp waited for
+that content for 2 h (fixed: hacfed.flower_pulls, `reply_content_wait_s`).
+
 tests/faults/test_dropout_straggler.py runs the same faults with 3 labs and a 25 s deadline, which
 stays green on a loaded CI machine; this test checks the rows' own numbers.
 """
@@ -38,6 +46,11 @@ DEADLINE_S = 5.0
 CLOSE_SLACK_S = 1.0  # R3: the round closes within deadline + 1 s
 ROUNDS = 1000  # never reached: the test stops the federation once lab-c is back (a loaded machine joins late)
 REJOIN_S = 2 * HEARTBEAT_DEFAULT_INTERVAL
+# A busy machine can make a healthy lab miss the 5 s deadline too: such a round is no trial of R3/R4
+# (`_a_fair_trial`), and the fault is made again in a later round, up to TRIALS times; a round with all
+# four (the healthy state the faults start from) is waited for over up to ALL_FOUR_TRIES rounds.
+TRIALS = 4
+ALL_FOUR_TRIES = 40
 
 
 def _all_four(fed: Federation, server, first: int, tries: int = 8) -> int:
@@ -68,6 +81,17 @@ def _freeze_after_receiving(fed: Federation, pid: str, first: int, whole_tree: b
     raise AssertionError(f"{pid} submitted before every SIGSTOP landed")
 
 
+def _a_fair_trial(fed: Federation, server, round_id: int, labs: list[str]) -> bool:
+    """Whether the round closed by deadline with exactly `labs`, the ones not frozen or killed. A round
+    where the machine made one of them miss the 5 s deadline too tests nothing of R3/R4 (it closes
+    after an extension, with fewer): the caller lets it go and tries the fault again."""
+    reason, _, contributors = _wait_closed(fed, server, round_id)
+    if (reason, contributors) == ("deadline", labs):
+        return True
+    assert set(contributors) < set(labs) or reason == "quorum", (round_id, reason, contributors)
+    return False
+
+
 def _closed_by_deadline_with(fed: Federation, server, round_id: int, labs: list[str]) -> float:
     """The round closed by deadline with `labs`, within the slack; the next round opened. Returns
     how long after its deadline it closed."""
@@ -89,8 +113,16 @@ def test_four_labs_quorum_three_a_5s_deadline_survive_a_straggler_and_a_dropout(
     server = fed.start(LABS)
     healthy = _all_four(fed, server, 0, tries=40)  # a lab that loads its model late joins a few rounds in
 
-    # -- R4: lab-b freezes after taking in its task
-    straggled = _freeze_after_receiving(fed, "lab-b", healthy + 1, whole_tree=True)
+    # -- R4: lab-b freezes after taking in its task (again, should the machine make another lab late too)
+    straggled = healthy
+    for _ in range(TRIALS):
+        straggled = _freeze_after_receiving(fed, "lab-b", straggled + 1, whole_tree=True)
+        if _a_fair_trial(fed, server, straggled, ["lab-a", "lab-c", "lab-d"]):
+            break
+        fed.signal_tree(fed.labs["lab-b"], signal.SIGCONT)
+        straggled = _all_four(fed, server, straggled + 1, tries=ALL_FOUR_TRIES)
+    else:
+        raise AssertionError(f"no fair straggler round in {TRIALS} tries:\n{server.text()[-3000:]}")
     late_r4 = _closed_by_deadline_with(fed, server, straggled, ["lab-a", "lab-c", "lab-d"])
     closed = _round_rows(fed, straggled)
     fed.signal_tree(fed.labs["lab-b"], signal.SIGCONT)
@@ -100,24 +132,31 @@ def test_four_labs_quorum_three_a_5s_deadline_survive_a_straggler_and_a_dropout(
         ("refused", "HACFED-E-ROUND-CLOSED")]
     assert _round_rows(fed, straggled) == closed
 
-    # -- R3: lab-c dies after taking in its task
-    again = _all_four(fed, server, straggled + 1)
+    # -- R3: lab-c dies after taking in its task (again, should the machine make another lab late too)
+    again = _all_four(fed, server, straggled + 1, tries=ALL_FOUR_TRIES)
     key = (fed.tmp / "lab-c" / "participant.pub").read_bytes()
-    dropped = _freeze_after_receiving(fed, "lab-c", again + 1, whole_tree=False)
-    fed.kill(fed.labs["lab-c"])
-    late_r3 = _closed_by_deadline_with(fed, server, dropped, ["lab-a", "lab-b", "lab-d"])
+    for trial in range(TRIALS):
+        dropped = _freeze_after_receiving(fed, "lab-c", again + 1, whole_tree=False)
+        fed.kill(fed.labs["lab-c"])
+        fair = _a_fair_trial(fed, server, dropped, ["lab-a", "lab-b", "lab-d"])
+        if fair:
+            late_r3 = _closed_by_deadline_with(fed, server, dropped, ["lab-a", "lab-b", "lab-d"])
 
-    restarted, since = time.monotonic(), len(server.text())
-    lab_c = fed.lab("lab-c", log="lab-c-2.log")  # the same command
-    fed.console(lab_c, r"using this lab's keys")
-    assert (fed.tmp / "lab-c" / "participant.pub").read_bytes() == key
-    # Rejoined: its first accepted submission after the restart. The driver prints "rejoined: lab-c"
-    # only when its Flower node was seen gone first, which a quick restart can beat.
-    back_in = int(fed.console(server, r"round (\d+) lab-c: submitted \d+ trajectories, accepted [1-9]",
-                              timeout=REJOIN_S + 60, since=since).group(1))
-    rejoin_s = time.monotonic() - restarted
-    assert rejoin_s <= REJOIN_S, f"lab-c rejoined {rejoin_s:.1f}s after its restart"
-    _all_four(fed, server, back_in)
+        restarted, since = time.monotonic(), len(server.text())
+        lab_c = fed.lab("lab-c", log=f"lab-c-{trial + 2}.log")  # the same command
+        fed.console(lab_c, r"using this lab's keys")
+        assert (fed.tmp / "lab-c" / "participant.pub").read_bytes() == key
+        # Rejoined: its first accepted submission after the restart. The driver prints "rejoined: lab-c"
+        # only when its Flower node was seen gone first, which a quick restart can beat.
+        back_in = int(fed.console(server, r"round (\d+) lab-c: submitted \d+ trajectories, accepted [1-9]",
+                                  timeout=REJOIN_S + 60, since=since).group(1))
+        rejoin_s = time.monotonic() - restarted
+        assert rejoin_s <= REJOIN_S, f"lab-c rejoined {rejoin_s:.1f}s after its restart"
+        again = _all_four(fed, server, back_in, tries=ALL_FOUR_TRIES)
+        if fair:
+            break
+    else:
+        raise AssertionError(f"no fair dropout round in {TRIALS} tries:\n{server.text()[-3000:]}")
     server.stop()
     assert server.popen.returncode == 0, server.text()[-3000:]
 

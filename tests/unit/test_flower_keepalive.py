@@ -41,6 +41,8 @@ def test_flowers_channels_get_the_keepalive_options_and_keep_their_own(installed
         assert "grpc.max_receive_message_length" in values
     assert dict(seen[0])["grpc.max_send_message_length"] == 1234
     assert dict(keepalive.CHANNEL_OPTIONS)["grpc.keepalive_time_ms"] == keepalive.KEEPALIVE_TIME_MS
+    # what gRPC waits for the ping's answer (60 s by default): faults/test_half_open_keepalive.py
+    assert dict(keepalive.CHANNEL_OPTIONS)["grpc.http2.ping_timeout_ms"] == keepalive.KEEPALIVE_TIMEOUT_MS
 
 
 def test_flowers_servers_accept_pings_as_often_as_labs_send_them(installed, monkeypatch):

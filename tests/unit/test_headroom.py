@@ -104,3 +104,63 @@ def test_a_round_open_when_space_runs_out_is_not_closed_until_space_returns(tmp_
         clock.t += fed.config.coordinator.round_deadline_s * 10
         fed.driver.close_round()
     assert fed.driver.coordinator.current_round is None and fed.rows()[0]["round"] == 0
+
+
+def test_the_deadline_of_a_round_open_during_a_pause_moves_later_by_the_time_paused(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=1)
+    disk = FakeDisk(600 * MIB)
+    fed.driver.headroom._usage = disk
+    fed.add(1, "lab-a")
+    assert fed.driver.next_round(fed.identified())  # round 0 opened and sent
+    coordinator, deadline_s = fed.driver.coordinator, fed.config.coordinator.round_deadline_s
+    deadline = coordinator.round_record(0).deadline
+    disk.free = MIB
+    clock.t += CHECK_INTERVAL_S
+    fed.driver.close_round()  # PAUSED
+    paused_at = clock.t
+    clock.t += 3 * deadline_s  # the labs could not deliver meanwhile
+    disk.free = 600 * MIB
+    fed.driver.close_round()  # resumed: the deadline is held, the round stays open
+    held = clock.t - paused_at
+    assert coordinator.round_record(0).deadline == pytest.approx(deadline + held)
+    assert coordinator.round_record(0).extensions == 0 and coordinator.current_round == 0
+    assert f"round 0: deadline held {held:.0f}s (the time paused)" in fed.lines
+    assert fed.driver.journal.events("deadline_held")[0]["round_id"] == 0
+
+
+def test_a_write_failing_for_lack_of_space_pauses_too_with_the_setting_off(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=1)
+    fed.driver.headroom.min_free_mib = 0  # the free-space check is off; another writer filled the disk
+    full = "a write of 256 KiB to the state dir s fails: No space left on device"
+    probe = {"problem": full}
+    monkeypatch.setattr("hacfed.server.headroom.probe_space", lambda state_dir: probe["problem"])
+    fed.add(1, "lab-a")
+    for _ in range(3):
+        assert fed.exchange() == {}
+        clock.t += CHECK_INTERVAL_S
+    assert fed.driver.coordinator.next_round_id == 0
+    assert [line for line in fed.lines if line.startswith("PAUSED: ")] == [
+        f"PAUSED: {full}; no round is opened or closed and nothing is sent until space returns (checked every 5s)"]
+    probe["problem"] = None
+    fed.run()
+    assert any(line.startswith("resumed: the state dir") for line in fed.lines)
+    assert fed.driver.coordinator.finished
+
+
+def test_no_deadline_is_extended_and_no_exchange_ended_by_one_while_paused(tmp_path: Path) -> None:
+    clock = FakeClock()
+    fed = Federation(tmp_path, clock, expected_participants=1)
+    disk = FakeDisk(600 * MIB)
+    fed.driver.headroom._usage = disk
+    fed.add(1, "lab-a")
+    assert fed.driver.next_round(fed.identified())  # round 0 opened and sent; its reply never comes
+    disk.free = MIB
+    clock.t += CHECK_INTERVAL_S
+    fed.driver.close_round()  # PAUSED
+    clock.t += 10 * fed.config.coordinator.round_deadline_s
+    assert fed.driver.round_done() is False  # an extension would be a journal write on a full disk
+    assert fed.driver.coordinator.round_record(0).extensions == 0
+    assert fed.driver.journal.events("deadline_extended") == []

@@ -4,6 +4,7 @@ TLS coordinator heard only "not reachable yet"). Real gRPC servers on loopback, 
 from __future__ import annotations
 
 import socket
+import threading
 from concurrent import futures
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import grpc
 import pytest
 
 from hacfed.certs import init_federation_certs
-from hacfed.clients.transport_probe import speaks_tls, transport_mismatch
+from hacfed.clients.runner import connect_failure
+from hacfed.clients.transport_probe import TransportWatch, speaks_tls, transport_mismatch
 
 
 def _server(tls_dir: Path | None) -> tuple[grpc.Server, str]:
@@ -65,3 +67,29 @@ def test_a_coordinator_that_is_down_gives_no_hint() -> None:
     assert speaks_tls(address, timeout_s=1.0) is None
     assert transport_mismatch(address, insecure=True, timeout_s=1.0) is None
     assert transport_mismatch(address, insecure=False, timeout_s=1.0) is None
+
+
+def test_the_watch_probes_again_while_the_supernode_connects_and_says_it_once() -> None:
+    """The coordinator was down at the first probe: the watch probes again during the attempt and
+    says the mismatch as soon as it is known; later attempts say nothing more (issue 42 L7)."""
+    hint = "the coordinator at x:1 speaks TLS but this lab runs plaintext (--insecure): pass --tls-ca ..."
+    calls: list[tuple[str, bool]] = []
+
+    def probe(server: str, insecure: bool) -> str | None:
+        calls.append((server, insecure))
+        return hint if len(calls) >= 3 else None  # nothing listening yet, then a TLS coordinator
+
+    said: list[str] = []
+    known = threading.Event()
+    watch = TransportWatch("x:1", True, lambda line: (said.append(line), known.set()), interval_s=0.01, probe=probe)
+    with watch.watching():  # one SuperNode attempt, still connecting
+        assert known.wait(60)
+    with watch.watching():  # the next attempt
+        pass
+    assert said == [f"{hint}; still trying"] and calls == [("x:1", True)] * 3 and watch.said == hint
+
+
+def test_a_supernode_failure_reaches_the_console_without_flowers_colour_codes(tmp_path: Path) -> None:
+    tail = "\x1b[92mINFO \x1b[0m:      Starting\n\x1b[91mERROR \x1b[0m:     Connection failed: UNAVAILABLE\n"
+    reason, _ = connect_failure(tail, tmp_path)
+    assert reason == "the SuperNode exited while connecting: ERROR :     Connection failed: UNAVAILABLE"
