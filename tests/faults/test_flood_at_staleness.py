@@ -42,7 +42,7 @@ from tests.faults.hostile_lab import Ctx, HonestParticipant, Lab
 from tests.faults.test_hostile_server import _stop, _wait
 from tests.unit.test_coordinator_fakes import TASK
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # a check of behaviour held as it was: the long tier
 
 BIN = Path(sys.executable).parent
 ROUNDS = 4
