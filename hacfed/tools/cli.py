@@ -80,15 +80,18 @@ def _export_model(args: argparse.Namespace) -> int:
 
 
 def _list_models(store: Any) -> int:
-    from hacfed.models.zoo import PRESETS
+    from hacfed.models.shipped import current_copy
+    from hacfed.models.zoo import PRESETS, preset_recipe
 
     print(f"cache: {store.models_root()}")
     for name, preset in PRESETS.items():
         meta = store.read_metadata(store.model_dir(name))
-        status = (
-            f"cached: accuracy {meta.get('heldout_accuracy')}, {meta.get('parameters')} params"
-            if meta else "not built (builds on first use)"
-        )
+        if meta:
+            status = f"cached: accuracy {meta.get('heldout_accuracy')}, {meta.get('parameters')} params"
+        elif current_copy(name, 0, store.recipe_hash(preset_recipe(name, 0))):
+            status = "shipped warmed up (copied into the cache on first use)"
+        else:
+            status = "not built (builds on first use)"
         print(f"  {name:<12} {preset.arch:<6} {preset.tokenizer:<5} {status}\n    {preset.description}")
     from hacfed.model_spec import SMOLLM2_DISTRIBUTION, smollm2_version
 
