@@ -41,8 +41,7 @@ def current_copy(name: str, seed: int, expected_hash: str) -> Path | None:
 
 
 def read_shipped_metadata(name: str) -> dict[str, Any] | None:
-    file = shipped_dir(name) / METADATA_FILE
-    return json.loads(file.read_text()) if file.is_file() else None
+    return _metadata(shipped_dir(name)) or None
 
 
 def copier(source: Path) -> Callable[[str, int, Path], dict[str, Any]]:
@@ -61,16 +60,23 @@ def copier(source: Path) -> Callable[[str, int, Path], dict[str, Any]]:
 def differences(built: Path, shipped: Path) -> list[str]:
     """What differs between a fresh build and a shipped copy: each file's bytes (the metadata
     aside, whose timings always differ) and the metadata's recipe hash, steps and accuracy."""
-    def files(root: Path) -> set[str]:
-        return {p.name for p in root.iterdir() if p.is_file() and p.name != METADATA_FILE} if root.is_dir() else set()
-
-    found = [f"{name}: only in {where}" for where, names in (("the build", files(built) - files(shipped)),
-                                                              ("the shipped copy", files(shipped) - files(built)))
-             for name in sorted(names)]
-    found += [f"{name}: bytes differ" for name in sorted(files(built) & files(shipped))
-              if (built / name).read_bytes() != (shipped / name).read_bytes()]
-    new, old = (json.loads((d / METADATA_FILE).read_text()) if (d / METADATA_FILE).is_file() else {}
-                for d in (built, shipped))
-    found += [f"{METADATA_FILE} {key}: {old.get(key)!r} shipped, {new.get(key)!r} built"
-              for key in ("recipe_hash", "warmup_steps", "heldout_accuracy") if new.get(key) != old.get(key)]
+    ours, theirs = _model_files(built), _model_files(shipped)
+    found = [f"{name}: only in the build" for name in sorted(ours - theirs)]
+    found += [f"{name}: only in the shipped copy" for name in sorted(theirs - ours)]
+    for name in sorted(ours & theirs):
+        if (built / name).read_bytes() != (shipped / name).read_bytes():
+            found.append(f"{name}: bytes differ")
+    new, old = _metadata(built), _metadata(shipped)
+    for key in ("recipe_hash", "warmup_steps", "heldout_accuracy"):
+        if new.get(key) != old.get(key):
+            found.append(f"{METADATA_FILE} {key}: {old.get(key)!r} shipped, {new.get(key)!r} built")
     return found
+
+
+def _model_files(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if p.is_file() and p.name != METADATA_FILE} if root.is_dir() else set()
+
+
+def _metadata(root: Path) -> dict[str, Any]:
+    file = root / METADATA_FILE
+    return json.loads(file.read_text()) if file.is_file() else {}

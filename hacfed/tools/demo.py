@@ -150,7 +150,7 @@ def run_demo(agents: Sequence[str], args: Any, outputs: tuple[Path, Path, bool])
         print(f"[demo] resuming the demo in {root}: its results go on in {metrics_out}")
     ids = participant_ids(agents)
 
-    print(f"[demo] preparing {len(agents)} agents (built and warmed up once, then cached in {store.models_root()})")
+    print(f"[demo] preparing {len(agents)} agents (copied or warmed up once, then cached in {store.models_root()})")
     for name in agents:
         prepare_agent(store, name)
 
