@@ -18,13 +18,16 @@ def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     models = sub.add_parser(
         "models", help="the built-in zoo of tiny agents: build (warm up + cache) and list", formatter_class=defaults,
         description="The built-in zoo of tiny heterogeneous agents. Each preset is built and warmed up on first use "
-                    "and cached under $HACFED_HOME (default: the user cache directory).")
+                    "(the three demo presets ship warmed up and are copied) and cached under $HACFED_HOME "
+                    "(default: the user cache directory).")
     actions = models.add_subparsers(dest="models_command", required=True, metavar="{build,list,export}")
     build = actions.add_parser("build", help="build, warm up and cache a preset (nothing to do when already cached)",
                                formatter_class=defaults,
                                description="Build a preset, warm it up to its target held-out accuracy and cache it.")
     build.add_argument("name", help="preset name (see `hacfed models list`)")
-    build.add_argument("--force", action="store_true", help="rebuild even when a current cached copy exists")
+    build.add_argument("--force", action="store_true",
+                       help="rebuild from scratch (a warm-up, also for a shipped preset) even when a current cached "
+                            "copy exists")
     build.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed")
     actions.add_parser("list", help="list the presets, smollm2, and what is cached under $HACFED_HOME",
                        formatter_class=defaults, description="List the presets, smollm2, and what is cached.")
