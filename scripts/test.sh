@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv on first use, runs `ruff check`, then the suite (unit + slow tests).
+# The test command: sets up .venv with the test tools (and Chromium, as root with apt) on first use,
+# runs `ruff check`, then the suite (unit + slow tests).
 # CI's budget for the default run is 20 minutes of tests on 2 cores from a fresh clone.
 #
 #   ./scripts/test.sh                  # the default run (what CI runs): everything but gpu, vllm, long
@@ -31,7 +32,8 @@ for arg in "$@"; do
         args+=("$arg")
     fi
 done
-"$root/scripts/bootstrap.sh"
+"$root/scripts/bootstrap.sh" --test
+"$root/scripts/install_chromium.sh"
 cd "$root"
 export HACFED_HOME="${HACFED_HOME:-$root/.hacfed-home}"
 # One torch thread per process: on a small shared machine two threads ran 3-15x slower (measured).

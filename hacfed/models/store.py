@@ -11,7 +11,8 @@ A build is atomic: it happens in a temporary directory beside the target (same f
 file is fsynced, and one `rename` publishes it. A per-name `flock` serializes builders, so two
 processes asking for the same preset build it once and never see a partial directory; a crashed
 build leaves only a temp dir, which the next builder removes. A cache whose recipe no longer
-matches the preset's (code changed) is rebuilt. Torch is imported only when a build runs.
+matches the preset's (code changed) is rebuilt. Torch is imported only when a build runs. The demo
+presets ship warmed up (hacfed.models.shipped): their first use copies them instead of training.
 """
 
 from __future__ import annotations
@@ -90,16 +91,18 @@ def ensure_built(
 ) -> Path:
     """Directory of preset `name` built with `seed`, building (and caching) it if needed.
 
-    `builder`/`expected_hash` default to the zoo's warm-up build and its recipe hash; tests pass
-    stand-ins to exercise the cache protocol without training.
+    `builder`/`expected_hash` default to the zoo's build and its recipe hash: a copy of the preset
+    shipped with hacfed when one exists for this recipe (hacfed.models.shipped), else the warm-up;
+    `force` always warms up. Tests pass stand-ins to exercise the cache protocol without training.
     """
     if builder is None or expected_hash is None:
-        from hacfed.models import zoo  # imports torch: only when a zoo build may be needed
+        from hacfed.models import shipped, zoo  # zoo imports torch: only when a zoo build may be needed
 
-        if builder is None:
-            builder = functools.partial(zoo.build_warmed_up, progress=progress)
         if expected_hash is None:
             expected_hash = recipe_hash(zoo.preset_recipe(name, seed))
+        if builder is None:
+            source = None if force else shipped.current_copy(name, seed, expected_hash)
+            builder = shipped.copier(source) if source else functools.partial(zoo.build_warmed_up, progress=progress)
     target = model_dir(name, seed)
     if not force and is_current(target, expected_hash):
         return target

@@ -18,13 +18,16 @@ def _add_models_parser(sub: argparse._SubParsersAction) -> None:
     models = sub.add_parser(
         "models", help="the built-in zoo of tiny agents: build (warm up + cache) and list", formatter_class=defaults,
         description="The built-in zoo of tiny heterogeneous agents. Each preset is built and warmed up on first use "
-                    "and cached under $HACFED_HOME (default: the user cache directory).")
+                    "(the three demo presets ship warmed up and are copied) and cached under $HACFED_HOME "
+                    "(default: the user cache directory).")
     actions = models.add_subparsers(dest="models_command", required=True, metavar="{build,list,export}")
     build = actions.add_parser("build", help="build, warm up and cache a preset (nothing to do when already cached)",
                                formatter_class=defaults,
                                description="Build a preset, warm it up to its target held-out accuracy and cache it.")
     build.add_argument("name", help="preset name (see `hacfed models list`)")
-    build.add_argument("--force", action="store_true", help="rebuild even when a current cached copy exists")
+    build.add_argument("--force", action="store_true",
+                       help="rebuild from scratch (a warm-up, also for a shipped preset) even when a current cached "
+                            "copy exists")
     build.add_argument("--seed", type=int, default=0, help="initialisation and data-order seed")
     actions.add_parser("list", help="list the presets, smollm2, and what is cached under $HACFED_HOME",
                        formatter_class=defaults, description="List the presets, smollm2, and what is cached.")
@@ -80,15 +83,18 @@ def _export_model(args: argparse.Namespace) -> int:
 
 
 def _list_models(store: Any) -> int:
-    from hacfed.models.zoo import PRESETS
+    from hacfed.models.shipped import current_copy
+    from hacfed.models.zoo import PRESETS, preset_recipe
 
     print(f"cache: {store.models_root()}")
     for name, preset in PRESETS.items():
         meta = store.read_metadata(store.model_dir(name))
-        status = (
-            f"cached: accuracy {meta.get('heldout_accuracy')}, {meta.get('parameters')} params"
-            if meta else "not built (builds on first use)"
-        )
+        if meta:
+            status = f"cached: accuracy {meta.get('heldout_accuracy')}, {meta.get('parameters')} params"
+        elif current_copy(name, 0, store.recipe_hash(preset_recipe(name, 0))):
+            status = "shipped warmed up (copied into the cache on first use)"
+        else:
+            status = "not built (builds on first use)"
         print(f"  {name:<12} {preset.arch:<6} {preset.tokenizer:<5} {status}\n    {preset.description}")
     from hacfed.model_spec import SMOLLM2_DISTRIBUTION, smollm2_version
 

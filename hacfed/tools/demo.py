@@ -153,7 +153,7 @@ def run_demo(agents: Sequence[str], args: Any, outputs: tuple[Path, Path, bool])
         print(f"[demo] resuming the demo in {root}: its results go on in {metrics_out}")
     ids = participant_ids(agents)
 
-    print(f"[demo] preparing {len(agents)} agents (built and warmed up once, then cached in {store.models_root()})")
+    print(f"[demo] preparing {len(agents)} agents (copied or warmed up once, then cached in {store.models_root()})")
     for name in agents:
         prepare_agent(store, name)
 
@@ -210,12 +210,13 @@ def run_demo(agents: Sequence[str], args: Any, outputs: tuple[Path, Path, bool])
 
 
 def prepare_agent(store: Any, name: str) -> None:
-    """Build and warm up a preset on first use (its bar, on a terminal, counts steps towards an
-    estimate from the held-out checks: hacfed.models.warmup_estimate), then one "ready" line."""
-    from hacfed.models import zoo
+    """Copy a shipped preset (hacfed.models.shipped), or build and warm up another, on first use (its
+    bar, on a terminal, counts steps towards an estimate from the held-out checks:
+    hacfed.models.warmup_estimate), then one "ready" line."""
+    from hacfed.models import shipped, zoo
 
     before = store.read_metadata(store.model_dir(name, 0))
-    if before is None:
+    if before is None and shipped.current_copy(name, 0, store.recipe_hash(zoo.preset_recipe(name, 0))) is None:
         print(f"[demo] {name}: building and warming up (first use; it stops when held-out accuracy reaches "
               f"{zoo.PRESETS[name].warmup.target_accuracy:.2f})", flush=True)
     path = store.ensure_built(name, 0, progress=sys.stderr.isatty())  # warm-up bars only on a terminal
@@ -224,6 +225,8 @@ def prepare_agent(store: Any, name: str) -> None:
     shown = f"held-out accuracy {accuracy:.2f}" if isinstance(accuracy, (int, float)) else "built"
     if meta == before:
         print(f"[demo] {name} ready (cached): {shown}", flush=True)
+    elif meta.get("shipped"):
+        print(f"[demo] {name} ready (shipped with hacfed, no warm-up): {shown}", flush=True)
     else:
         print(f"[demo] {name} ready: {shown} after {meta.get('warmup_steps')} warm-up steps "
               f"({float(meta.get('warmup_seconds') or 0.0):.0f} s)", flush=True)

@@ -6,8 +6,8 @@ demo runs synchronous rounds), a round number >= 1 and four uPlot charts with po
 screenshot, which must be a real picture (many colours); `HACFED_UPDATE_DOCS_IMG=1` copies it to
 docs/img/dashboard.png. In a 1280 px wide window (driven over Chromium's DevTools pipe), no chart
 may reach past the right edge. Ctrl-C then stops the demo and every process it started, the
-dashboard's thread with hacfed-server. Skipped when Chromium is not installed (scripts/bootstrap.sh
-installs Debian's `chromium` as root).
+dashboard's thread with hacfed-server. Skipped when Chromium is not installed (scripts/test.sh
+installs Debian's `chromium` as root: scripts/install_chromium.sh).
 
 `hacfed demo` has no max_staleness, so the staleness cells of K >= 1 are checked on a journal the
 real driver wrote at K = 1 with scripted labs (tests/unit/test_dashboard_staleness.py), served by the
@@ -157,7 +157,7 @@ def _get_state(url: str) -> dict:
         return json.loads(response.read())
 
 
-NO_CHROMIUM = "Chromium is not installed (scripts/bootstrap.sh apt-installs Debian's chromium when run as root)"
+NO_CHROMIUM = "Chromium is not installed (scripts/test.sh apt-installs Debian's chromium when run as root)"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)

@@ -1,5 +1,5 @@
 """A lab's own task in a real federation: the example task package (examples/hacfed-task-example,
-installed by scripts/bootstrap.sh) named in the [task] of a real hacfed-server and of three
+installed by scripts/bootstrap.sh --test) named in the [task] of a real hacfed-server and of three
 hacfed-client processes over Flower on loopback.
 
 lab-a (tiny-llama) and lab-b (tiny-gpt2) are honest; lab-c (tests/lying_lab.py: hacfed-client

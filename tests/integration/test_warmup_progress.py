@@ -1,6 +1,7 @@
 """hacfed demo's warm-ups, for real: a preset built on first use says what it waits for, counts its
 steps against an honest estimate (not its 1500-step cap), and ends with a "ready" line; a cached one
-says "ready (cached)". tiny-llama is built in a fresh HACFED_HOME (about a minute on one core)."""
+says "ready (cached)". tiny-llama is built in a fresh HACFED_HOME without its shipped copy (about a
+minute on one core)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ def test_a_first_warm_up_reports_an_honest_estimate_and_a_ready_line(tmp_path, m
     import torch
 
     import hacfed.models.warmup as warmup_module
-    from hacfed.models import store
+    from hacfed.models import shipped, store
     from hacfed.tools.demo import prepare_agent
 
     monkeypatch.setenv("HACFED_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(shipped, "SHIPPED_ROOT", tmp_path / "nothing-shipped")  # a real warm-up, not the copy
     monkeypatch.setattr(warmup_module, "PLAIN_PROGRESS_EVERY_S", 0.0)  # its plain line at every step
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

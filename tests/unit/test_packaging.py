@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hacfed.models.shipped import SHIPPED_PRESETS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,7 +76,7 @@ def _copy_sources(dest: Path) -> None:
 def test_wheel_builds_without_warnings_and_carries_the_data_and_licences(tmp_path):
     """A real (non-editable) build: setuptools prints none of its warnings about our configuration
     (licence format, a data folder treated as a package), and the wheel holds GSM8K with its MIT
-    licence, the Flower app file and the project licence."""
+    licence, the Flower app file, the shipped demo presets and the project licence."""
     import zipfile
 
     src, out = tmp_path / "src", tmp_path / "out"
@@ -92,7 +94,8 @@ def test_wheel_builds_without_warnings_and_carries_the_data_and_licences(tmp_pat
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("hacfed/data/gsm8k/train.jsonl", "hacfed/data/gsm8k/test.jsonl", "hacfed/data/gsm8k/LICENSE",
                  "hacfed/data/gsm8k/README.md", "hacfed/server/flower_app/pyproject.toml",
-                 "hacfed/proto/hacfed_v1.proto"):
+                 "hacfed/proto/hacfed_v1.proto", *(f"hacfed/models/presets/{name}/{file}" for name in SHIPPED_PRESETS
+                                                   for file in ("model.safetensors", "hacfed_model.json"))):
         assert name in names, name
     licences = {n.split("/licenses/", 1)[1] for n in names if "/licenses/" in n}
     assert licences == {"LICENSE", "hacfed/data/gsm8k/LICENSE"}

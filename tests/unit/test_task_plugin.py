@@ -1,7 +1,7 @@
 """A lab's own task (hacfed.tasks.plugin): a reward from an installed package, run only in its sandbox.
 
 The example package (examples/hacfed-task-example, entry point `reverse-word`) is installed in the
-test environment by scripts/bootstrap.sh; the misbehaving plugins of tests/plugin_fakes.py are real
+test environment by scripts/bootstrap.sh --test; the misbehaving plugins of tests/plugin_fakes.py are real
 entry points too, through a dist-info folder put on sys.path.
 """
 
