@@ -125,3 +125,12 @@ def test_at_the_coordinator_a_false_step_success_is_verified_zero_and_a_claim_of
     group = _false_step_group(plan, 0.0)
     result = honest.submit(Submission(plan.run_id, "lab-a", 0, group), sender="lab-a")
     assert result.accepted_ids == tuple(t.trajectory_id for t in group) and not result.rejected
+
+
+def test_arithmetic_says_what_its_verifier_does_not_check() -> None:
+    from hacfed.tasks.arithmetic import ArithmeticTask
+
+    assert ArithmeticTask().verifier_ignores.startswith("nothing")
+    words = ArithmeticTask(style="words")
+    assert "before the last integer" in words.verifier_ignores
+    assert words.verify(words.train_problems()[0], f"1 + 1 = 3, so {words.train_problems()[0].answer}").reward == 1.0
