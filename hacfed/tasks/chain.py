@@ -43,14 +43,13 @@ NOTATIONS = ("sym", "word")
 _SYMBOL = {"add": "+", "sub": "-"}
 _WORD = {"add": "plus", "sub": "minus"}
 _FINAL_RE = re.compile(r"Answer: (-?\d{1,12})")
-# A worked step anywhere in a line: `a+b=c`, `a-b=c`, a longer run of terms (`a+b-c=d`) or an equality
-# (`c=d`), with one or more results (`a+b=c=d`), spaces allowed, any number possibly negative. A match
-# starts where a run of terms starts (not after a digit, a sign or `=`), so `47+28+15=90` is read
-# whole, never as `28+15=90`.
-_STEP_RE = re.compile(
-    r"(?<![\d+=-])(-?[ \t]*\d+(?:[ \t]*[+-][ \t]*\d+)*)((?:[ \t]*=[ \t]*-?[ \t]*\d+)+)")
+# A worked step anywhere in a line: two or more sums of terms joined by `=` (`a+b=c`, `a-b=c`,
+# `a+b-c=d`, `a+b=c=d`, `c=d`, `a+b=c+d`), spaces allowed, any term possibly negative. A match starts
+# where a sum starts (not after a digit, a sign or `=`), so `47+28+15=90` is read whole, never as
+# `28+15=90`.
+_SUM = r"-?[ \t]*\d+(?:[ \t]*[+-][ \t]*\d+)*"
+_STEP_RE = re.compile(rf"(?<![\d+=-]){_SUM}(?:[ \t]*=[ \t]*{_SUM})+")
 _TERM_RE = re.compile(r"([+-]?)[ \t]*(\d+)")
-_RESULT_RE = re.compile(r"=[ \t]*(-?)[ \t]*(\d+)")
 MAX_RESPONSE_CHARS = 512
 
 
@@ -238,8 +237,9 @@ def notation_of(problem: Problem) -> str:
 
 def verify_worked_chain(gold: str, response: str, max_value: int) -> Verdict:
     """Reward 1 iff the response's last line is `Answer: <gold>` (`verify_final_answer`) and every
-    worked step before it (`a+b=c`, `a-b=c`, `a+b-c=d`, `c=d`, anywhere in a line) is true with every
-    number in [0, max_value]; the steps need not be the problem's own (a true detour is no lie)."""
+    worked step before it (sums joined by `=`: `a+b=c`, `a-b=c`, `a+b-c=d`, `c=d`, anywhere in a line)
+    is true, with every number and every sum in [0, max_value]; the steps need not be the problem's
+    own (a true detour is no lie)."""
     verdict = verify_final_answer(gold, response)
     if verdict.reward <= 0:
         return verdict
@@ -248,12 +248,13 @@ def verify_worked_chain(gold: str, response: str, max_value: int) -> Verdict:
     # Every digit run is at most MAX_RESPONSE_CHARS long (verify_final_answer checked the length), so
     # int() of it is cheap and never over Python's 4,300-digit limit.
     for step in _STEP_RE.finditer(body):
-        terms, results = step.groups()
-        signed = [-int(n) if s == "-" else int(n) for s, n in _TERM_RE.findall(terms)]
-        values = [-int(n) if s == "-" else int(n) for s, n in _RESULT_RE.findall(results)]
-        if any(v != sum(signed) for v in values):
+        sides = [[-int(n) if sign == "-" else int(n) for sign, n in _TERM_RE.findall(side)]
+                 for side in step.group().split("=")]
+        values = [sum(terms) for terms in sides]
+        if any(v != values[0] for v in values):
             return Verdict(0.0, f"false step {_shown(step.group())}")
-        if not all(0 <= n <= max_value for n in (signed[0], *map(abs, signed[1:]), *values)):
+        numbers = [n for terms in sides for n in (terms[0], *map(abs, terms[1:]))]  # a side may not start below 0
+        if not all(0 <= n <= max_value for n in (*numbers, *values)):
             return Verdict(0.0, f"step {_shown(step.group())} outside the task's range [0, {max_value}]")
     return verdict
 

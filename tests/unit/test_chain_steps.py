@@ -70,6 +70,7 @@ def test_every_reference_solution_still_scores_one_and_fits(terms: int) -> None:
 def test_true_steps_off_the_problems_own_chain_still_score() -> None:
     # the verifier checks truth and range, not the order a model chose
     assert TASK.verify(PROBLEM_93, "28+25=53\n40+53=93\nAnswer: 93").reward == 1.0
+    assert TASK.verify(PROBLEM_93, "40+28=60+8\n68+25=93\nAnswer: 93").reward == 1.0  # both sides are sums
 
 
 def test_the_task_says_what_its_verifier_does_not_check() -> None:
