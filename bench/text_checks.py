@@ -9,7 +9,7 @@ canary `see-evil.example` named too) over the reference solution of every proble
 task (add2, add2-words, chain with both notations, the shipped GSM8K, the example plugin when it is
 installed), as the literal match read them and as the folded one does (`hacfed.textfold`), and
 prints one JSON line per task: how many solutions each refuses, with up to three refused. With
-`--model`, also the model's answers (one sampled at temperature 1 and one greedy per problem) to
+`--model`, the model's answers instead (one sampled at temperature 1 and one greedy per problem) to
 the first `--problems` validation problems of add2-words and to the first test problems of GSM8K.
 
 chain-steps: answers the first `--problems` validation problems of the chain testbed (3 terms, add
@@ -79,13 +79,14 @@ def _count(texts: list[tuple[str, str]]) -> dict[str, Any]:
 
 
 def deny_cost(args: argparse.Namespace) -> None:
+    if args.model:  # the model's answers only: the solutions' counts do not depend on it
+        _model_answers(args)
+        return
     for name, task in _tasks().items():
         validation = getattr(task, "validation_problems", tuple)()  # a plugin task has no validation split
         problems = [*task.train_problems(), *validation, *task.eval_problems()]
         print(json.dumps({"task": name, "what": "reference solutions",
                           **_count([(p.prompt_id, p.solution) for p in problems])}), flush=True)
-    if args.model:
-        _model_answers(args)
 
 
 def _model_answers(args: argparse.Namespace) -> None:
@@ -95,6 +96,8 @@ def _model_answers(args: argparse.Namespace) -> None:
     tasks = _tasks()
     loaded = load_model(args.model, progress=False)
     for name, split, budget in (("add2-words", "validation", 48), ("gsm8k", "eval", 256)):
+        if name not in args.answer_tasks.split(","):
+            continue
         task = tasks[name]
         problems = list(task.validation_problems() if split == "validation" else task.eval_problems())
         problems = problems[: args.problems]
@@ -147,8 +150,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     deny = sub.add_parser("deny-cost", help="the folded deny-list over every built-in task's solutions")
-    deny.add_argument("--model", default=None, help="also a model's answers (e.g. smollm2)")
+    deny.add_argument("--model", default=None, help="a model's answers instead (e.g. smollm2)")
     deny.add_argument("--problems", type=int, default=96)
+    deny.add_argument("--answer-tasks", default="add2-words,gsm8k", help="whose problems the model answers")
     deny.add_argument("--batch-size", type=int, default=24)
     steps = sub.add_parser("chain-steps", help="the chain step check over models' answers")
     steps.add_argument("--models", default="chain-llama,chain-qwen2")

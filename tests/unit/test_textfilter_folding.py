@@ -36,6 +36,7 @@ VARIANTS = {
     "split mid-word by a newline": "see-ev\nil.example",
     "fullwidth URL": "\uff48\uff54\uff54\uff50\uff53\uff1a\uff0f\uff0fevil",
     "Cyrillic URL": "htt\u0440s://evil",
+    "URL split by a newline": "htt\nps://evil",
     "spelled-out address": "a(at)evil(dot)example",
     "address in words": "write to bob at evil dot example",
     "zero-width characters": "see\u200b-evil\u200d.example",
