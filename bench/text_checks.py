@@ -16,7 +16,10 @@ chain-steps: answers the first `--problems` validation problems of the chain tes
 and sub) with each model, greedily and once sampled at temperature 1, and prints one JSON line per
 (model, pass): how many answers the final answer alone scores 1 (`verify_final_answer`), how many
 the task's verifier scores 1 with the step check (`ChainTask.verify`), how many of the former the
-step check sets to 0 and why, and how many successes the response format refuses.
+step check sets to 0 and why, and how many successes the response format refuses; then, with
+`--group-size` samples for each of the first `--group-problems` problems (a round's groups), how
+many samples the step check sets to 0 and how many groups hold one (what a format check instead
+would leave out whole at every peer).
 """
 
 from __future__ import annotations
@@ -144,6 +147,27 @@ def chain_steps(args: argparse.Namespace) -> None:
                                                 for t, v in zip(texts, verdicts)),
                 "examples": [t for t, _ in changed[:3]], "generate_s": round(time.perf_counter() - t0, 1),
             }), flush=True)
+        _groups(args, task, loaded, model)
+
+
+def _groups(args: argparse.Namespace, task: Any, loaded: Any, model: str) -> None:
+    """G samples per problem, as a round samples them: the samples the step check sets to 0, and the
+    groups that hold such a sample (what a format check would leave out whole at every peer)."""
+    from hacfed.rollout.hf import generate
+    from hacfed.tasks.chain import verify_final_answer
+
+    problems = list(task.validation_problems())[: args.group_problems]
+    groups = generate(loaded.model, loaded.tokenizer, [p.messages for p in problems], num_samples=args.group_size,
+                      max_new_tokens=64, batch_size=args.batch_size, seed=1)
+    flips = [[verify_final_answer(p.answer, c.text).reward > task.verify(p, c.text).reward for c in group]
+             for p, group in zip(problems, groups)]
+    with_success = sum(any(verify_final_answer(p.answer, c.text).reward > 0 for c in group)
+                       for p, group in zip(problems, groups))
+    print(json.dumps({
+        "model": model, "group_size": args.group_size, "groups": len(problems),
+        "samples_set_to_0": sum(map(sum, flips)), "samples": len(problems) * args.group_size,
+        "groups_with_a_success": with_success, "groups_with_a_false_step_success": sum(map(any, flips)),
+    }), flush=True)
 
 
 def main() -> None:
@@ -158,6 +182,8 @@ def main() -> None:
     steps.add_argument("--models", default="chain-llama,chain-qwen2")
     steps.add_argument("--problems", type=int, default=500)
     steps.add_argument("--batch-size", type=int, default=50)
+    steps.add_argument("--group-problems", type=int, default=200)
+    steps.add_argument("--group-size", type=int, default=8)
     args = parser.parse_args()
     deny_cost(args) if args.command == "deny-cost" else chain_steps(args)
 
