@@ -24,22 +24,65 @@ from __future__ import annotations
 import re
 import unicodedata
 
-# Look-alike letters, by the Latin letter each imitates: Cyrillic, Greek, Armenian, Latin extensions.
-# Upper and lower case apart where they imitate different letters (Greek `Η` an H, `η` an n).
+# Look-alike letters and punctuation, by the ASCII character each imitates, named as Unicode names
+# them (the letters themselves would read as Latin here): Cyrillic, Greek, Armenian, Latin extensions.
+# Upper and lower case apart where they imitate different letters (Greek capital eta an H, small eta
+# an n). Fullwidth and small forms are not here: NFKC reads them.
 _LOOKALIKES = {
-    "a": "аɑαа⍺", "b": "ьвβƅ", "c": "сϲⅽ", "d": "ԁɗ", "e": "еєεҽ", "g": "ɡց", "h": "һнհ", "i": "іιıӏɩ",
-    "j": "јϳȷ", "k": "кκ", "l": "ⅼǀ", "m": "мⅿ", "n": "ηпո", "o": "оοσօ", "p": "рρ", "q": "ԛզ",
-    "r": "гᴦ", "s": "ѕʂ", "t": "тτ", "u": "υսμ", "v": "νѵ", "w": "ԝѡω", "x": "хχ", "y": "уγү", "z": "ᴢ",
-    "A": "АΑ", "B": "ВΒ", "C": "СϹ", "E": "ЕΕ", "H": "НΗ", "I": "ІΙӀ", "J": "Ј", "K": "КΚ", "M": "МΜ",
-    "N": "Ν", "O": "ОΟՕ", "P": "РΡ", "S": "Ѕ", "T": "ТΤ", "X": "ХΧ", "Y": "ҮΥ", "Z": "Ζ",
+    "a": ("CYRILLIC SMALL LETTER A", "GREEK SMALL LETTER ALPHA", "LATIN SMALL LETTER ALPHA"),
+    "b": ("CYRILLIC SMALL LETTER SOFT SIGN", "CYRILLIC SMALL LETTER VE", "GREEK SMALL LETTER BETA"),
+    "c": ("CYRILLIC SMALL LETTER ES", "GREEK SMALL LETTER FINAL SIGMA"),
+    "d": ("CYRILLIC SMALL LETTER KOMI DE", "LATIN SMALL LETTER D WITH HOOK"),
+    "e": ("CYRILLIC SMALL LETTER IE", "CYRILLIC SMALL LETTER UKRAINIAN IE", "GREEK SMALL LETTER EPSILON"),
+    "g": ("LATIN SMALL LETTER SCRIPT G", "ARMENIAN SMALL LETTER CO"),
+    "h": ("CYRILLIC SMALL LETTER SHHA", "CYRILLIC SMALL LETTER EN", "ARMENIAN SMALL LETTER HO"),
+    "i": ("CYRILLIC SMALL LETTER BYELORUSSIAN-UKRAINIAN I", "CYRILLIC SMALL LETTER PALOCHKA",
+          "GREEK SMALL LETTER IOTA", "LATIN SMALL LETTER DOTLESS I", "LATIN SMALL LETTER IOTA"),
+    "j": ("CYRILLIC SMALL LETTER JE", "GREEK LETTER YOT", "LATIN SMALL LETTER DOTLESS J"),
+    "k": ("CYRILLIC SMALL LETTER KA", "GREEK SMALL LETTER KAPPA"),
+    "l": ("LATIN LETTER DENTAL CLICK",),
+    "m": ("CYRILLIC SMALL LETTER EM",),
+    "n": ("GREEK SMALL LETTER ETA", "CYRILLIC SMALL LETTER PE", "ARMENIAN SMALL LETTER VO"),
+    "o": ("CYRILLIC SMALL LETTER O", "GREEK SMALL LETTER OMICRON", "GREEK SMALL LETTER SIGMA",
+          "ARMENIAN SMALL LETTER OH"),
+    "p": ("CYRILLIC SMALL LETTER ER", "GREEK SMALL LETTER RHO"),
+    "q": ("CYRILLIC SMALL LETTER QA", "ARMENIAN SMALL LETTER ZA"),
+    "r": ("CYRILLIC SMALL LETTER GHE",),
+    "s": ("CYRILLIC SMALL LETTER DZE", "LATIN SMALL LETTER S WITH HOOK"),
+    "t": ("CYRILLIC SMALL LETTER TE", "GREEK SMALL LETTER TAU"),
+    "u": ("GREEK SMALL LETTER UPSILON", "GREEK SMALL LETTER MU", "ARMENIAN SMALL LETTER SEH"),
+    "v": ("GREEK SMALL LETTER NU", "CYRILLIC SMALL LETTER IZHITSA"),
+    "w": ("CYRILLIC SMALL LETTER WE", "CYRILLIC SMALL LETTER OMEGA", "GREEK SMALL LETTER OMEGA"),
+    "x": ("CYRILLIC SMALL LETTER HA", "GREEK SMALL LETTER CHI"),
+    "y": ("CYRILLIC SMALL LETTER U", "CYRILLIC SMALL LETTER STRAIGHT U", "GREEK SMALL LETTER GAMMA"),
+    "z": ("LATIN LETTER SMALL CAPITAL Z",),
+    "A": ("CYRILLIC CAPITAL LETTER A", "GREEK CAPITAL LETTER ALPHA"),
+    "B": ("CYRILLIC CAPITAL LETTER VE", "GREEK CAPITAL LETTER BETA"),
+    "C": ("CYRILLIC CAPITAL LETTER ES", "GREEK CAPITAL LUNATE SIGMA SYMBOL"),
+    "E": ("CYRILLIC CAPITAL LETTER IE", "GREEK CAPITAL LETTER EPSILON"),
+    "H": ("CYRILLIC CAPITAL LETTER EN", "GREEK CAPITAL LETTER ETA"),
+    "I": ("CYRILLIC CAPITAL LETTER BYELORUSSIAN-UKRAINIAN I", "CYRILLIC LETTER PALOCHKA", "GREEK CAPITAL LETTER IOTA"),
+    "J": ("CYRILLIC CAPITAL LETTER JE",),
+    "K": ("CYRILLIC CAPITAL LETTER KA", "GREEK CAPITAL LETTER KAPPA"),
+    "M": ("CYRILLIC CAPITAL LETTER EM", "GREEK CAPITAL LETTER MU"),
+    "N": ("GREEK CAPITAL LETTER NU",),
+    "O": ("CYRILLIC CAPITAL LETTER O", "GREEK CAPITAL LETTER OMICRON", "ARMENIAN CAPITAL LETTER OH"),
+    "P": ("CYRILLIC CAPITAL LETTER ER", "GREEK CAPITAL LETTER RHO"),
+    "S": ("CYRILLIC CAPITAL LETTER DZE",),
+    "T": ("CYRILLIC CAPITAL LETTER TE", "GREEK CAPITAL LETTER TAU"),
+    "X": ("CYRILLIC CAPITAL LETTER HA", "GREEK CAPITAL LETTER CHI"),
+    "Y": ("CYRILLIC CAPITAL LETTER STRAIGHT U", "GREEK CAPITAL LETTER UPSILON"),
+    "Z": ("GREEK CAPITAL LETTER ZETA",),
     # punctuation that builds URLs and addresses
-    "-": "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2043\ufe58\ufe63\uff0d",
-    ".": "\u2024\u3002\uff0e\u00b7\u2027\u0701\u0702\ufe52\uff61",
-    "/": "\u2044\u2215\u29f8\u2571\uff0f",
-    ":": "\u2236\u0589\ua789\ufe55\uff1a\u02d0",
-    "@": "\uff20\ufe6b",
+    "-": ("HYPHEN", "FIGURE DASH", "EN DASH", "EM DASH", "HORIZONTAL BAR", "MINUS SIGN", "HYPHEN BULLET"),
+    ".": ("IDEOGRAPHIC FULL STOP", "MIDDLE DOT", "HYPHENATION POINT", "SYRIAC SUPRALINEAR FULL STOP",
+          "SYRIAC SUBLINEAR FULL STOP"),
+    "/": ("FRACTION SLASH", "DIVISION SLASH", "BIG SOLIDUS",
+          "BOX DRAWINGS LIGHT DIAGONAL UPPER RIGHT TO LOWER LEFT"),
+    ":": ("RATIO", "ARMENIAN FULL STOP", "MODIFIER LETTER COLON", "MODIFIER LETTER TRIANGULAR COLON"),
 }
-CONFUSABLES: dict[str, str] = {ch: latin for latin, chars in _LOOKALIKES.items() for ch in chars}
+CONFUSABLES: dict[str, str] = {unicodedata.lookup(name): plain for plain, names in _LOOKALIKES.items()
+                               for name in names}
 _TABLE = str.maketrans(CONFUSABLES)
 
 _OPEN, _CLOSE = r"[(\[{<]", r"[)\]}>]"
@@ -58,7 +101,9 @@ def fold(text: str) -> str:
     text = unicodedata.normalize("NFKC", text)
     if not text.isascii():
         text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf").translate(_TABLE)
-        text = unicodedata.normalize("NFKC", text)  # a look-alike's Latin letter may compose with a mark
+        # a look-alike's Latin letter may compose with a mark; a capital without a look-alike of its
+        # own may have one in lower case
+        text = unicodedata.normalize("NFKC", text).casefold().translate(_TABLE)
     text = text.casefold()
     text = _BRACKETED_AT.sub("@", text)
     text = _SPELLED_DOT.sub(".", text)
