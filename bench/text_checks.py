@@ -1,8 +1,8 @@
 """What the checks on a success's text cost honest answers: the folded deny-list, and the chain step check.
 
     python bench/text_checks.py deny-cost
-    python bench/text_checks.py deny-cost --model smollm2 --problems 96
-    OMP_NUM_THREADS=1 python bench/text_checks.py chain-steps --models chain-llama,chain-qwen2 --problems 500
+    OMP_NUM_THREADS=1 python bench/text_checks.py deny-cost --model smollm2 --problems 48 --answer-tasks add2-words
+    OMP_NUM_THREADS=1 python bench/text_checks.py chain-steps --models chain-llama,chain-qwen2 --problems 1000
 
 deny-cost: runs a lab's deny-list (`hacfed.clients.textfilter`, the default patterns, and with the
 canary `see-evil.example` named too) over the reference solution of every problem of every built-in
