@@ -14,6 +14,11 @@ inbound (`inbound_filter`, on by default): each peer sample of the pool must
      the `\\boxed{}` or number its verifier reads);
   2. match none of the deny-list: the regular expressions `deny_patterns` (by default a URL with a
      scheme or `www.`, and an e-mail address) and the literal strings `deny_strings` (known canaries).
+     The text and the deny-list are folded alike first (`hacfed.textfold`): case, Unicode
+     compatibility forms, look-alike letters and punctuation, zero-width and format characters, and
+     the spelled-out `(at)` / `(dot)`; each pattern (matched without regard to case) must find
+     nothing in the folded text nor in the folded text without whitespace, and each literal, folded
+     and without whitespace, must not occur in the latter: a canary split by a line break is found.
   A failure is held to the length and the deny-list only: its advantage is never positive, so its
   text is pushed down, not learnt, and an honest model's failures hold whatever it sampled (a
   byte-level model writes a control byte now and then).
@@ -28,8 +33,9 @@ outbound (`outbound_filter`, on by default): the deny-list alone, on the lab's o
   would be text the model never wrote, with a log-prob claim that is not its own.
 
 What this cannot do: a deny-list finds only what it names (a bare domain such as `evil.example` is
-not a URL to the default list), and the format bounds where text can go but cannot tell a trigger
-phrase written in plain words in a free-text answer (add2-words, gsm8k) from honest prose.
+not a URL to the default list; a canary paraphrased, spelled out letter by letter or encoded
+passes), and the format bounds where text can go but cannot tell a trigger phrase written in plain
+words in a free-text answer (add2-words, gsm8k) from honest prose.
 
     flt = inbound(task, deny_patterns=DEFAULT_DENY_PATTERNS, deny_strings=("see-evil.example",))
     kept, dropped = filter_pool(pool, "lab-a", flt)
@@ -39,14 +45,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Iterable, Sequence
 
 from hacfed.response_format import ResponseFormat, response_format
+from hacfed.textfold import fold, squeeze, views
 from hacfed.trajectory import Trajectory
 
 # A URL with a scheme or starting `www.`; an e-mail address (the lookbehind starts a match only where
-# a run of address characters starts, so a long run without `@` is read once).
-URL_PATTERN = r"(?i)\b(?:https?|ftp|file)://|\bwww\.[a-z0-9-]+\."
+# a run of address characters starts, so a long run without `@` is read once). No word boundary before
+# the scheme or `www`: in the text without whitespace (`views`) the word before runs into it.
+URL_PATTERN = r"(?i)(?:https?|ftp|file)://|www\.[a-z0-9-]+\."
 EMAIL_PATTERN = r"(?i)(?<![a-z0-9._%+-])[a-z0-9._%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}"
 DEFAULT_DENY_PATTERNS = (URL_PATTERN, EMAIL_PATTERN)
 __all__ = ["DEFAULT_DENY_PATTERNS", "ResponseFormat", "TextFilter", "check_task_solutions", "filter_pool",
@@ -61,6 +70,16 @@ class TextFilter:
     deny_patterns: tuple[re.Pattern[str], ...]
     deny_strings: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        for literal in self.deny_strings:
+            if not squeeze(fold(literal)):
+                raise ValueError(f"deny string {literal!r} is nothing once folded (hacfed.textfold): name text")
+
+    @cached_property
+    def _folded_strings(self) -> tuple[tuple[str, str], ...]:
+        """(literal, the literal folded and without whitespace) of each deny string."""
+        return tuple((literal, squeeze(fold(literal))) for literal in self.deny_strings)
+
     def why_not(self, t: Trajectory) -> str | None:
         """Why `t` may not pass (None when it may)."""
         text = t.response_text
@@ -68,11 +87,14 @@ class TextFilter:
             reason = self.format.why_not(text, t.reward)
             if reason is not None:
                 return reason
+        if not self.deny_patterns and not self.deny_strings:
+            return None
+        folded, squeezed = views(text)
         for pattern in self.deny_patterns:
-            if pattern.search(text) is not None:
+            if pattern.search(folded) is not None or pattern.search(squeezed) is not None:
                 return f"matches deny pattern {pattern.pattern!r}"
-        for literal in self.deny_strings:
-            if literal in text:
+        for literal, bare in self._folded_strings:
+            if bare in squeezed:
                 return f"contains {literal!r}"
         return None
 
@@ -80,12 +102,17 @@ class TextFilter:
 def inbound(task: Any, deny_patterns: Iterable[str] = DEFAULT_DENY_PATTERNS,
             deny_strings: Iterable[str] = ()) -> TextFilter:
     """The filter for peers' samples: the task's format and the deny-list."""
-    return TextFilter(response_format(task), tuple(re.compile(p) for p in deny_patterns), tuple(deny_strings))
+    return TextFilter(response_format(task), _compiled(deny_patterns), tuple(deny_strings))
 
 
 def outbound(deny_patterns: Iterable[str] = DEFAULT_DENY_PATTERNS, deny_strings: Iterable[str] = ()) -> TextFilter:
     """The filter for the lab's own samples: the deny-list alone."""
-    return TextFilter(None, tuple(re.compile(p) for p in deny_patterns), tuple(deny_strings))
+    return TextFilter(None, _compiled(deny_patterns), tuple(deny_strings))
+
+
+def _compiled(deny_patterns: Iterable[str]) -> tuple[re.Pattern[str], ...]:
+    """The patterns, matched without regard to case (the text they read is folded: `hacfed.textfold`)."""
+    return tuple(re.compile(p, re.IGNORECASE) for p in deny_patterns)
 
 
 def filter_pool(pool: Sequence[Trajectory], learner: str, flt: TextFilter | None) -> tuple[tuple[Trajectory, ...], int]:

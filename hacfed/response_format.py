@@ -9,9 +9,10 @@ the `successes` pool choice (`hacfed.capability.credit_successes`,
 The format of a built-in task is read off its verifier: at most `max_chars` characters; and a success
 (verified reward > 0) holds only printable text, newlines and tabs (no control or format character:
 no terminal escape, bidi override or zero-width character) and is written in the task's answer form
-(chain: only worked steps `a+b=c` and a last line `Answer: N`; add2: one integer; add2-words: an
-integer; a math task: the `\\boxed{}` or number its verifier reads). A failure is held to the length
-alone.
+(chain: at most `terms - 1` worked steps `a+b=c` with numbers of the task's size and a last line
+`Answer: N`; add2: one integer; add2-words: an integer; a math task: the `\\boxed{}` or number its
+verifier reads). A failure is held to the length alone. What each verifier leaves unread is said in
+docs/security.md ("What a verifier does not check").
 
     fmt = response_format(task)
     fmt.why_not("1+2=3\\nAnswer: 3", 1.0)   # None: it fits
@@ -33,8 +34,6 @@ from hacfed.tasks.math_verifier import MathVerifierConfig
 # Read from the field's default: building a MathVerifierConfig checks the sandbox's network isolation,
 # which an import must not do (hacfed-server imports this and refuses a host without isolation itself).
 GENERIC_MAX_CHARS = MathVerifierConfig.__dataclass_fields__["max_response_chars"].default
-_NUMBER = r"\d{1,12}"
-CHAIN_SUCCESS = re.compile(rf"\A(?:[ \t]*{_NUMBER}[+-]{_NUMBER}=-?{_NUMBER}[ \t]*\n)*[ \t]*Answer: -?{_NUMBER}\Z")
 _ASCII_BAD = re.compile(r"[^\x20-\x7e\n\t]")
 _BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})  # controls, format, unassigned, separators
 
@@ -71,7 +70,7 @@ def response_format(task: Task) -> ResponseFormat:
     """The response format of a built-in task, from what its verifier reads; a generic one (printable
     text within GENERIC_MAX_CHARS, no answer form) for any other task, a plugin's included."""
     if isinstance(task, ChainTask):
-        return ResponseFormat(task.name, MAX_RESPONSE_CHARS, CHAIN_SUCCESS,
+        return ResponseFormat(task.name, MAX_RESPONSE_CHARS, chain_success(task),
                               "the worked steps 'a+b=c' and a last line 'Answer: N' only")
     if isinstance(task, ArithmeticTask) and task.style == "symbols":  # verify_exact_integer: <= 64 characters
         return ResponseFormat(task.name, 64, re.compile(r"\A-?\d+\Z"), "one integer only")
@@ -85,6 +84,16 @@ def response_format(task: Task) -> ResponseFormat:
     return ResponseFormat(getattr(task, "name", "task"), GENERIC_MAX_CHARS, re.compile(""), "an answer")
 
 
+def chain_success(task: ChainTask) -> re.Pattern[str]:
+    """What a chain success must be: at most `terms - 1` worked steps `a+b=c` / `a-b=c`, one a line,
+    and a last line `Answer: N`, every number ASCII digits no longer than the task's largest
+    (`max_value`; the verifier checks the values and the steps' truth), so a success has no room for a
+    number the task could not produce."""
+    number = rf"[0-9]{{1,{len(str(task.max_value))}}}"
+    step = rf"[ \t]*{number}[+-]{number}={number}[ \t]*\n"
+    return re.compile(rf"\A(?:{step}){{0,{task.terms - 1}}}[ \t]*Answer: {number}\Z")
+
+
 def _bad_character(text: str) -> str | None:
     """The first character that is not printable text, a newline or a tab."""
     if text.isascii():
@@ -96,4 +105,4 @@ def _bad_character(text: str) -> str | None:
     return None
 
 
-__all__ = ["CHAIN_SUCCESS", "GENERIC_MAX_CHARS", "ResponseFormat", "response_format"]
+__all__ = ["chain_success", "GENERIC_MAX_CHARS", "ResponseFormat", "response_format"]

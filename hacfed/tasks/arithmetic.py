@@ -79,6 +79,13 @@ class ArithmeticTask(SplitLookup):
             )
 
     @property
+    def verifier_ignores(self) -> str:
+        """What `verify` does not check, for docs/security.md ("What a verifier does not check")."""
+        if self.style == "symbols":
+            return "nothing: the whole response must be the integer"
+        return "everything before the last integer: prose, and any arithmetic written in it"
+
+    @property
     def max_new_tokens(self) -> int | None:
         """The task's own response budget: WORDS_MAX_NEW_TOKENS for the words style; None (the
         caller's) for symbols."""

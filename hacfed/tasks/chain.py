@@ -8,8 +8,13 @@ answer, so responses are 20-40 tokens under every zoo tokenizer, while the model
     prompt:   "47+28+15="
     response: "47+28=75\\n75+15=90\\nAnswer: 90"
 
-The reward checks the final answer only (the last line must be `Answer: <integer>`), as the
-paper's reward checks only the last `\\boxed{}`. A problem is one chain of a single operation: the
+The reward checks the final answer (the last line must be `Answer: <integer>`), as the paper's
+reward checks the last `\\boxed{}`, and every worked step the response shows: each `a+b=c` or
+`a-b=c` before the final line must be true and its numbers within the task's range (0 to
+`max_value`), else the reward is 0 (`verify_worked_chain`). So a success never teaches a peer
+false arithmetic, and its steps carry no number the task could not produce. Text between the steps
+is not read by the verifier (`verifier_ignores`): a success is held to steps only by the response
+format (`hacfed.response_format`). A problem is one chain of a single operation: the
 task mix is addition chains ("add") and subtraction chains ("sub"). Subtraction chains start from a
 three-digit number and every running value stays >= 0. A prompt can also be written in words
 (`What is 47 plus 28 plus 15?`, the "word" notation) with the same worked solution. Agents can be
@@ -38,6 +43,13 @@ NOTATIONS = ("sym", "word")
 _SYMBOL = {"add": "+", "sub": "-"}
 _WORD = {"add": "plus", "sub": "minus"}
 _FINAL_RE = re.compile(r"Answer: (-?\d{1,12})")
+# A worked step anywhere in a line: two or more sums of terms joined by `=` (`a+b=c`, `a-b=c`,
+# `a+b-c=d`, `a+b=c=d`, `c=d`, `a+b=c+d`), spaces allowed, any term possibly negative. A match starts
+# where a sum starts (not after a digit, a sign or `=`), so `47+28+15=90` is read whole, never as
+# `28+15=90`.
+_SUM = r"-?[ \t]*\d+(?:[ \t]*[+-][ \t]*\d+)*"
+_STEP_RE = re.compile(rf"(?<![\d+=-]){_SUM}(?:[ \t]*=[ \t]*{_SUM})+")
+_TERM_RE = re.compile(r"([+-]?)[ \t]*(\d+)")
 MAX_RESPONSE_CHARS = 512
 
 
@@ -150,8 +162,20 @@ class ChainTask(SplitLookup):
     def _by_id(self) -> dict[str, Problem]:
         return {p.prompt_id: p for split in self._all for p in split}
 
+    @property
+    def max_value(self) -> int:
+        """The largest number a problem of this task holds, operand or running value: an addition
+        chain's sum (at most 99 per term) or a subtraction chain's start (at most 299)."""
+        return max(99 * self.terms, 299)
+
+    @property
+    def verifier_ignores(self) -> str:
+        """What `verify` does not check, for docs/security.md and the response format."""
+        return ("text between the worked steps (prose, a canary on its own line): the response format "
+                "holds a success to steps and the final line only")
+
     def verify(self, problem: Problem, response: str) -> Verdict:
-        return verify_final_answer(problem.answer, response)
+        return verify_worked_chain(problem.answer, response, self.max_value)
 
     def half_of(self, problem: Problem) -> str | None:
         """Which half of this task's mix a problem is, for per-half scores: its notation when the
@@ -211,8 +235,39 @@ def notation_of(problem: Problem) -> str:
     return "word" if problem.prompt_id.split(":", 1)[0].endswith("-word") else "sym"
 
 
+def verify_worked_chain(gold: str, response: str, max_value: int) -> Verdict:
+    """Reward 1 iff the response's last line is `Answer: <gold>` (`verify_final_answer`) and every
+    worked step before it (sums joined by `=`: `a+b=c`, `a-b=c`, `a+b-c=d`, `c=d`, anywhere in a line)
+    is true, with every number and every sum in [0, max_value]; the steps need not be the problem's
+    own (a true detour is no lie)."""
+    verdict = verify_final_answer(gold, response)
+    if verdict.reward <= 0:
+        return verdict
+    text = response.rstrip()
+    body = text.rsplit("\n", 1)[0] if "\n" in text else ""
+    # Every digit run is at most MAX_RESPONSE_CHARS long (verify_final_answer checked the length), so
+    # int() of it is cheap and never over Python's 4,300-digit limit.
+    for step in _STEP_RE.finditer(body):
+        sides = [[-int(n) if sign == "-" else int(n) for sign, n in _TERM_RE.findall(side)]
+                 for side in step.group().split("=")]
+        values = [sum(terms) for terms in sides]
+        if any(v != values[0] for v in values):
+            return Verdict(0.0, f"false step {_shown(step.group())}")
+        numbers = [n for terms in sides for n in (terms[0], *map(abs, terms[1:]))]  # a side may not start below 0
+        if not all(0 <= n <= max_value for n in (*numbers, *values)):
+            return Verdict(0.0, f"step {_shown(step.group())} outside the task's range [0, {max_value}]")
+    return verdict
+
+
+def _shown(step: str) -> str:
+    """A step as a verdict quotes it: at most 40 characters."""
+    step = step.strip()
+    return repr(step if len(step) <= 40 else step[:37] + "...")
+
+
 def verify_final_answer(gold: str, response: str) -> Verdict:
-    """Reward 1 iff the response's last line is `Answer: <gold>`; the steps are not checked."""
+    """Reward 1 iff the response's last line is `Answer: <gold>`; the steps are not checked (the
+    task's verifier, `verify_worked_chain`, checks them too)."""
     if not isinstance(response, str):
         return Verdict(0.0, "response is not text")
     if len(response) > MAX_RESPONSE_CHARS:
