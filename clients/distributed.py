@@ -73,6 +73,8 @@ class Replicated(Protocol):
     _own: dict[str, Trajectory]
     _reference: Any
 
+    def learner_local(self) -> dict[str, Any]: ...
+
 
 # --- rank 0's handle on the others -------------------------------------------------------------
 
@@ -160,11 +162,12 @@ class RankGroup:
 
     def train(self, participant: Replicated, update: RoundUpdate) -> dict[str, float]:
         pid = participant.participant_id
-        self._command("training", ("train", pid, update, participant._own, participant.capabilities))
+        local = participant.learner_local()  # the pool's temperature and the lab's partner trust
+        self._command("training", ("train", pid, update, participant._own, participant.capabilities, local))
         return self._collective(
             "training", train_on_pool, participant.model, participant.tokenizer, participant.optimizer,
             participant._reference, update, learner=pid, own=participant._own,
-            capabilities=participant.capabilities, cfg=participant.cfg, shards=self.shards,
+            capabilities=participant.capabilities, cfg=participant.cfg, shards=self.shards, **local,
         )
 
     def rollout(self, participant: Replicated, plan: RoundPlan) -> tuple[Trajectory, ...]:
