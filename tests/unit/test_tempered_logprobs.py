@@ -3,6 +3,7 @@ recomputed ones and the update's ratios are all of softmax(logits / T), worked b
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -68,3 +69,32 @@ def test_update_scores_the_learner_at_the_pool_temperature():
     # untempered: s = sqrt((9/40 · 1/40) / (81/112 · 1/112)) = sqrt(112896 / 129600) = 14/15
     assert ratios[1.0] == pytest.approx(math.exp((math.log(9 / 40) + math.log(1 / 40) - claim) / 2), abs=1e-6)
     assert ratios[1.0] == pytest.approx(14 / 15, abs=1e-6)
+
+
+def test_kl_to_the_reference_is_of_the_tempered_policies():
+    # The learner is uniform (1/32 per token at any T); the reference gives 'a' (id 2) the logit
+    # 2 ln 3. At T = .5 the reference has 'a' 81/112 and every other token 1/112, at T = 1 9/40 and
+    # 1/40. k3(d) = e^d − d − 1 with d = ref − learner, per token over "a"+EOS and "b"+EOS:
+    #   T = .5: 'a' d = ln(81·32/112): 19.001192; others d = ln(32/112): .538477
+    #           sequences (19.001192 + .538477) / 2 = 9.769834 and .538477 -> KL 5.154156
+    #   T = 1:  'a' d = ln 7.2: 4.225919; others d = ln .8: .023144 -> (2.124531 + .023144) / 2 = 1.073838
+    ref_model = UniformLM()
+    ref_model.logit.data[2] = 2 * math.log(3.0)
+
+    @contextlib.contextmanager
+    def reference():
+        yield ref_model
+
+    pool = [
+        Trajectory("me-0", "p", "me", 0, (ChatMessage("user", "p"),), "a", 1.0, -1.0, 1, "stop"),
+        Trajectory("me-1", "p", "me", 0, (ChatMessage("user", "p"),), "b", 0.0, -1.0, 1, "stop"),
+    ]
+    kl = {}
+    for t in (0.5, 1.0):
+        model = UniformLM()
+        out = hacpo_update(model, TOK, torch.optim.SGD(model.parameters(), lr=0.0), reference, pool, "me", ("me",),
+                           {"me": 0.5}, HacpoConfig(), minibatch_size=2, max_grad_norm=1e9, max_prompt_len=64,
+                           max_response_len=64, temperature=t)
+        kl[t] = out["kl"]
+    assert kl[0.5] == pytest.approx(5.154156, abs=1e-5)
+    assert kl[1.0] == pytest.approx(1.073838, abs=1e-5)
