@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,15 +131,17 @@ class RestoredState:
     capabilities: dict[str, float]
     own: dict[str, Trajectory]  # own trajectories of the last rollout, with local token ids
     last_pool_round: int | None = None  # the pool of the last update answered (None: none yet)
+    learner_state: dict[str, Any] = field(default_factory=dict)  # the lab's own learning state (JSON)
 
 
 def save_participant(
     directory: Path, *, participant_id: str, last_round: int | None, policy_version: int,
     last_pool_round: int | None = None,
     capabilities: Mapping[str, float], config: Mapping[str, Any], model: Any, optimizer: Any,
-    own: Mapping[str, Trajectory], keep: int = 2, suffix: str = "",
+    own: Mapping[str, Trajectory], keep: int = 2, suffix: str = "", learner_state: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Checkpoint a participant after the round it rolled out last (`ckpt-000000` before any)."""
+    """Checkpoint a participant after the round it rolled out last (`ckpt-000000` before any).
+    `learner_state`: JSON-able state the lab learned by itself (its partner trust, ...)."""
     import torch  # the participant has loaded it already; the service imports this module torch-free
 
     round_id = last_round if last_round is not None else -1
@@ -157,6 +159,8 @@ def save_participant(
             "config": config,
             "own_trajectories": [_trajectory_record(t) for t in own.values()],
         }
+        if learner_state:
+            state["learner_state"] = dict(learner_state)
         (tmp / "state.json").write_text(json.dumps(state))
 
     return save_checkpoint(directory, max(round_id, 0), write, keep=keep, suffix=suffix)
@@ -186,6 +190,7 @@ def restore_participant(
         capabilities={k: float(v) for k, v in state["capabilities"].items()},
         own=own_trajectories(state),
         last_pool_round=pool_round_of(state),
+        learner_state=dict(state.get("learner_state", {})),
     )
 
 

@@ -73,6 +73,8 @@ class Replicated(Protocol):
     own_samples: dict[str, Trajectory]
     reference: Any
 
+    def learner_local(self) -> dict[str, Any]: ...
+
 
 # --- rank 0's handle on the others -------------------------------------------------------------
 
@@ -160,11 +162,12 @@ class RankGroup:
 
     def train(self, participant: Replicated, update: RoundUpdate) -> dict[str, float]:
         pid = participant.participant_id
-        self._command("training", ("train", pid, update, participant.own_samples, participant.capabilities))
+        local = participant.learner_local()  # the pool's temperature and the lab's partner trust
+        self._command("training", ("train", pid, update, participant.own_samples, participant.capabilities, local))
         return self._collective(
             "training", train_on_pool, participant.model, participant.tokenizer, participant.optimizer,
             participant.reference, update, learner=pid, own=participant.own_samples,
-            capabilities=participant.capabilities, cfg=participant.cfg, shards=self.shards,
+            capabilities=participant.capabilities, cfg=participant.cfg, shards=self.shards, **local,
         )
 
     def rollout(self, participant: Replicated, plan: RoundPlan) -> tuple[Trajectory, ...]:

@@ -24,12 +24,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from hacfed.clients.answer_form import AnswerFormDrift
 from hacfed.clients.checkpoints import restore_participant, save_participant
 from hacfed.clients.context import model_context, readable_pool
 from hacfed.clients.participant_config import ParticipantConfig
 from hacfed.clients.rollout_and_eval import Evaluation, evaluate_held_out, export_for_vllm, rollout_plan
 from hacfed.clients.textfilter import filter_pool, filters_for, withhold_groups
 from hacfed.clients.training import prepare_training, train_on_pool
+from hacfed.clients.trust import PartnerTrust
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
 from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan
 from hacfed.tasks.base import Task
@@ -87,6 +89,9 @@ class Participant:
         self.own_samples: dict[str, Trajectory] = {}
         self._vllm = None
         self._ranks: Any = None  # hacfed.clients.distributed.RankGroup when training data-parallel
+        self.trust = PartnerTrust()  # the lab's own weight of each partner (hacfed.clients.trust)
+        self.answer_forms = AnswerFormDrift()  # the form of its answers at its first rollout
+        self._pool_temperature: float | None = None  # the sampling temperature of the last rollout
         if cfg.checkpoint_dir:
             self.resume(Path(cfg.checkpoint_dir))
         if cfg.rollout_backend == "vllm":
@@ -128,6 +133,8 @@ class Participant:
         self.timings = RoundTimings(checkpoint_s=self.timings.checkpoint_s)
         metrics: dict[str, float] = {}
         self.capabilities = dict(update.capabilities)
+        if self._pool_temperature is None and update.next_plan is not None:  # a run samples at one temperature
+            self._pool_temperature = update.next_plan.sampling.temperature
         if update.pool:
             t0 = time.perf_counter()
             metrics.update(self.train_on_pool(update))
@@ -161,6 +168,10 @@ class Participant:
             if plan.answer_keys == "public":  # local claims; none when the coordinator holds the answers
                 metrics["reward_mean"] = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
             metrics["rollout_truncated_frac"] = truncated_fraction(trajectories)
+            form_share = self.answer_forms.observe(t.response_text for t in trajectories)
+            if form_share is not None:
+                metrics["answer_form_start_share"] = form_share
+            self._pool_temperature = plan.sampling.temperature
             trajectories, withheld = withhold_groups(trajectories, self._outbound)
             metrics["withheld_outbound"] = float(withheld)
             self.last_round = plan.round_id
@@ -198,6 +209,12 @@ class Participant:
         metrics["skipped_filter"] = float(skipped_filter)
         return metrics
 
+    def learner_local(self) -> dict[str, Any]:
+        """What the update reads from this lab's own state: the pool's sampling temperature and its
+        trust in each partner (keywords of `train_on_pool`)."""
+        temperature = self._pool_temperature if self._pool_temperature is not None else 1.0
+        return {"temperature": temperature, "trust": self.trust.weights()}
+
     def _train(self, update: RoundUpdate) -> dict[str, float]:
         if self._ranks is not None:
             metrics = self._ranks.train(self, update)
@@ -205,7 +222,11 @@ class Participant:
             metrics = train_on_pool(
                 self.model, self.tokenizer, self.optimizer, self.reference, update,
                 learner=self.participant_id, own=self.own_samples, capabilities=self.capabilities, cfg=self.cfg,
+                **self.learner_local(),
             )
+        if update.hacpo.trust_rate > 0:  # learned from this update, used from the next one on
+            self.trust.update(metrics, update.hacpo)
+            metrics.update(self.trust.metrics())
         if metrics.get("num_updates", 0) > 0:
             self.policy_version += 1
         if self._vllm is not None:
@@ -240,12 +261,22 @@ class Participant:
             directory, keep=self.cfg.keep_checkpoints, suffix=suffix,
             participant_id=self.participant_id, last_round=self.last_round, last_pool_round=self.last_pool_round,
             policy_version=self.policy_version, capabilities=self.capabilities, config=asdict(self.cfg),
-            model=self.model, optimizer=self.optimizer, own=self.own_samples,
+            model=self.model, optimizer=self.optimizer, own=self.own_samples, learner_state=self._learner_state(),
         )
 
+    def _learner_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        if self.trust.weights():
+            state["trust"] = self.trust.weights()
+        if self.answer_forms.start is not None:
+            state["answer_form_start"] = self.answer_forms.start
+        if self._pool_temperature is not None:
+            state["pool_temperature"] = self._pool_temperature
+        return state
+
     def resume(self, directory: Path, path: Path | None = None) -> None:
-        """Restore weights, optimizer, RNG and own samples from the newest checkpoint in `directory` (or `path`);
-        nothing when there is none."""
+        """Restore weights, optimizer, RNG, own samples and learner state from the newest checkpoint in
+        `directory` (or `path`); nothing when there is none."""
         restored = restore_participant(directory, self.participant_id, self.model, self.optimizer, path)
         if restored is None:
             return
@@ -254,3 +285,7 @@ class Participant:
         self.last_pool_round = restored.last_pool_round
         self.capabilities = restored.capabilities
         self.own_samples = restored.own
+        learned = restored.learner_state
+        self.trust = PartnerTrust(learned.get("trust"))
+        self.answer_forms = AnswerFormDrift(learned.get("answer_form_start"))
+        self._pool_temperature = learned.get("pool_temperature")

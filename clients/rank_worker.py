@@ -116,9 +116,9 @@ def _serve(args: Any) -> int:
             kind, pid = command[0], command[1]
             rep = replicas[pid]
             if kind == "train":
-                _, _, update, own, capabilities = command
+                _, _, update, own, capabilities, local = command
                 train_on_pool(rep.model, rep.tokenizer, rep.optimizer, rep.reference, update, learner=pid, own=own,
-                              capabilities=capabilities, cfg=rep.cfg, shards=shards)
+                              capabilities=capabilities, cfg=rep.cfg, shards=shards, **local)
             elif kind == "rollout":
                 _, _, plan, policy_version = command
                 shards.all_gather(rollout_share(rep.model, rep.tokenizer, rep.task, rep.cfg, plan, policy_version,

@@ -64,14 +64,16 @@ def mean_logp_over_ratio_tokens(logp: Tensor, views: Sequence[TrainingView]) -> 
 
 
 def score_old_logps(model: Any, views: Sequence[TrainingView], indices: Sequence[int],
-                    pad_id: int, token_budget: int | None = None) -> dict[int, Tensor]:
-    """{i: the model's log-probs of views[i]'s ratio tokens} for each i in `indices`, no gradient;
-    in forwards of at most SCORE_CHUNK rows and, with `token_budget`, of that many padded tokens."""
+                    pad_id: int, token_budget: int | None = None, temperature: float = 1.0) -> dict[int, Tensor]:
+    """{i: the model's log-probs of views[i]'s ratio tokens} for each i in `indices`, no gradient,
+    of the policy tempered at `temperature`; in forwards of at most SCORE_CHUNK rows and, with
+    `token_budget`, of that many padded tokens."""
     out: dict[int, Tensor] = {}
     with torch.no_grad():
         for chunk in _score_chunks(views, indices, token_budget):
             sub = [views[i] for i in chunk]
-            logp, _ = sequence_logprobs(model, [v.prompt_ids for v in sub], [v.response_ids for v in sub], pad_id)
+            logp, _ = sequence_logprobs(model, [v.prompt_ids for v in sub], [v.response_ids for v in sub], pad_id,
+                                        temperature)
             for row, i in enumerate(chunk):
                 out[i] = logp[row, : views[i].ratio_token_count].float().cpu()
     return out

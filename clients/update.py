@@ -33,6 +33,7 @@ from torch import Tensor
 
 from hacfed.algorithm import HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3
 from hacfed.clients.microbatch import split_rows
+from hacfed.clients.partner_rules import rules_active, select_partner_views, trust_factors
 from hacfed.clients.sequence_ratio import (
     OldSide,
     learner_norms,
@@ -113,6 +114,7 @@ class LearnerBatch:
     omega: Tensor  # (N,) ratio(source, learner), 1 for own samples
     by_bytes: Tensor  # (N,) bool: xhacpo's per-byte ratio
     old: OldSide  # the old side of each ratio
+    temperature: float = 1.0  # every log-prob of the update is of the policy tempered at the rollouts' T
 
 
 @dataclass
@@ -137,7 +139,7 @@ class RowSplit(Protocol):
 
     def wrap(self, model: Any) -> Any: ...
     def score_old(
-        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
+        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int, temperature: float = 1.0
     ) -> dict[int, Tensor]: ...
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]: ...
     def microbatches(self, views: Sequence[TrainingView], start: int) -> list[slice] | None: ...
@@ -165,9 +167,9 @@ class OneProcess:
         return model
 
     def score_old(
-        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
+        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int, temperature: float = 1.0
     ) -> dict[int, Tensor]:
-        return score_old_logps(model, views, wanted, pad_id, self.token_budget)
+        return score_old_logps(model, views, wanted, pad_id, self.token_budget, temperature)
 
     def local_rows(self, start: int, size: int) -> tuple[slice, bool]:
         return slice(start, start + size), True
@@ -216,6 +218,8 @@ def hacpo_update(
     max_response_len: int,
     split: RowSplit | None = None,
     microbatch_tokens: int | None = None,
+    temperature: float = 1.0,
+    trust: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
 
@@ -225,11 +229,20 @@ def hacpo_update(
     come checked from its ParticipantConfig (`hacfed.clients.training`). `split`: where the
     minibatches' rows are computed (module docstring); every data-parallel rank calls with the same pool.
     `microbatch_tokens`: the most padded tokens one training forward holds (the default split's).
+    `temperature`: the rollouts' sampling temperature T; the learner's, the own old and the
+    reference log-probs are all of the policy tempered at T, like the sources' summaries.
+    `trust`: the lab's weight of each partner (`hacfed.clients.trust`), scaling that partner's ω
+    when `cfg.trust_rate` > 0. The learner-side rules of `hacfed.clients.partner_rules` leave out
+    the partner samples they reject before anything else sees the pool.
     """
     split = split if split is not None else OneProcess(microbatch_tokens)
     # The learner's batch: own samples first, then each other source in agent order (§5).
     views, skipped = build_views(order_pool(pool, learner, agent_order, cfg), learner, tokenizer, max_prompt_len,
                                  max_response_len)
+    selection = None
+    if views and rules_active(cfg):
+        views, selection = select_partner_views(views, learner, cfg, _learner_bytes_logp(
+            model, tokenizer.pad_token_id, views, learner, cfg, split, temperature))
     if not views:
         return {"num_samples": 0.0, "skipped_views": float(skipped)}
     # Mechanism 1 (§3): every sample judged against this learner's capability-weighted group baseline.
@@ -241,10 +254,12 @@ def hacpo_update(
     omega = torch.tensor(
         [capability_ratio(capabilities, v.source_id, learner, cfg) for v in views], dtype=torch.float32
     )
+    if trust is not None and cfg.trust_rate > 0:  # the lab's own trust in each partner scales its ω
+        omega = omega * trust_factors(views, trust)
     # The old side of each ratio (§5): a peer's sample against its source's summary, an own sample
     # against the learner's pre-update log-probs, scored before the first optimizer step.
     batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, minibatch_size,
-                           split)
+                           split, temperature)
 
     trainee = split.wrap(model)
     model.train()
@@ -266,17 +281,32 @@ def hacpo_update(
         optimizer.step()
         update_log.add(metrics, cross)
     model.eval()
-    return update_log.summary(views, advantages, skipped)
+    out = update_log.summary(views, advantages, skipped)
+    if selection is not None:
+        out.update(selection.metrics(update_log.carrying_cross()))
+    return out
 
 
 def _learner_batch(model: Any, pad_id: int, views: list[TrainingView], advantages: Tensor, omega: Tensor,
-                   learner: str, cfg: HacpoConfig, minibatch_size: int, split: RowSplit) -> LearnerBatch:
+                   learner: str, cfg: HacpoConfig, minibatch_size: int, split: RowSplit,
+                   temperature: float = 1.0) -> LearnerBatch:
     need_own = [i for i, v in enumerate(views) if needs_own_old(v, learner, cfg)]
     first = min(minibatch_size, len(views)) if split.defers_first_minibatch else 0
     pending = [i for i in need_own if i < first]  # filled by minibatch 0's forward (`OneProcess`)
-    scored = split.score_old(model, views, [i for i in need_own if i >= first], pad_id)
+    scored = split.score_old(model, views, [i for i in need_own if i >= first], pad_id, temperature)
     by_bytes = torch.tensor([per_byte(v, learner, cfg) for v in views], dtype=torch.bool)
-    return LearnerBatch(views, advantages, omega, by_bytes, old_side(views, scored, by_bytes, pending))
+    return LearnerBatch(views, advantages, omega, by_bytes, old_side(views, scored, by_bytes, pending), temperature)
+
+
+def _learner_bytes_logp(model: Any, pad_id: int, views: Sequence[TrainingView], learner: str, cfg: HacpoConfig,
+                        split: RowSplit, temperature: float) -> dict[int, float]:
+    """{i: the pre-update learner's log-prob per UTF-8 byte of each partner sample's text}, for the
+    likelihood rule (`partner_rules`); {} when that rule is off."""
+    if cfg.partner_min_byte_prob <= 0:
+        return {}
+    wanted = [i for i, v in enumerate(views) if v.source_id != learner and v.text_bytes > 0]
+    scored = split.score_old(model, views, wanted, pad_id, temperature)
+    return {i: float(scored[i].sum()) / views[i].text_bytes for i in wanted}
 
 
 def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tuple[slice, bool],
@@ -284,7 +314,8 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
     """The loss of minibatch m over this process's rows `mine` (slice, whether it has any)."""
     idx, has_rows = mine
     views = batch.views[idx]
-    logp, mask = sequence_logprobs(trainee, [v.prompt_ids for v in views], [v.response_ids for v in views], pad_id)
+    logp, mask = sequence_logprobs(trainee, [v.prompt_ids for v in views], [v.response_ids for v in views], pad_id,
+                                   batch.temperature)
     device = logp.device
     is_self = torch.tensor([v.is_self for v in views], dtype=torch.bool, device=device)
     adv = batch.advantages[idx]
@@ -307,7 +338,7 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
         cross = cross_rows(views, adv, flags)
     kl = None
     if reference is not None and cfg.kl_coef > 0 and bool(is_self.any()):
-        kl = _own_kl(reference, logp, mask, is_self, views, pad_id)
+        kl = _own_kl(reference, logp, mask, is_self, views, pad_id, batch.temperature)
     return MinibatchPart(has_rows, loss, metrics, count, int(is_self.sum()), norm, kl, cross)
 
 
@@ -371,11 +402,13 @@ def _normaliser(views: Sequence[TrainingView], cfg: HacpoConfig) -> int:
 
 
 def _own_kl(reference: Reference, logp: Tensor, mask: Tensor, is_self: Tensor, views: Sequence[TrainingView],
-            pad_id: int) -> Tensor:
-    """k3 KL of the learner's own samples in these rows against the reference policy (§5)."""
+            pad_id: int, temperature: float = 1.0) -> Tensor:
+    """k3 KL of the learner's own samples in these rows against the reference policy (§5), both
+    tempered at the rollouts' temperature."""
     own_rows = is_self.nonzero().squeeze(1)  # (k,)
     own = [views[i] for i in own_rows.tolist()]
     with torch.no_grad(), reference() as ref_model:
-        ref_logp, _ = sequence_logprobs(ref_model, [v.prompt_ids for v in own], [v.response_ids for v in own], pad_id)
+        ref_logp, _ = sequence_logprobs(ref_model, [v.prompt_ids for v in own], [v.response_ids for v in own], pad_id,
+                                        temperature)
     width = ref_logp.shape[1]  # the longest own response; wider columns are masked for own rows
     return kl_k3(logp[own_rows][:, :width], ref_logp.to(logp.device), mask[own_rows][:, :width])

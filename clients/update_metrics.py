@@ -75,6 +75,14 @@ class UpdateLog:
                 self._counts[key] = self._counts.get(key, 0) + 1
         self._cross.extend(cross)
 
+    def carrying_cross(self) -> dict[str, int]:
+        """{source: how many of its samples carried gradient} over the update so far."""
+        out: dict[str, int] = {}
+        for row in self._cross:
+            if row.carries:
+                out[row.source] = out.get(row.source, 0) + 1
+        return out
+
     def summary(self, views: Sequence[TrainingView], advantages: Tensor, skipped: int) -> dict[str, float]:
         """The averaged metrics, the update's shape and its advantages, and the per-source rows."""
         out = {k: self._sums[k] / self._counts[k] for k in self._sums}

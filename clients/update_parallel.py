@@ -45,10 +45,10 @@ class DataParallel:
         return self.shards.wrap(model)  # DDP averages the gradients in backward
 
     def score_old(
-        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int
+        self, model: Any, views: Sequence[TrainingView], wanted: Sequence[int], pad_id: int, temperature: float = 1.0
     ) -> dict[int, Tensor]:
         lo, hi = self.shards.bounds(len(wanted))
-        mine = score_old_logps(model, views, wanted[lo:hi], pad_id, self.token_budget) if hi > lo else {}
+        mine = score_old_logps(model, views, wanted[lo:hi], pad_id, self.token_budget, temperature) if hi > lo else {}
         out: dict[int, Tensor] = {}
         for part in self.shards.all_gather(sorted(mine.items())):
             out.update(part)

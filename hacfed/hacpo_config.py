@@ -12,6 +12,15 @@ HACPO_FAMILY = ("hacpo", "xhacpo")  # the modes with the four mechanisms
 ABLATION_FLAGS = ("capability_baseline", "capability_coefficient", "stepwise_clip", "cross_clip")
 RatioUnit = Literal["token", "byte"]
 ClipStyle = Literal["hard", "pessimistic"]
+# Learner-side rules for a partner's sample (docs/partner_rules.md), xhacpo only. Each default leaves
+# the rule off, so every mode's update is unchanged unless one is set.
+PARTNER_RULE_DEFAULTS = {
+    "rescue_max_own_reward": 1.0,
+    "partner_min_byte_prob": 0.0,
+    "trust_rate": 0.0,
+    "trust_target": 0.25,
+    "trust_floor": 0.01,
+}
 EXTENSION_CHOICES = {
     "cross_ratio_unit": ("token", "byte"),
     "cross_clip_style": ("hard", "pessimistic"),
@@ -34,6 +43,14 @@ class HacpoConfig:
       capability_coefficient: off -> ω = 1 (paper's "-ω").
       stepwise_clip: off -> static lower bound 1 - δ for cross samples.
       cross_clip: off -> cross-agent ratios are not clipped at all.
+    xhacpo's extensions (docs/xhacpo.md): cross_ratio_unit, cross_clip_style, cross_negatives.
+    Learner-side rules for a partner's sample, xhacpo only, each off by default (docs/partner_rules.md):
+      rescue_max_own_reward: a partner's samples of a prompt count only where the learner's own
+        group's mean reward is <= this (0.0: only where all own samples failed; 1.0: always).
+      partner_min_byte_prob: a partner's sample whose per-byte probability under the learner,
+        exp(Σ log π_k / bytes), is below this is left out (0.0: none is).
+      trust_rate, trust_target, trust_floor: per-partner trust each lab learns from its own pool
+        (hacfed.clients.trust); trust_rate 0 keeps every weight at 1.
     """
 
     mode: Mode = "hacpo"
@@ -58,6 +75,11 @@ class HacpoConfig:
     cross_ratio_unit: RatioUnit = "token"
     cross_clip_style: ClipStyle = "hard"
     cross_negatives: Literal["learn", "skip"] = "learn"
+    rescue_max_own_reward: float = 1.0
+    partner_min_byte_prob: float = 0.0
+    trust_rate: float = 0.0
+    trust_target: float = 0.25
+    trust_floor: float = 0.01
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -94,12 +116,20 @@ class HacpoConfig:
         _check(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
         _check(0 < self.grpo_clip_low < 1, "grpo_clip_low", self.grpo_clip_low, "in (0, 1)")
         _check(self.grpo_clip_high > 0, "grpo_clip_high", self.grpo_clip_high, "> 0")
+        _check(0.0 <= self.rescue_max_own_reward <= 1.0, "rescue_max_own_reward", self.rescue_max_own_reward,
+               "in [0, 1]")
+        _check(0.0 <= self.partner_min_byte_prob < 1.0, "partner_min_byte_prob", self.partner_min_byte_prob,
+               "in [0, 1)")
+        _check(self.trust_rate >= 0, "trust_rate", self.trust_rate, ">= 0")
+        _check(0 < self.trust_target <= 1, "trust_target", self.trust_target, "in (0, 1]")
+        _check(0 < self.trust_floor <= 1, "trust_floor", self.trust_floor, "in (0, 1]")
         changed = [name for name in ABLATION_FLAGS if getattr(self, name) is not True]
         if self.mode not in HACPO_FAMILY and changed:
             raise ValueError(
                 f"HacpoConfig: ablation flag(s) {changed} only apply to modes {HACPO_FAMILY}, not {self.mode!r}"
             )
         extended = [name for name, choices in EXTENSION_CHOICES.items() if getattr(self, name) != choices[0]]
+        extended += [name for name, default in PARTNER_RULE_DEFAULTS.items() if getattr(self, name) != default]
         if self.mode != "xhacpo" and extended:
             raise ValueError(f"HacpoConfig: {extended} only apply to mode 'xhacpo' (mode {self.mode!r} is paper-exact)")
 

@@ -1,11 +1,12 @@
 """Rollouts with Hugging Face `model.generate`, returning what HACPO needs from each sample.
 
-Every sample comes back with the log-prob of each of its tokens under the *policy* π, i.e. the
-model's temperature-1 distribution, read from the raw logits (`output_logits`), EOS excluded. That is
-the `source_logp_sum` a participant publishes and the "old" log-prob of its own samples. At the
-federation's sampling settings (temperature 1, top_p 1, no top-k) it is also exactly the
-distribution the tokens were drawn from; at other settings it is still log π, not the log-prob of
-the tempered/truncated sampling distribution.
+Every sample comes back with the log-prob of each of its tokens under the *tempered policy*
+softmax(logits / T) at the sampling temperature T, read from the raw logits (`output_logits`), EOS
+excluded: the distribution the tokens were drawn from (with top_p 1 and no top-k, the federation's
+settings). That is the `source_logp_sum` a participant publishes; the learner scores the same
+tempered policy in its update (`hacfed.rollout.logprobs.sequence_logprobs(temperature=T)`), so
+both sides of every ratio are log-probs of one distribution. top_p < 1 truncates the sampling
+distribution, which the log-probs do not follow.
 
 Two transformers behaviours would silently bias importance ratios, so both are switched off:
   * the library default `top_k=50` (we pass `top_k=0`, i.e. no truncation), and
@@ -205,9 +206,10 @@ def _generate_batch(model: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[in
     new_tokens = out.sequences[:, input_ids.shape[1]:]  # (B, T)
     if len(out.logits) != new_tokens.shape[1]:
         raise RuntimeError(f"generate returned {len(out.logits)} logit steps for {new_tokens.shape[1]} tokens")
-    # Raw (temperature-1, untruncated) logits of each step -> log π of the token sampled there.
+    # Raw logits of each step, tempered as the sampler tempered them -> log π_T of the token drawn.
+    temperature = float(config.temperature) if config.do_sample else 1.0
     token_logprobs = torch.stack(
-        [gather_token_logprobs(step, new_tokens[:, t]) for t, step in enumerate(out.logits)], dim=1
+        [gather_token_logprobs(step, new_tokens[:, t], temperature) for t, step in enumerate(out.logits)], dim=1
     )  # (B, T)
     return _to_completions(tokenizer, new_tokens.cpu(), token_logprobs.cpu(), config.eos_token_id)
 
@@ -230,8 +232,8 @@ def generate(
     batch_size counts sequences (prompt × sample) per `model.generate` call; it bounds memory,
     which grows with batch × max_new_tokens × vocab for the stored logits. With a seed the result
     is reproducible for the same batch_size; the caller's global RNG state is left untouched.
-    `Completion.logprobs` are log π at temperature 1 whatever `temperature`/`top_p` say (module
-    docstring); the federation samples at 1/1, where that is the sampling distribution itself.
+    `Completion.logprobs` are log-probs of the policy tempered at `temperature` (greedy: at 1), the
+    distribution sampled from; `top_p` < 1 truncates it, which they do not follow (module docstring).
     """
     validate_generate_args(num_samples, max_new_tokens, temperature, top_p, batch_size, seed)
     if not prompts:

@@ -9,6 +9,10 @@ absolute position embeddings (GPT-2) would otherwise shift a left-padded prompt 
 score a different sequence than the one that was sampled. Gradients flow through the result; wrap
 the call in `torch.inference_mode()` when only values are needed.
 
+`temperature` T scores the tempered policy softmax(logits / T), the distribution a rollout at T
+samples from (as TRL and verl compute it): the sampler's summary, the learner's recomputed
+log-probs and the reference's must all use the same T for a ratio to compare like with like.
+
     logp, mask = sequence_logprobs(model, [[5, 6, 7], [8]], [[9, 2], [3]], pad_id=0)  # (2, 2) each
 """
 
@@ -66,12 +70,15 @@ def pack_prompt_response(
     return input_ids.to(device), attention_mask.to(device), response_mask.to(device), prompt_width
 
 
-def gather_token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """log_softmax(logits)[token] in float32 without materialising a second (B, T, V) tensor.
+def gather_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
+    """log_softmax(logits / temperature)[token] in float32 without materialising a second (B, T, V)
+    tensor. At temperature 1 the logits are used as they are.
 
     logits (..., V), tokens (...) -> (...)
     """
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
@@ -81,8 +88,10 @@ def sequence_logprobs(
     prompt_ids: Sequence[Sequence[int]],
     response_ids: Sequence[Sequence[int]],
     pad_id: int,
+    temperature: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """Per-token log π(response_t | prompt, response_<t) under `model`, teacher-forced.
+    """Per-token log π(response_t | prompt, response_<t) under `model`, teacher-forced, of the policy
+    tempered at `temperature` (module docstring).
 
     Returns (logp, mask), both (B, T_resp) with T_resp the longest response: logp is float32 and 0
     where mask is False (padding beyond a row's response).
@@ -111,5 +120,5 @@ def sequence_logprobs(
         )
     logits = outputs.logits[:, :-1, :]  # (B, Tr, V)
     targets = input_ids[:, prompt_width:]  # (B, Tr)
-    logp = gather_token_logprobs(logits, targets)  # (B, Tr)
+    logp = gather_token_logprobs(logits, targets, temperature)  # (B, Tr)
     return logp.masked_fill(~response_mask, 0.0), response_mask

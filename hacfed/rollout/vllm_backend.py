@@ -9,9 +9,10 @@ call `reload()`, or the samples come from a stale policy and every importance ra
 
 Sampling matches the federation's contract: temperature/top_p as given, top-k off (-1, accepted as
 "disabled" by every vLLM >= 0.8), no penalties, one log-prob per sampled token (`logprobs=0`).
-vLLM's V1 engine reports those log-probs from the raw logits, i.e. log π at temperature 1, like the
-transformers engine; the legacy V0 engine reports them after temperature scaling, so the two only
-agree at temperature 1. Only the tokenizer's EOS stops a sample (`ignore_eos` plus
+vLLM's V1 engine reports those log-probs from the raw logits, i.e. log π at temperature 1, while the
+transformers engine and the trainer use the tempered policy at the sampling temperature; the legacy
+V0 engine reports them after temperature scaling. So this engine samples at temperature 1 only
+(another temperature is refused). Only the tokenizer's EOS stops a sample (`ignore_eos` plus
 `stop_token_ids`), so extra EOS ids listed in a checkpoint's generation config do not cut samples
 the transformers engine would continue.
 
@@ -150,6 +151,9 @@ class VllmRollout:
         """Same contract as `hacfed.rollout.hf.generate`. `model` and `batch_size` are accepted for
         signature compatibility and unused: vLLM holds its own weights and schedules its own batches."""
         validate_generate_args(num_samples, max_new_tokens, temperature, top_p, batch_size, seed)
+        if not greedy and temperature != 1.0:
+            raise ValueError(f"the vLLM engine samples at temperature 1 only (its log-probs are the untempered "
+                             f"policy's), got {temperature!r}: use the transformers engine")
         del model, batch_size
         if not prompts:
             return []

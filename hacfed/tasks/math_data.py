@@ -26,10 +26,10 @@ the last number (a small model seldom boxes), and carries its own response budge
 `hacfed sim` takes that budget unless `--max-new-tokens` is given; a coordinator takes it unless
 its `[sampling] max_new_tokens` is set (hacfed.tasks.registry.task_sampling_defaults).
 
-Sampling stays at the federation's temperature 1 (no top-k/top-p): rollout log-probs, a peer's
-published `source_logp_sum` and the learner's old and new log-probs are all log π at temperature 1
-(hacfed.rollout.hf, docs/hacpo.md §5), which is the distribution the tokens are drawn from only at
-temperature 1. The budget is kept affordable by the prompt, not by a lower temperature.
+Sampling stays at the federation's default temperature 1 (no top-k/top-p); at another temperature T,
+rollout log-probs, a peer's published `source_logp_sum` and the learner's old and new log-probs are
+all of the policy tempered at T (hacfed.rollout.hf, docs/hacpo.md §5). The budget is kept affordable
+by the prompt, not by a lower temperature.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ class NamedMode:
 
 # xhacpo = HACPO's four mechanisms + three changes to how a peer's sample is used (docs/xhacpo.md).
 XHACPO = {"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic", "cross_negatives": "skip"}
+# The learner-side rules' study settings (docs/partner_rules.md): rescue, likelihood floor, trust.
+PARTNER_RULES = {"rescue_max_own_reward": 0.0, "partner_min_byte_prob": 0.5, "trust_rate": 0.5}
 
 _MODES = (
     NamedMode("xhacpo", XHACPO, "recommended: HACPO that learns from peers' successes only, with a "
@@ -57,6 +59,16 @@ _MODES = (
               "xhacpo ablation: HACPO's two-sided cross clip"),
     NamedMode("xhacpo-token", {**XHACPO, "cross_ratio_unit": "token"},
               "xhacpo ablation: HACPO's per-token ratio"),
+    # xhacpo with the learner-side rules for a partner's sample (docs/partner_rules.md), one at a time
+    # and together; candidates for a pretrained learner, each to be chosen on the validation split.
+    NamedMode("xhacpo-rescue", {**XHACPO, "rescue_max_own_reward": 0.0},
+              "xhacpo, a partner's samples counting only where all of the learner's own failed"),
+    NamedMode("xhacpo-likely", {**XHACPO, "partner_min_byte_prob": 0.5},
+              "xhacpo, leaving out partner text the learner finds improbable (< .5 per byte)"),
+    NamedMode("xhacpo-trust", {**XHACPO, "trust_rate": 0.5},
+              "xhacpo, each partner's ω scaled by the trust the lab learns in it"),
+    NamedMode("xhacpo-rules", {**XHACPO, **PARTNER_RULES},
+              "xhacpo with rescue, the likelihood floor and learned trust together"),
 )
 MODES: Mapping[str, NamedMode] = MappingProxyType({m.name: m for m in _MODES})
 MODE_NAMES: tuple[str, ...] = tuple(MODES)

@@ -64,8 +64,8 @@ class SimConfig:
     prompts_per_round: int = 16
     group_size: int = 8
     max_new_tokens: int | None = 6  # None: the task's own budget (its `max_new_tokens`)
-    # Rollout temperature. The federation's is 1: every published log-prob is the temperature-1
-    # policy's (hacfed.rollout.hf), the sampling distribution only there.
+    # Rollout temperature T. Every log-prob of a ratio (a rollout's summary, the learner's, the
+    # reference's) is of the policy tempered at T (hacfed.rollout.hf, hacfed.rollout.logprobs).
     temperature: float = 1.0
     eval_every: int = 5
     eval_problems: int = 200

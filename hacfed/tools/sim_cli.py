@@ -68,8 +68,8 @@ def add_parser(sub: Any) -> None:
                         + ", ".join(f"{k} {v[1] or 'its own'}" for k, v in TASKS.items())
                         + "; gsm8k's is hacfed.tasks.math_data.GSM8K_MAX_NEW_TOKENS)")
     p.add_argument("--temperature", type=float, default=1.0,
-                   help="rollout temperature; log-probs stay the temperature-1 policy's, so only 1 samples from the "
-                        "distribution the importance ratios assume (below 1, a small model's answers ramble less)")
+                   help="rollout temperature T; every log-prob of the update is of the policy tempered at T, the "
+                        "distribution sampled from (below 1, a small model's answers ramble less)")
     p.add_argument("--lr", type=float, default=DEFAULT_LR, help="AdamW learning rate of every agent")
     p.add_argument("--finetune", choices=("auto", "full", "lora"), default="auto",
                    help="full fine-tuning, a LoRA adapter, or auto: LoRA above 300M parameters (hacfed.models.memory)")

@@ -48,3 +48,31 @@ def test_eval_sampled_false_drops_the_sampled_evaluation_and_a_non_bool_is_refus
     assert all("--eval-sampled" not in r.sim_args for r in words)
     with pytest.raises(MatrixError, match=r"\[settings.pair\]: eval_sampled must be true or false, got 'no'"):
         _matrix({"pair": {"agents": ["m1", "m2"], "eval_sampled": "no"}})
+
+
+def test_rules_matrix_runs_the_issue_modes_on_enough_rounds_and_seeds():
+    matrix = load_matrix(ROOT / "bench" / "pretrained_rules.toml")
+    seeds: dict[str, set[int]] = {}
+    for name in ("words", "words-paper"):
+        run = matrix.setting(name).run
+        assert run.rounds >= 8 and run.eval_split == "test" and run.eval_problems == 500 and run.finetune == "lora"
+        for mode in run.modes:
+            seeds.setdefault(mode, set()).update(run.seeds)
+    for mode in ("xhacpo", "xhacpo-rules", "gspo", "gspo2"):  # recommended, its candidate, alone, GSPO x2
+        assert len(seeds[mode]) >= 5, mode
+    for mode in ("hacpo", "naive"):
+        assert len(seeds[mode]) >= 3, mode
+    assert matrix.setting("weak").agents == ("smollm2", "hostile:weak")
+    tune = matrix.setting("tune-t07").run
+    assert tune.eval_split == "validation" and (tune.temperature, tune.max_new_tokens) == (0.7, 96)
+    runs = plan_runs(matrix, ["tune-t10"])
+    assert runs and all(r.sim_args[-4:] == ("--temperature", "1.0", "--max-new-tokens", "96") for r in runs)
+
+
+def test_temperature_and_budget_are_optional_and_checked():
+    assert all("--temperature" not in r.sim_args and "--max-new-tokens" not in r.sim_args
+               for r in plan_runs(_matrix()))
+    with pytest.raises(MatrixError, match=r"\[settings.pair\]: temperature must be a number > 0, got 0"):
+        _matrix({"pair": {"agents": ["m1", "m2"], "temperature": 0}})
+    with pytest.raises(MatrixError, match=r"\[settings.pair\]: max_new_tokens must be an int >= 1, got 0"):
+        _matrix({"pair": {"agents": ["m1", "m2"], "max_new_tokens": 0}})

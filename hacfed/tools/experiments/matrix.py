@@ -11,7 +11,8 @@ coordinator's K, as `hacfed sim` without --peers-per-prompt), `peer_choice` (abs
 (absent: true, each evaluation also scores one temperature-1 sample per problem), `eval_start`
 (absent: true; false skips the round-0 evaluation, which is the loaded model's in every run),
 `text_filter` (absent: true, `hacfed sim`'s default: each honest lab's text filter checks peers' text),
-`deny` (absent: none; a list of known canaries, `hacfed sim --deny` each) and a setting's
+`deny` (absent: none; a list of known canaries, `hacfed sim --deny` each), `temperature` (absent:
+`hacfed sim`'s 1), `max_new_tokens` (absent: the task's own budget) and a setting's
 `archived` (absent: false; true keeps an earlier design in the report without rerunning it), and
 unknown keys are errors, so a typo never silently runs the wrong experiment. Errors are
 `MatrixError`s naming the file, table and key.
@@ -38,7 +39,7 @@ RUN_KEYS = ("task", "rounds", "lr", "eval_every", "eval_problems", "eval_split",
 # the coordinator's).
 OPTIONAL_RUN_KEYS = ("minibatch_size", "peers_per_prompt", "peer_choice", "finetune", "eval_sampled", "eval_start",
                      "text_filter", "answer_keys", "dedup_successes", "format_gate", "deny", "max_staleness",
-                     "lab_speed", "round_join")
+                     "lab_speed", "round_join", "temperature", "max_new_tokens")
 FINETUNES = ("auto", "full", "lora")  # hacfed sim --finetune
 SETTING_ONLY_KEYS = ("agents", "description", "archived")
 COMPARISON_KEYS = ("agent", "mode", "settings")
@@ -79,6 +80,8 @@ class RunSettings:
     max_staleness: int = 0  # hacfed sim --max-staleness (docs/staleness.md)
     lab_speed: tuple[str, ...] = ()  # hacfed sim --lab-speed AGENT=FACTOR, each checked by hacfed sim
     round_join: str = "every"  # hacfed sim --round-join (docs/staleness.md)
+    temperature: float | None = None  # hacfed sim --temperature; None: its default 1
+    max_new_tokens: int | None = None  # hacfed sim --max-new-tokens; None: the task's budget
 
     def rollouts_per_agent_per_round(self, mode: str) -> int:
         """Responses one agent samples per round: prompts × G, × 2 for gspo2 (its cost)."""
@@ -230,7 +233,15 @@ def _run_settings(merged: dict[str, Any], origin: Callable[[str], str]) -> RunSe
         max_staleness=_staleness(merged.get("max_staleness", 0), origin("max_staleness")),
         lab_speed=_str_list(merged["lab_speed"], origin("lab_speed"), "lab_speed") if "lab_speed" in merged else (),
         round_join=_choice(merged.get("round_join", "every"), ROUND_JOINS, origin("round_join"), "round_join"),
+        temperature=_temperature(merged["temperature"], origin("temperature")) if "temperature" in merged else None,
+        max_new_tokens=positive_int("max_new_tokens") if "max_new_tokens" in merged else None,
     )
+
+
+def _temperature(value: Any, table: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise MatrixError(f"{table}: temperature must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def _staleness(value: Any, table: str) -> int:

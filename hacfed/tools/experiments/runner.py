@@ -81,7 +81,9 @@ def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
       + tuple(a for text in r.deny for a in ("--deny", text)) \
       + (("--max-staleness", str(r.max_staleness)) if r.max_staleness else ()) \
       + tuple(a for speed in r.lab_speed for a in ("--lab-speed", speed)) \
-      + (("--round-join", r.round_join) if r.round_join != "every" else ())
+      + (("--round-join", r.round_join) if r.round_join != "every" else ()) \
+      + (("--temperature", repr(r.temperature)) if r.temperature is not None else ()) \
+      + (("--max-new-tokens", str(r.max_new_tokens)) if r.max_new_tokens is not None else ())
 
 
 def runs_of(setting: Setting) -> list[Run]:
