@@ -33,7 +33,7 @@ from hacfed.clients.textfilter import filter_pool, filters_for, withhold_groups
 from hacfed.clients.training import prepare_training, train_on_pool
 from hacfed.clients.trust import PartnerTrust
 from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
-from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan
+from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan, microbatch_token_cap
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
 
@@ -74,7 +74,8 @@ class Participant:
         self.context = model_context(model)  # prompt + response of a sample it trains on fit in it
         self._explicit_response_len = cfg.max_response_len is not None
         cfg = replace(cfg, max_prompt_len=cfg.max_prompt_len or self.context,
-                      max_response_len=cfg.max_response_len or self.context)
+                      max_response_len=cfg.max_response_len or self.context,
+                      microbatch_tokens=microbatch_token_cap(model.config, cfg.microbatch_tokens))
         self.cfg = cfg
         self._inbound, self._outbound = filters_for(cfg, task)  # peers' text in, own text out (textfilter)
         self.model, self.reference, self.optimizer = prepare_training(model, cfg)

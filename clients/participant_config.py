@@ -44,6 +44,8 @@ class ParticipantConfig:
     # 2.7 GB of training state (a 16 GB machine; lower it on a smaller one). SmolLM2's add2-words and
     # gsm8k minibatches (up to ~1,700 tokens) and the tiny presets' default ones (64 rows of at most 68
     # tokens) stay in one pass, but for tiny-gpt2 on chain (up to 4,352 tokens: two). None: never split.
+    # A Participant lowers it to what keeps one microbatch's activations within 512 MiB
+    # (hacfed.models.memory.microbatch_token_cap): 187 tokens for SmolLM2-135M.
     microbatch_tokens: int | None = 4096
     # Longest prompt / response (in this model's tokens) the update takes. None: the model's context
     # for each, a sample being read when prompt + response fit in it (hacfed.clients.context).

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hacfed.messages import RoundPlan
-from hacfed.rollout.hf import evaluate_sampled, generate, greedy_rewards
+from hacfed.rollout.greedy_eval import greedy_rewards
+from hacfed.rollout.hf import evaluate_sampled, generate
 from hacfed.tasks.base import Problem, Task
 from hacfed.trajectory import Trajectory
 

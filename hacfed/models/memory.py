@@ -25,6 +25,14 @@ CPU, peak RSS against full fine-tuning in the same run, 5.0 GB): activation chec
 adapters' extra activations outweigh the optimizer state and reference copy LoRA saves, which is
 why small models stay fully fine-tuned.
 
+A lab also bounds one training forward's activations (`microbatch_token_cap`): its microbatches
+hold at most ACTIVATION_BYTES / `activation_bytes_per_token` padded tokens, whatever larger
+`microbatch_tokens` its config allows. The estimate per token is what the backward keeps of each
+layer (about 14 hidden-wide and 6 MLP-wide float32 vectors) plus the logits' float32 rows (logits,
+their log-softmax and its gradient, ~4 x vocabulary); SmolLM2-135M: 2.9 MB a token, so 187
+tokens a microbatch. Every tiny preset's cap is above the 4,096 default, so they never split
+more for it.
+
 `hacfed sim --finetune auto` (the default) and `ParticipantConfig(finetune="auto")` take the choice
 from `memory_plan`; an explicit "full" or "lora" wins.
 """
@@ -38,6 +46,7 @@ LORA_ABOVE = 300_000_000
 CHECKPOINT_ABOVE = 300_000_000
 FULL_FT_BYTES_PER_PARAMETER = 20  # weights 4 + gradients 4 + AdamW moments 8 + reference copy 4 (fp32)
 LORA_BYTES_PER_PARAMETER = 4  # the frozen fp32 weights (the adapter's own state is ~1 % of the model)
+ACTIVATION_BYTES = 512 * 2**20  # the most one training microbatch's activations may take (module docstring)
 
 Finetune = Literal["full", "lora"]
 
@@ -87,3 +96,18 @@ def apply_memory_plan(model: Any, plan: MemoryPlan) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         if plan.finetune == "lora":
             model.enable_input_require_grads()  # frozen embeddings: the checkpointed blocks still need a grad path
+
+
+def activation_bytes_per_token(config: Any) -> int:
+    """Estimated float32 bytes one padded token of a training forward keeps for the backward (module docstring)."""
+    hidden = int(config.hidden_size)
+    mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+    return 4 * (int(config.num_hidden_layers) * (14 * hidden + 6 * int(mlp)) + 4 * int(config.vocab_size))
+
+
+def microbatch_token_cap(config: Any, budget_tokens: int | None) -> int | None:
+    """`budget_tokens` (a lab's microbatch_tokens; None: never split) lowered to what keeps one
+    microbatch's activations within ACTIVATION_BYTES."""
+    if budget_tokens is None:
+        return None
+    return max(1, min(budget_tokens, ACTIVATION_BYTES // activation_bytes_per_token(config)))

@@ -135,9 +135,9 @@ def lr_factor(step: int, warmup_steps: int) -> float:
 
 def default_evaluator(model, tokenizer, task: Task, problems: Sequence[Problem], max_new_tokens: int) -> float:
     """Greedy held-out accuracy with the shared rollout engine (the same code RL evaluates with)."""
-    from hacfed.rollout.hf import evaluate_accuracy
+    from hacfed.rollout.greedy_eval import evaluate_accuracy
 
-    return evaluate_accuracy(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, batch_size=128)
+    return evaluate_accuracy(model, tokenizer, task, problems, max_new_tokens=max_new_tokens)
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -6,7 +6,8 @@ log-probs for the trainer; `hacfed.tools.gpu_check` checks both engines against 
 (scripts/gpu_check.sh). Importing this package pulls in torch but never vLLM.
 """
 
-from hacfed.rollout.hf import Completion, evaluate_accuracy, generate
+from hacfed.rollout.greedy_eval import evaluate_accuracy
+from hacfed.rollout.hf import Completion, generate
 from hacfed.rollout.logprobs import sequence_logprobs
 
 __all__ = ["Completion", "evaluate_accuracy", "generate", "sequence_logprobs"]

@@ -270,23 +270,6 @@ def generate(
     return groups
 
 
-def evaluate_accuracy(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
-                      max_new_tokens: int = 16, batch_size: int = 128) -> float:
-    """Mean verified reward of greedy completions over `problems` (held-out accuracy)."""
-    rewards = greedy_rewards(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return math.fsum(rewards) / len(rewards)
-
-
-def greedy_rewards(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
-                   max_new_tokens: int = 16, batch_size: int = 128) -> list[float]:
-    """The verified reward of the greedy completion of each problem, in order."""
-    if not problems:
-        raise ValueError("greedy evaluation needs at least one problem")
-    groups = generate(model, tokenizer, [p.messages for p in problems], num_samples=1,
-                      max_new_tokens=max_new_tokens, greedy=True, batch_size=batch_size)
-    return [task.verify(problem, group[0].text).reward for problem, group in zip(problems, groups)]
-
-
 def evaluate_sampled(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
                      max_new_tokens: int = 16, batch_size: int = 128, seed: int = 0) -> float:
     """Sampled pass@1: mean verified reward of one temperature-1 sample per problem (seeded)."""

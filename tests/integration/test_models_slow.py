@@ -18,7 +18,8 @@ from hacfed.data import GSM8K_DIR as GSM8K
 from hacfed.models import store
 from hacfed.models.loading import SMOLLM2_DISTRIBUTION, load_model
 from hacfed.models.zoo import get_preset, parameter_count, warm_up_preset
-from hacfed.rollout.hf import evaluate_accuracy, generate
+from hacfed.rollout.greedy_eval import evaluate_accuracy
+from hacfed.rollout.hf import generate
 from hacfed.trajectory import ChatMessage
 
 

@@ -41,3 +41,29 @@ def test_checkpointing_is_switched_on_in_the_model():
     model, _ = build_untrained("tiny-qwen2", seed=0)
     apply_memory_plan(model, memory_plan(CHECKPOINT_ABOVE + 1, "cpu", finetune="full"))
     assert model.is_activation_checkpointing
+
+
+def test_microbatch_cap_bounds_a_real_models_activations_and_spares_tiny_ones(monkeypatch):
+    from types import SimpleNamespace
+
+    from hacfed.clients.participant import Participant, ParticipantConfig
+    from hacfed.models.memory import activation_bytes_per_token, microbatch_token_cap
+    from hacfed.models.zoo import build_untrained
+    from hacfed.tasks.registry import load_task
+
+    smollm2 = SimpleNamespace(num_hidden_layers=30, hidden_size=576, intermediate_size=1536, vocab_size=49152)
+    # 4 x (30 x (14 x 576 + 6 x 1536) + 4 x 49152) = 4 x (518,400 + 196,608) = 2,860,032 bytes a token
+    assert activation_bytes_per_token(smollm2) == 2_860_032
+    assert microbatch_token_cap(smollm2, 4096) == 512 * 2**20 // 2_860_032 == 187
+    assert microbatch_token_cap(smollm2, 100) == 100  # a smaller budget is kept
+    assert microbatch_token_cap(smollm2, None) is None  # never split
+    model, tok = build_untrained("tiny-gpt2", seed=0)  # n_inner unset: 4 x hidden
+    assert microbatch_token_cap(model.config, 4096) == 4096
+    task = load_task({"kind": "arithmetic", "digits": 2, "operators": "+"})
+    lab = Participant(ParticipantConfig("a", "tiny-gpt2", eval_problems=8), model, tok, task)
+    assert lab.cfg.microbatch_tokens == 4096
+    # A lab applies the cap: with room for 100 tokens of tiny-gpt2's 81,952 bytes each
+    # (4 x (4 x (14 x 128 + 6 x 512) + 4 x 258)), its microbatches hold 100 tokens.
+    monkeypatch.setattr("hacfed.models.memory.ACTIVATION_BYTES", 100 * 81_952)
+    lab = Participant(ParticipantConfig("a", "tiny-gpt2", eval_problems=8), model, tok, task)
+    assert lab.cfg.microbatch_tokens == 100
