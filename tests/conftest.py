@@ -10,7 +10,8 @@ what an earlier test built. The `zoo_presets` fixture builds the presets a test 
 starts (a preset is built at most once, by whichever test needs it first; later calls return at once).
 
 Third-party caches stay out of the home directory too: matplotlib (the demo's plot) keeps its font
-cache in $HACFED_HOME/matplotlib.
+cache in $HACFED_HOME/matplotlib, and `datasets` (a task's data files read without a `cache_dir`) its
+cache in $HACFED_HOME/hf-datasets; the tests' own processes inherit both.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ BUILD_TIMEOUT_S = 3600.0  # two chain-* presets take about 6 minutes on 2 idle c
 def pytest_configure(config) -> None:  # noqa: ANN001 - pytest.Config
     home = os.environ.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
     os.environ["MPLCONFIGDIR"] = os.path.join(home, "matplotlib")
+    os.environ.setdefault("HF_DATASETS_CACHE", os.path.join(home, "hf-datasets"))
     hacfed_confine.pytest_configure(config)
 
 

@@ -74,7 +74,10 @@ def _running(pids: set[int]) -> set[int]:
 
 
 def _binds(port: int) -> bool:
+    """Whether a new listener could bind `port`, as the SuperLink's gRPC server does (SO_REUSEADDR): only
+    a socket still listening there refuses it, not the TIME_WAIT connections a stopped server leaves."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
