@@ -115,6 +115,12 @@ class OldSide:
         if learner_norm is not None and rows:
             self.norm[rows] = learner_norm.detach().cpu()[[i - start for i in rows]]
 
+    def rows(self, keep: Sequence[int]) -> OldSide:
+        """The old side of rows `keep` alone, renumbered 0..len(keep)-1 (pending rows stay pending)."""
+        waiting = set(self.pending)
+        return OldSide(self.norm[list(keep)].clone(), [self.tokens[i] for i in keep],
+                       [j for j, i in enumerate(keep) if i in waiting])
+
 
 def old_side(views: Sequence[TrainingView], scored: dict[int, Tensor], by_bytes: Tensor,
              pending: Sequence[int]) -> OldSide:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from hacfed.algorithm import HacpoConfig, capability_ratio, grpo_token_loss, hacpo_advantages, hacpo_policy_loss, kl_k3
 from hacfed.clients.microbatch import split_rows
+from hacfed.clients.no_grad_rows import carries_gradient, kept_rows, normaliser, whole_minibatch
 from hacfed.clients.partner_rules import rules_active, select_partner_views, trust_factors
 from hacfed.clients.sequence_ratio import (
     OldSide,
@@ -116,6 +118,12 @@ class LearnerBatch:
     old: OldSide  # the old side of each ratio
     temperature: float = 1.0  # every log-prob of the update is of the policy tempered at the rollouts' T
 
+    def rows(self, keep: Sequence[int]) -> LearnerBatch:
+        """Rows `keep` as a batch of their own, renumbered from 0 (minibatch 0's pending rows stay
+        pending, to be filled by the forward that trains on them)."""
+        return LearnerBatch([self.views[i] for i in keep], self.advantages[keep], self.omega[keep],
+                            self.by_bytes[keep], self.old.rows(keep), self.temperature)
+
 
 @dataclass
 class MinibatchPart:
@@ -135,6 +143,7 @@ class RowSplit(Protocol):
     """Where each step of the update runs: `OneProcess`, or `update_parallel.DataParallel`."""
 
     defers_first_minibatch: bool
+    skips_no_grad: bool  # trains only the rows that carry a gradient (`hacfed.clients.no_grad_rows`)
     world: int  # processes whose gradients are averaged (DDP's mean); 1 in one process
 
     def wrap(self, model: Any) -> Any: ...
@@ -158,6 +167,7 @@ class OneProcess:
     0.637 scoring every row ahead (5 % less), with bitwise the same parameters and metrics."""
 
     defers_first_minibatch = True
+    skips_no_grad = True
     world = 1
 
     def __init__(self, token_budget: int | None = None) -> None:
@@ -220,6 +230,7 @@ def hacpo_update(
     microbatch_tokens: int | None = None,
     temperature: float = 1.0,
     trust: Mapping[str, float] | None = None,
+    skip_no_grad: bool = True,
 ) -> dict[str, float]:
     """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
 
@@ -234,6 +245,9 @@ def hacpo_update(
     `trust`: the lab's weight of each partner (`hacfed.clients.trust`), scaling that partner's ω
     when `cfg.trust_rate` > 0. The learner-side rules of `hacfed.clients.partner_rules` leave out
     the partner samples they reject before anything else sees the pool.
+    `skip_no_grad`: run no forward or backward for the samples whose loss has no gradient
+    (`hacfed.clients.no_grad_rows`; in one process only), reported as `skipped_no_grad` and
+    `skipped_no_grad_frac`; the parameters after the update are the same to float rounding.
     """
     split = split if split is not None else OneProcess(microbatch_tokens)
     # The learner's batch: own samples first, then each other source in agent order (§5).
@@ -258,8 +272,11 @@ def hacpo_update(
         omega = omega * trust_factors(views, trust)
     # The old side of each ratio (§5): a peer's sample against its source's summary, an own sample
     # against the learner's pre-update log-probs, scored before the first optimizer step.
+    kl_on = reference is not None and cfg.kl_coef > 0
+    live = (carries_gradient(views, advantages, cfg, kl_on) if skip_no_grad and split.skips_no_grad
+            else [True] * len(views))
     batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, minibatch_size,
-                           split, temperature)
+                           split, temperature, live)
 
     trainee = split.wrap(model)
     model.train()
@@ -267,21 +284,20 @@ def hacpo_update(
     for m, start in enumerate(range(0, len(views), minibatch_size)):
         minibatch = slice(start, min(start + minibatch_size, len(views)))
         optimizer.zero_grad(set_to_none=True)
-        micro = split.microbatches(views[minibatch], start)
-        if micro is None:
-            # Mechanisms 3-4 (§5): the loss of minibatch m, with the stepwise bound L_m.
-            part = _minibatch_loss(trainee, reference, m, split.local_rows(start, minibatch.stop - start), batch,
-                                   tokenizer.pad_token_id, cfg)
-            loss, metrics, cross = split.combine(part, m, minibatch, batch, cfg)
-            loss.backward()
-        else:  # the same loss and gradient, accumulated over microbatches within the token budget
-            metrics, cross = _accumulate(trainee, reference, m, minibatch, micro, batch, tokenizer.pad_token_id, cfg,
-                                         split)
+        keep = kept_rows(live, minibatch)
+        if keep is None:
+            metrics, cross = _train_minibatch(trainee, reference, m, minibatch, batch, tokenizer.pad_token_id, cfg,
+                                              split)
+        else:
+            metrics, cross = _train_rows(model, trainee, reference, m, minibatch, keep, batch, tokenizer.pad_token_id,
+                                         cfg, split)
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
         update_log.add(metrics, cross)
     model.eval()
     out = update_log.summary(views, advantages, skipped)
+    out["skipped_no_grad"] = float(live.count(False))
+    out["skipped_no_grad_frac"] = live.count(False) / len(views)
     if selection is not None:
         out.update(selection.metrics(update_log.carrying_cross()))
     return out
@@ -289,8 +305,9 @@ def hacpo_update(
 
 def _learner_batch(model: Any, pad_id: int, views: list[TrainingView], advantages: Tensor, omega: Tensor,
                    learner: str, cfg: HacpoConfig, minibatch_size: int, split: RowSplit,
-                   temperature: float = 1.0) -> LearnerBatch:
-    need_own = [i for i, v in enumerate(views) if needs_own_old(v, learner, cfg)]
+                   temperature: float, live: Sequence[bool]) -> LearnerBatch:
+    """The batch of the update; the learner's old log-probs are scored for the rows that train."""
+    need_own = [i for i, v in enumerate(views) if needs_own_old(v, learner, cfg) and live[i]]
     first = min(minibatch_size, len(views)) if split.defers_first_minibatch else 0
     pending = [i for i in need_own if i < first]  # filled by minibatch 0's forward (`OneProcess`)
     scored = split.score_old(model, views, [i for i in need_own if i >= first], pad_id, temperature)
@@ -307,6 +324,48 @@ def _learner_bytes_logp(model: Any, pad_id: int, views: Sequence[TrainingView], 
     wanted = [i for i, v in enumerate(views) if v.source_id != learner and v.text_bytes > 0]
     scored = split.score_old(model, views, wanted, pad_id, temperature)
     return {i: float(scored[i].sum()) / views[i].text_bytes for i in wanted}
+
+
+def _train_minibatch(trainee: Any, reference: Reference | None, m: int, minibatch: slice, batch: LearnerBatch,
+                     pad_id: int, cfg: HacpoConfig, split: RowSplit,
+                     total: int | None = None) -> tuple[dict[str, float], list[CrossRow]]:
+    """Minibatch m's forward and backward (gradients left for the optimizer); its metrics and cross
+    rows. `total`: the normaliser of the loss when these rows are part of a larger minibatch."""
+    micro = split.microbatches(batch.views[minibatch], minibatch.start)
+    if micro is not None:  # the same loss and gradient, accumulated over microbatches within the token budget
+        return _accumulate(trainee, reference, m, minibatch, micro, batch, pad_id, cfg, split, total)
+    # Mechanisms 3-4 (§5): the loss of minibatch m, with the stepwise bound L_m.
+    part = _minibatch_loss(trainee, reference, m, split.local_rows(minibatch.start, minibatch.stop - minibatch.start),
+                           batch, pad_id, cfg)
+    if total is not None:
+        part.loss = part.loss * (part.count / total)
+    loss, metrics, cross = split.combine(part, m, minibatch, batch, cfg)
+    loss.backward()
+    return metrics, cross
+
+
+def _train_rows(model: Any, trainee: Any, reference: Reference | None, m: int, minibatch: slice, keep: list[int],
+                batch: LearnerBatch, pad_id: int, cfg: HacpoConfig,
+                split: RowSplit) -> tuple[dict[str, float], list[CrossRow]]:
+    """Minibatch m trained on its rows `keep` alone (the others' loss has no gradient): their loss
+    over the whole minibatch's normaliser, and the whole minibatch's metrics (`no_grad_rows`).
+    With no row kept, no forward runs and the optimizer step sees zero gradients."""
+    views = batch.views[minibatch]
+    trained = [batch.views[i] for i in keep]
+    metrics: dict[str, float] = {}
+    cross: list[CrossRow] = []
+    if keep:
+        sub = batch.rows(keep)
+        metrics, cross = _train_minibatch(trainee, reference, m, slice(0, len(keep)), sub, pad_id, cfg, split,
+                                          total=normaliser(views, cfg))
+    else:
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    kept = set(keep)
+    cross += [CrossRow(v.source_id, math.nan, 0.0, False) for i, v in enumerate(views, minibatch.start)
+              if i not in kept and not v.is_self and cfg.mode not in ("gspo", "grpo")]
+    return whole_minibatch(metrics, trained, views, m, cfg), cross
 
 
 def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tuple[slice, bool],
@@ -343,16 +402,17 @@ def _minibatch_loss(trainee: Any, reference: Reference | None, m: int, mine: tup
 
 
 def _accumulate(trainee: Any, reference: Reference | None, m: int, minibatch: slice, micro: Sequence[slice],
-                batch: LearnerBatch, pad_id: int, cfg: HacpoConfig,
-                split: RowSplit) -> tuple[dict[str, float], list[CrossRow]]:
+                batch: LearnerBatch, pad_id: int, cfg: HacpoConfig, split: RowSplit,
+                total: int | None = None) -> tuple[dict[str, float], list[CrossRow]]:
     """Minibatch m's forward/backward over `micro`, this process's rows of it in microbatches: each
     loss weighted by its share of the minibatch's normalisation (x the ranks DDP averages over), so
     the gradients add up to the one-pass gradient. Returns the minibatch's metrics and cross rows as
     one pass computes them. Under DDP every backward but the last skips the all-reduce, and the last
-    comes after `combine`, in the same order of collectives as a rank that runs one pass."""
+    comes after `combine`, in the same order of collectives as a rank that runs one pass. `total`:
+    the normaliser when these rows are part of a larger minibatch (`_train_rows`)."""
     views, span = batch.views[minibatch], slice(micro[0].start, micro[-1].stop)  # this process's rows
-    total, own_total = _normaliser(views, cfg), sum(v.is_self for v in views)
-    micro = [rows for rows in micro if _normaliser(batch.views[rows], cfg) > 0]  # grpo: EOS-only rows add nothing
+    total, own_total = total or normaliser(views, cfg), sum(v.is_self for v in views)
+    micro = [rows for rows in micro if normaliser(batch.views[rows], cfg) > 0]  # grpo: EOS-only rows add nothing
     parts: list[MinibatchPart] = []
     last: Tensor | None = None
     for j, rows in enumerate(micro):
@@ -391,14 +451,6 @@ def _merged(parts: Sequence[MinibatchPart], m: int, rows: slice, batch: LearnerB
     norm = torch.cat([p.learner_norm.detach().cpu() for p in parts])
     loss, metrics, flags = hacpo_policy_loss(norm, batch.old.norm[rows], adv, is_self, batch.omega[rows], m, cfg)
     return MinibatchPart(True, loss, metrics, count, num_own, norm, kl, cross_rows(views, adv, flags))
-
-
-def _normaliser(views: Sequence[TrainingView], cfg: HacpoConfig) -> int:
-    """What the minibatch loss of these rows is averaged over: the sequences the objective includes
-    (gspo: own ones), or for grpo the ratio tokens (`ratio_mask` within the response)."""
-    if cfg.mode == "grpo":
-        return sum(min(v.ratio_token_count, len(v.response_ids)) for v in views)
-    return sum(1 for v in views if v.is_self or cfg.mode != "gspo")
 
 
 def _own_kl(reference: Reference, logp: Tensor, mask: Tensor, is_self: Tensor, views: Sequence[TrainingView],

@@ -35,14 +35,15 @@ def cross_rows(views: Sequence[TrainingView], advantages: Tensor, flags: SampleF
 
 
 def summarize_cross(rows: Sequence[tuple[str, float, float, bool]]) -> dict[str, float]:
-    """Per source: ratio quantiles, the fraction carrying gradient, and the advantage sign of those."""
+    """Per source: ratio quantiles (of the samples trained on), the fraction carrying gradient, and
+    the advantage sign of those."""
     out: dict[str, float] = {}
     by_source: dict[str, list[tuple[float, float, bool]]] = {}
     for source, s, adv, carries in rows:
         by_source.setdefault(source, []).append((s, adv, carries))
     for source, items in by_source.items():
-        ratios = sorted(s for s, _, _ in items)
-        for q in (0.1, 0.5, 0.9):
+        ratios = sorted(s for s, _, _ in items if math.isfinite(s))  # a sample skipped untrained has none
+        for q in (0.1, 0.5, 0.9) if ratios else ():
             out[f"cross/{source}/ratio_p{int(q * 100)}"] = ratios[min(len(ratios) - 1, int(q * len(ratios)))]
         signed = [(s, adv) for s, adv, _ in items if adv != 0]
         if signed:

@@ -32,6 +32,7 @@ class DataParallel:
     """This rank's part of every step of the update (a `RowSplit` of `hacfed.clients.update`)."""
 
     defers_first_minibatch = False  # every rank scores every old log-prob ahead, sharded
+    skips_no_grad = False  # every row trains: the ranks' shards and collectives stay those of the full minibatch
 
     def __init__(self, shards: Shards, token_budget: int | None = None) -> None:
         self.shards = shards

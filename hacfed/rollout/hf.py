@@ -1,7 +1,8 @@
 """Rollouts with Hugging Face `model.generate`, returning what HACPO needs from each sample.
 
 Every sample comes back with the log-prob of each of its tokens under the *tempered policy*
-softmax(logits / T) at the sampling temperature T, read from the raw logits (`output_logits`), EOS
+softmax(logits / T) at the sampling temperature T, read from each step's raw logits as generation
+goes (`StepLogprobs`: only the drawn token's log-prob is kept, not the step's logits), EOS
 excluded: the distribution the tokens were drawn from (with top_p 1 and no top-k, the federation's
 settings). That is the `source_logp_sum` a participant publishes; the learner scores the same
 tempered policy in its update (`hacfed.rollout.logprobs.sequence_logprobs(temperature=T)`), so
@@ -38,7 +39,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from hacfed.rollout.logprobs import gather_token_logprobs
 from hacfed.trajectory import FINISH_REASONS, ChatMessage, FinishReason, render_prompt_ids
@@ -100,7 +101,7 @@ def generation_config(*, max_new_tokens: int, temperature: float, top_p: float, 
     """The complete sampling setup handed to `model.generate`; nothing else may add to it."""
     common = dict(
         max_new_tokens=max_new_tokens, eos_token_id=eos_id, pad_token_id=pad_id, num_beams=1,
-        num_return_sequences=1, use_cache=True, return_dict_in_generate=True, output_logits=True,
+        num_return_sequences=1, use_cache=True, return_dict_in_generate=True, output_logits=False,
     )
     if greedy:
         return GenerationConfig(do_sample=False, **common)
@@ -199,18 +200,45 @@ def _to_completions(tokenizer: Any, new_tokens: Tensor, token_logprobs: Tensor, 
     return completions
 
 
+class StepLogprobs(LogitsProcessor):
+    """The log-prob under the tempered policy of each token `generate` draws, kept as it goes.
+
+    Called with each step's raw logits (B, V) before the sampler's own processors (transformers runs
+    a caller's processors ahead of its temperature and top-k/top-p warpers, which return new
+    tensors), it holds them only until the next step shows the token drawn from them (the last
+    column of `input_ids`), so a batch holds one step's logits instead of every step's
+    (`output_logits`: batch x max_new_tokens x vocab). Returns the scores unchanged."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self._pending: Tensor | None = None  # this step's logits, until its token is drawn
+        self._steps: list[Tensor] = []  # (B,) per step drawn so far
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self._pending is not None:
+            self._steps.append(gather_token_logprobs(self._pending, input_ids[:, -1], self.temperature))
+        self._pending = scores
+        return scores
+
+    def finish(self, new_tokens: Tensor) -> Tensor:
+        """(B, T) log-probs of `new_tokens`, the (B, T) tokens generated; the last step's gathered here."""
+        if self._pending is not None:
+            self._steps.append(gather_token_logprobs(self._pending, new_tokens[:, -1], self.temperature))
+            self._pending = None
+        if len(self._steps) != new_tokens.shape[1]:
+            raise RuntimeError(f"generate ran {len(self._steps)} steps for {new_tokens.shape[1]} tokens")
+        return torch.stack(self._steps, dim=1)
+
+
 def _generate_batch(model: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[int]],
                     config: GenerationConfig, device: torch.device) -> list[Completion]:
     input_ids, attention_mask = left_pad(prompt_ids, config.pad_token_id, device)  # (B, Lp)
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    # Each step's raw logits, tempered as the sampler tempered them -> log π_T of the token drawn.
+    steps = StepLogprobs(float(config.temperature) if config.do_sample else 1.0)
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                         logits_processor=LogitsProcessorList([steps]))
     new_tokens = out.sequences[:, input_ids.shape[1]:]  # (B, T)
-    if len(out.logits) != new_tokens.shape[1]:
-        raise RuntimeError(f"generate returned {len(out.logits)} logit steps for {new_tokens.shape[1]} tokens")
-    # Raw logits of each step, tempered as the sampler tempered them -> log π_T of the token drawn.
-    temperature = float(config.temperature) if config.do_sample else 1.0
-    token_logprobs = torch.stack(
-        [gather_token_logprobs(step, new_tokens[:, t], temperature) for t, step in enumerate(out.logits)], dim=1
-    )  # (B, T)
+    token_logprobs = steps.finish(new_tokens)  # (B, T)
     return _to_completions(tokenizer, new_tokens.cpu(), token_logprobs.cpu(), config.eos_token_id)
 
 
@@ -230,7 +258,8 @@ def generate(
     """`num_samples` completions per prompt, as [prompt][sample].
 
     batch_size counts sequences (prompt × sample) per `model.generate` call; it bounds memory,
-    which grows with batch × max_new_tokens × vocab for the stored logits. With a seed the result
+    which grows with batch × (prompt + max_new_tokens) for the KV cache and batch × vocab for one
+    step's logits. With a seed the result
     is reproducible for the same batch_size; the caller's global RNG state is left untouched.
     `Completion.logprobs` are log-probs of the policy tempered at `temperature` (greedy: at 1), the
     distribution sampled from; `top_p` < 1 truncates it, which they do not follow (module docstring).

@@ -28,10 +28,12 @@ def traj(name: str, prompt: str, source: str, text: str, reward: float, logp_sum
 
 
 def run(cfg: HacpoConfig, pool, trust=None, minibatch_size: int = 3):
+    """The update on `pool`; every sample the rules keep runs its forward, zero-advantage ones too
+    (`skip_no_grad=False`), so the rows of `grads` say which samples stayed in the batch."""
     model = UniformLM()
     out = hacpo_update(model, TOK, torch.optim.SGD(model.parameters(), lr=0.0), None, pool, "me", ("me", "zed"),
                        CAPS, cfg, minibatch_size=minibatch_size, max_grad_norm=1e9, max_prompt_len=128,
-                       max_response_len=64, trust=trust)
+                       max_response_len=64, trust=trust, skip_no_grad=False)
     return model, out
 
 

@@ -44,7 +44,7 @@ def test_training_sampling_config_has_no_truncation():
     assert cfg.do_sample is True
     assert cfg.top_k == 0  # None would let transformers fill in its default top_k=50
     assert cfg.top_p == 1.0 and cfg.temperature == 1.0
-    assert cfg.output_logits is True and cfg.num_beams == 1
+    assert cfg.output_logits is False and cfg.num_beams == 1  # log-probs are kept per step (StepLogprobs)
 
 
 def test_sampling_reaches_beyond_the_top_50_tokens(gpt2):
