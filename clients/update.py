@@ -259,6 +259,28 @@ def hacpo_update(
             model, tokenizer.pad_token_id, views, learner, cfg, split, temperature))
     if not views:
         return {"num_samples": 0.0, "skipped_views": float(skipped)}
+    advantages, omega = _advantages_and_omega(views, learner, capabilities, cfg, trust)
+    # The old side of each ratio (§5): a peer's sample against its source's summary, an own sample
+    # against the learner's pre-update log-probs, scored before the first optimizer step.
+    kl_on = reference is not None and cfg.kl_coef > 0
+    live = (carries_gradient(views, advantages, cfg, kl_on) if skip_no_grad and split.skips_no_grad
+            else [True] * len(views))
+    batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, minibatch_size,
+                           split, temperature, live)
+
+    update_log = _run_minibatches(model, optimizer, reference, batch, live, len(views), minibatch_size,
+                                  max_grad_norm, tokenizer.pad_token_id, cfg, split)
+    out = update_log.summary(views, advantages, skipped)
+    out["skipped_no_grad"] = float(live.count(False))
+    out["skipped_no_grad_frac"] = live.count(False) / len(views)
+    if selection is not None:
+        out.update(selection.metrics(update_log.carrying_cross()))
+    return out
+
+
+def _advantages_and_omega(views: Sequence[TrainingView], learner: str, capabilities: Mapping[str, float],
+                          cfg: HacpoConfig, trust: Mapping[str, float] | None) -> tuple[Tensor, Tensor]:
+    """Each sample's advantage and its ω (the cross-agent weight, scaled by the lab's trust in its source)."""
     # Mechanism 1 (§3): every sample judged against this learner's capability-weighted group baseline.
     rewards = torch.tensor([v.reward for v in views], dtype=torch.float32)
     advantages = hacpo_advantages(
@@ -270,37 +292,29 @@ def hacpo_update(
     )
     if trust is not None and cfg.trust_rate > 0:  # the lab's own trust in each partner scales its ω
         omega = omega * trust_factors(views, trust)
-    # The old side of each ratio (§5): a peer's sample against its source's summary, an own sample
-    # against the learner's pre-update log-probs, scored before the first optimizer step.
-    kl_on = reference is not None and cfg.kl_coef > 0
-    live = (carries_gradient(views, advantages, cfg, kl_on) if skip_no_grad and split.skips_no_grad
-            else [True] * len(views))
-    batch = _learner_batch(model, tokenizer.pad_token_id, views, advantages, omega, learner, cfg, minibatch_size,
-                           split, temperature, live)
+    return advantages, omega
 
+
+def _run_minibatches(model: Any, optimizer: torch.optim.Optimizer, reference: Reference | None, batch: LearnerBatch,
+                     live: Sequence[bool], count: int, minibatch_size: int, max_grad_norm: float, pad_id: int,
+                     cfg: HacpoConfig, split: RowSplit) -> UpdateLog:
+    """One optimizer step per minibatch of the batch's `count` rows, only the `live` rows run forward."""
     trainee = split.wrap(model)
     model.train()
     update_log = UpdateLog()
-    for m, start in enumerate(range(0, len(views), minibatch_size)):
-        minibatch = slice(start, min(start + minibatch_size, len(views)))
+    for m, start in enumerate(range(0, count, minibatch_size)):
+        minibatch = slice(start, min(start + minibatch_size, count))
         optimizer.zero_grad(set_to_none=True)
         keep = kept_rows(live, minibatch)
         if keep is None:
-            metrics, cross = _train_minibatch(trainee, reference, m, minibatch, batch, tokenizer.pad_token_id, cfg,
-                                              split)
+            metrics, cross = _train_minibatch(trainee, reference, m, minibatch, batch, pad_id, cfg, split)
         else:
-            metrics, cross = _train_rows(model, trainee, reference, m, minibatch, keep, batch, tokenizer.pad_token_id,
-                                         cfg, split)
+            metrics, cross = _train_rows(model, trainee, reference, m, minibatch, keep, batch, pad_id, cfg, split)
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
         optimizer.step()
         update_log.add(metrics, cross)
     model.eval()
-    out = update_log.summary(views, advantages, skipped)
-    out["skipped_no_grad"] = float(live.count(False))
-    out["skipped_no_grad_frac"] = live.count(False) / len(views)
-    if selection is not None:
-        out.update(selection.metrics(update_log.carrying_cross()))
-    return out
+    return update_log
 
 
 def _learner_batch(model: Any, pad_id: int, views: list[TrainingView], advantages: Tensor, omega: Tensor,

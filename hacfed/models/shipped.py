@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from hacfed.models.store import METADATA_FILE
+from hacfed.models.model_dir import METADATA_FILE
 
 # The three presets `hacfed demo` runs by default (hacfed.tools.demo.DEFAULT_AGENTS).
 SHIPPED_PRESETS = ("tiny-llama", "tiny-gpt2", "tiny-qwen2")

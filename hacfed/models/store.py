@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterator
 import platformdirs
 
 import hacfed
+from hacfed.models.model_dir import METADATA_FILE
 
-METADATA_FILE = "hacfed_model.json"
 _TMP_PREFIX = ".tmp-"
 _OLD_PREFIX = ".old-"
 

@@ -181,7 +181,7 @@ def test_an_update_over_the_message_limit_is_cut_to_fit_before_it_is_journaled(t
     to fewer peers per prompt (here 0: its own samples only) before its choice is journaled; a restart
     rebuilds the same cut update, whatever limit the new driver has; the samples left out are counted
     on the console and never sent later; the run finishes."""
-    limit = 800  # the plan (~450 bytes) and one lab's 4 samples of a round fit; a peer's 4 more do not
+    limit = 870  # between the largest update of a plan and 4 own samples (~865 bytes) and the smallest with a peer
     fed, loop = _two_labs(tmp_path)
     fed.driver.stale.max_bytes = limit
     loop.poll("lab-a")

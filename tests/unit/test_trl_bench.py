@@ -162,9 +162,9 @@ def test_local_step_scores_old_logprobs_ahead_only_for_later_minibatches(monkeyp
     calls = []
     real = update.sequence_logprobs
 
-    def counting(model, prompts, responses, pad_id):
+    def counting(model, prompts, responses, pad_id, temperature=1.0):
         calls.append((len(prompts), torch.is_grad_enabled()))
-        return real(model, prompts, responses, pad_id)
+        return real(model, prompts, responses, pad_id, temperature)
 
     monkeypatch.setattr(update, "sequence_logprobs", counting)  # the training forwards
     monkeypatch.setattr(sequence_ratio, "sequence_logprobs", counting)  # the old log-probs scored ahead
