@@ -39,11 +39,13 @@ from tests.integration.test_superlink_disk_full import _fill, _in_namespace, tin
 pytestmark = pytest.mark.slow
 
 DEADLINE_S = 60.0  # the lab and a restarted ServerApp come back well within it after the pause
+# 8 prompts x 8 samples: a step long enough (about a second) that the test stops the lab between taking a
+# round's task and writing its submission, on a quiet machine too
 SERVER_TOML = f"""
 run_id = "it-disk-filled"
 rounds = 4
-prompts_per_round = 2
-group_size = 2
+prompts_per_round = 8
+group_size = 8
 expected_participants = 1
 min_participants = 1
 round_deadline_s = {DEADLINE_S}
@@ -55,7 +57,7 @@ kind = "arithmetic"
 digits = 2
 operators = "+"
 [sampling]
-max_new_tokens = 6
+max_new_tokens = 12
 [server]
 retry_interval_s = 1.0
 """
