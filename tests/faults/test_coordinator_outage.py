@@ -76,7 +76,10 @@ def test_a_coordinator_outage_loses_and_duplicates_nothing(federation: Federatio
     since = {pid: len(fed.labs[pid].text()) for pid in LABS}
     server = fed.server("server-2.log")
     restarted = time.monotonic()
-    resumed = rf"round {opened[0][0]} continues \(same id and deadline\)" if opened else r"next round \d+"
+    # no round open at the kill: the next round, or (a quick machine ran every round before the outage)
+    # the final reports still pending
+    resumed = (rf"round {opened[0][0]} continues \(same id and deadline\)" if opened
+               else r"(next round \d+|all rounds done; final reports pending)")
     fed.console(server, rf"coordinator ready \(run faults-outage\): {resumed}")
     acked_after: dict[str, float] = {}
     deadline = restarted + 240
