@@ -1,4 +1,4 @@
-"""How long are a model's GSM8K answers? The measurement behind the built-in task's budget.
+"""How long are a model's answers? The measurement behind GSM8K's budget and the pretrained study's.
 
     OMP_NUM_THREADS=1 python bench/gsm8k_budget.py --model smollm2 --problems 48 --budget 1024
 
@@ -13,6 +13,11 @@ numbers), e.g.
 
     OMP_NUM_THREADS=1 python bench/gsm8k_budget.py --problems 48 --budget 256 --batch-size 24 \
         --candidates 128,192,256
+
+The pretrained study's temperature and budget (bench/pretrained_rules.toml, step 1):
+
+    OMP_NUM_THREADS=1 python bench/gsm8k_budget.py --task add2-words --problems 48 --samples 4 \
+        --budget 128 --temperature 0.5 --candidates 48,64,80,96
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def main() -> None:
     parser.add_argument("--greedy", action="store_true", help="greedy answers instead of temperature-1 samples")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--template", default=None, help="a prompt template with {question} (default: the task's)")
+    parser.add_argument("--task", default="gsm8k", help="a `hacfed sim --task` name (default gsm8k)")
+    parser.add_argument("--samples", type=int, default=1, help="answers per question (default 1)")
     parser.add_argument("--batch-size", type=int, default=48)
     parser.add_argument("--candidates", default="192,256,320,384,448,512")
     args = parser.parse_args()
@@ -46,10 +53,13 @@ def main() -> None:
     from hacfed.models.loading import load_model
     from hacfed.rollout.hf import generate
     from hacfed.tasks.registry import load_task
+    from hacfed.tools.sim import TASKS
 
     torch.manual_seed(0)
-    task = load_task({"kind": "gsm8k", **({"prompt_template": args.template} if args.template else {})})
-    problems = list(task.validation_problems())[: args.problems]
+    if args.task not in TASKS:
+        parser.error(f"--task {args.task!r}: expected one of {sorted(TASKS)}")
+    task = load_task({**TASKS[args.task][0], **({"prompt_template": args.template} if args.template else {})})
+    problems = [p for p in list(task.validation_problems())[: args.problems] for _ in range(args.samples)]
     t0 = time.perf_counter()
     loaded = load_model(args.model, progress=False)
     load_s = time.perf_counter() - t0
