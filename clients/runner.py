@@ -207,6 +207,8 @@ class Client:
                 say(f"the coordinator at {cfg.server} is not reachable yet; still trying")
             except ProcessError as exc:
                 reason, wait_s = connect_failure(str(exc), cfg.state_dir)
+                if transport.check_now() is not None:
+                    told = reason  # the mismatch line says more than the generic handshake failure
                 if reason != told:
                     say(f"{reason}; retrying every {wait_s:.0f}s")
                     told = reason

@@ -83,6 +83,18 @@ class TransportWatch:
             stop.set()
             thread.join()
 
+    def check_now(self) -> str | None:
+        """Probe once more, now, unless a mismatch was already said; say it if one is found. Called
+        when the SuperNode's attempt has failed, so that a mismatch is said before the generic reason
+        even when the attempt failed between two of the thread's probes."""
+        if self.said is not None:
+            return self.said
+        mismatch = self._probe(self.server, self.insecure)
+        if mismatch is not None:
+            self.said = mismatch
+            self._say(f"{mismatch}; still trying")
+        return mismatch
+
     def _run(self, stop: threading.Event) -> None:
         while self.said is None and not stop.is_set():
             mismatch = self._probe(self.server, self.insecure)

@@ -89,6 +89,22 @@ def test_the_watch_probes_again_while_the_supernode_connects_and_says_it_once() 
     assert said == [f"{hint}; still trying"] and calls == [("x:1", True)] * 3 and watch.said == hint
 
 
+def test_a_failed_attempt_is_probed_at_once_so_the_mismatch_comes_before_the_generic_reason() -> None:
+    """The SuperNode's TLS attempt against a plaintext coordinator can fail between two of the
+    watch's probes (a busy machine): check_now probes at once and says the mismatch, once."""
+    hint = "the coordinator at x:1 is not speaking TLS ..."
+    calls: list[str] = []
+
+    def probe(server: str, insecure: bool) -> str | None:
+        calls.append(server)
+        return hint
+
+    said: list[str] = []
+    watch = TransportWatch("x:1", False, said.append, interval_s=3600.0, probe=probe)
+    assert watch.check_now() == hint and watch.check_now() == hint
+    assert said == [f"{hint}; still trying"] and calls == ["x:1"]  # probed once, said once
+
+
 def test_a_supernode_failure_reaches_the_console_without_flowers_colour_codes(tmp_path: Path) -> None:
     tail = "\x1b[92mINFO \x1b[0m:      Starting\n\x1b[91mERROR \x1b[0m:     Connection failed: UNAVAILABLE\n"
     reason, _ = connect_failure(tail, tmp_path)
