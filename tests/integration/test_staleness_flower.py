@@ -21,17 +21,17 @@ import time
 
 import pytest
 
-from tests.faults.conftest import Federation as JournalView
+from tests.federation import Federation
 from tests.integration.slowed_pair import LABS, check_finished_run, run_with_a_kill, server_toml
 
 ROUNDS = 5
 K = 1
 KILL_AT_STEP = 3  # killed once lab-a was sent this step while round KILL_AT_STEP - 1 is still open
 FACTOR = 4
-SERVER_TOML = server_toml("it-staleness", ROUNDS, extra=f"max_staleness = {K}")
+SERVER_TOML = server_toml("it-staleness", ROUNDS, max_staleness=K)
 
 
-def _wait_ahead(view: JournalView, step: int, timeout: float = 300.0) -> list[str]:
+def _wait_ahead(view: Federation, step: int, timeout: float = 300.0) -> list[str]:
     """Wait until lab-a was sent `step` while round `step - 1` is open; returns the rounds' states then."""
     deadline = time.monotonic() + timeout
     while True:

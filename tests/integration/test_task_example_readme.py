@@ -29,7 +29,6 @@ refusal of a lab on another task and of an unregistered one, neither waited for
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -43,10 +42,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_federation_flower import _running_descendants
-from tests.integration.test_tls_walkthrough import Proc, as_run, free_port
+from hacfed.procs import free_port
+from tests.integration.test_tls_walkthrough import as_run, start, stop
+from tests.processes import REPO, Proc, cli_env, running_descendants
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hacfed-task-example"
 LONG_RUNNING = (("hacfed-server", "--config"), ("hacfed-client", "--config"))
 REFUSED_WITHIN_S = 45.0  # generous: the refusal rides on the hello sent again at once (before: after 60 s)
@@ -95,8 +94,8 @@ def _labs_it_cannot_take(run: Run, lab_command: str, port: int, env: dict[str, s
     other = root / "another-task.toml"
     other.write_text(ANOTHER_TASK)
     lab_m = lab_command.replace("lab-b", "lab-m").replace("examples/hacfed-task-example/participant.toml", str(other))
-    run.procs["lab-m"] = Proc("lab-m", as_run(lab_m, port), root, env)
-    lab_c = run.procs["lab-c"] = Proc("lab-c", as_run(lab_command.replace("lab-b", "lab-c"), port), root, env)
+    run.procs["lab-m"] = start("lab-m", as_run(lab_m, port), root, env)
+    lab_c = run.procs["lab-c"] = start("lab-c", as_run(lab_command.replace("lab-b", "lab-c"), port), root, env)
     lab_c.wait_for(r"hacfed-client: connected to ", timeout=600)
     connected = time.monotonic()
     run.codes["lab-c"] = lab_c.popen.wait(timeout=300)
@@ -114,13 +113,13 @@ def _play(run: Run, commands: list[str], env: dict[str, str], port: int) -> None
             _run(as_run(command, port), run.root, env)
             continue
         if words[0] == "hacfed-server":
-            server = run.procs["server"] = Proc("server", as_run(command, port), run.root, env)
-            server.wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ")
+            server = run.procs["server"] = start("server", as_run(command, port), run.root, env)
+            server.wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ", timeout=600)
             lab_b = next(c for c in commands if "--participant-id lab-b" in c and "--config" in c)
             _labs_it_cannot_take(run, lab_b, port, env)
             continue
         name = words[words.index("--participant-id") + 1]
-        run.procs[name] = Proc(name, as_run(command, port), run.root, env)
+        run.procs[name] = start(name, as_run(command, port), run.root, env)
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +127,11 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     root = tmp_path_factory.mktemp("task-example")
     shutil.copytree(EXAMPLE, root / "examples" / "hacfed-task-example",
                     ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "state"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
     commands = readme_commands()
     assert [shlex.split(c)[:2] for c in commands] == PLAYED, commands
     run = Run(root)
-    before = _running_descendants()
+    before = running_descendants()
     try:
         _play(run, commands, env, free_port())
         run.codes["server"] = run.procs["server"].popen.wait(timeout=1800)
@@ -142,8 +140,8 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         yield run
     finally:
         for proc in run.procs.values():
-            proc.stop()
-        run.leftovers = _running_descendants() - before
+            stop(proc)
+        run.leftovers = running_descendants() - before
 
 
 def test_the_readme_commands_are_the_ones_the_run_plays() -> None:
