@@ -5,7 +5,7 @@ lab-a and lab-b run the same preset and settings; lab-b is started with `--slowd
 step's checkpoint it sleeps 3 x the step's rollout and training seconds before it replies. The rounds
 are synchronous (K = 0): each one waits for lab-b. In round 2, once lab-a's submission is in the
 journal and lab-b's is not (lab-b is still computing or sleeping), the whole coordinator is killed
-with SIGKILL (tests/faults/conftest.py's `kill_tree`) and started again with the same command: it
+with SIGKILL (tests/federation.py's `kill_tree`) and started again with the same command: it
 must resume the open round, take lab-b's late reply and finish.
 
 What is checked: every round closed at quorum with both labs' samples, every receipt a lab holds is

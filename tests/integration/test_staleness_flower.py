@@ -5,7 +5,7 @@ hacfed-server and two hacfed-client processes on loopback, as in test_slowdown_f
 with K = 1: lab-a (full speed) is sent its step t + 1 as soon as its step t submission is in and
 round t - 1 has closed, without waiting for lab-b's step t. Once lab-a has been sent step 3 while
 round 2 is still open (so two rounds are open and a journaled step is in flight), the whole
-coordinator is killed (tests/faults/conftest.py's `kill_tree`) and started again with the same command.
+coordinator is killed (tests/federation.py's `kill_tree`) and started again with the same command.
 
 What is checked: every round closed at quorum with both labs' samples; every receipt a lab holds is in
 the journal exactly once and nothing unreceipted is (`check_receipts_in_journal`); both labs end
