@@ -16,11 +16,13 @@
 #
 # The long tier holds the checks whose duration is the point: the coordinator down for 60 s, a
 # 10-minute soak of a real federation, 10^6 fuzz executions of the decoders, the complementary-skills
-# learning result (two chain-* presets built from scratch, then trained). The first three have a short
-# version of the same check in the default run; the learning result has its parts checked there (its
-# test's docstring says which). Run --long before resolving an issue that touches the coordinator
-# (server/, the round loop), the journal, the lab's outbox or the transport (Flower, hacfed/wire/,
-# the envelope), and before publishing learning results.
+# learning result (two chain-* presets built from scratch, then trained), the example task's README
+# run as written (SmolLM2 in a real federation), and tiny-gpt2 and tiny-qwen2 rebuilt from their
+# recipes. The first three have a short version of the same check in the default run; the others have
+# their parts checked there (each test's docstring says which). Run --long before resolving an issue
+# that touches the coordinator (server/, the round loop), the journal, the lab's outbox, the transport
+# (Flower, hacfed/wire/, the envelope) or the warm-up of a shipped preset (hacfed/models/), and before
+# publishing learning results.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 marks="not gpu and not vllm and not long"

@@ -27,7 +27,8 @@ import time
 import pytest
 
 from hacfed.clients.backoff import BASE_DELAY_S, FACTOR, JITTER, MAX_DELAY_S
-from tests.faults.conftest import TRACE, Federation
+from tests.faults.conftest import fault_toml
+from tests.federation import TRACE, Federation
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ ATTEMPT = re.compile(r"the coordinator is unreachable \((\w+)\); attempt (\d+) f
 def test_a_coordinator_outage_loses_and_duplicates_nothing(federation: Federation, outage_s: float,
                                                            min_attempts: int) -> None:
     fed = federation
-    fed.configure(rounds=ROUNDS, expected=2, minimum=2, deadline_s=600, run_id="faults-outage")
+    fed.configure(fault_toml("faults-outage", rounds=ROUNDS, expected=2, minimum=2, deadline_s=600))
     server = fed.start(LABS)
     fed.console(server, r"round 1 lab-[ab]: submitted \d+ trajectories", timeout=300)
     marks = {pid: len(fed.labs[pid].text()) for pid in LABS}

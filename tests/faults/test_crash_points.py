@@ -27,8 +27,9 @@ import psutil
 import pytest
 
 from hacfed.crashpoints import CRASH_ENV, CRASH_EXIT_CODE
-from tests.faults.conftest import TRACE, Federation
-from tests.integration.test_federation_flower import Proc
+from tests.faults.conftest import fault_toml
+from tests.federation import TRACE, Federation
+from tests.processes import Proc
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def _wait_for_crash(fed: Federation, server: Proc, point: str, timeout: float = 
 
 def test_every_crash_point_then_restart_keeps_each_receipt_exactly_once(federation: Federation) -> None:
     fed = federation
-    fed.configure(rounds=ROUNDS, expected=2, minimum=2, deadline_s=600, run_id="faults-crash")
+    fed.configure(fault_toml("faults-crash", rounds=ROUNDS, expected=2, minimum=2, deadline_s=600))
     server = fed.start(LABS, {CRASH_ENV: POINTS[0]})
     cut: tuple[int, float] | None = None  # the round cut by mid_round_close: (id, deadline)
     restart_s: list[float] = []  # from each restart to the ServerApp's "coordinator ready"

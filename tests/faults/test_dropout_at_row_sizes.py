@@ -36,8 +36,9 @@ import time
 import pytest
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL
 
-from tests.faults.conftest import TRACE, Federation
+from tests.faults.conftest import fault_toml
 from tests.faults.test_dropout_straggler import _round_rows, _wait_closed
+from tests.federation import TRACE, Federation
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +110,7 @@ def _closed_by_deadline_with(fed: Federation, server, round_id: int, labs: list[
 
 def test_four_labs_quorum_three_a_5s_deadline_survive_a_straggler_and_a_dropout(federation: Federation) -> None:
     fed = federation
-    fed.configure(rounds=ROUNDS, expected=4, minimum=3, deadline_s=DEADLINE_S, run_id="faults-rows")
+    fed.configure(fault_toml("faults-rows", rounds=ROUNDS, expected=4, minimum=3, deadline_s=DEADLINE_S))
     server = fed.start(LABS)
     healthy = _all_four(fed, server, 0, tries=40)  # a lab that loads its model late joins a few rounds in
 

@@ -27,8 +27,9 @@ import time
 
 import pytest
 
-from tests.faults.conftest import TRACE, Federation
-from tests.integration.test_federation_flower import Proc
+from tests.faults.conftest import fault_toml
+from tests.federation import TRACE, Federation
+from tests.processes import Proc
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_straggler_and_dropout_rounds_close_by_deadline_and_the_late_submission_
     federation: Federation,
 ) -> None:
     fed = federation
-    fed.configure(rounds=ROUNDS, expected=3, minimum=2, deadline_s=DEADLINE_S, run_id="faults-dropout")
+    fed.configure(fault_toml("faults-dropout", rounds=ROUNDS, expected=3, minimum=2, deadline_s=DEADLINE_S))
     server = fed.start(LABS)
     healthy = 0  # the first round all three labs contributed to (a lab may load its model late)
     while _wait_closed(fed, server, healthy)[2] != list(LABS):

@@ -22,7 +22,6 @@ import os
 import re
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -40,34 +39,20 @@ from hacfed.server.coordinator.audit import verify_audit_log
 from hacfed.wire import PayloadType, SubmissionRefusal, decode_round_update
 from tests.faults.hostile_lab import Ctx, HonestParticipant, Lab
 from tests.faults.test_hostile_server import _stop, _wait
+from tests.federation import coordinator_toml
+from tests.processes import BIN
 from tests.unit.test_coordinator_fakes import TASK
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]  # a check of behaviour held as it was: the long tier
 
-BIN = Path(sys.executable).parent
 ROUNDS = 4
 K = 2
 STEP_S = 3.0  # lab-a's step: a few exchanges of flood's in each
 FLOOD_EACH = 8  # submissions per round flood has been sent, in every reply
-SERVER_TOML = f"""
-run_id = "flood-staleness"
-rounds = {ROUNDS}
-max_staleness = {K}
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 1
-round_deadline_s = 20
-eval_every = 0
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-num_train = 200
-num_eval = 20
-[sampling]
-max_new_tokens = 8
-"""
+SERVER_TOML = coordinator_toml("flood-staleness", rounds=ROUNDS, max_staleness=K, expected_participants=2,
+                               min_participants=1, round_deadline_s=20, eval_every=0,
+                               task={"kind": "arithmetic", "digits": 2, "num_train": 200, "num_eval": 20},
+                               max_new_tokens=8)
 
 
 class SlowHonest(HonestParticipant):

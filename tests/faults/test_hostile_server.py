@@ -16,7 +16,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,33 +33,18 @@ from hacfed.server.coordinator.audit import verify_audit_log
 from hacfed.wire import PayloadType, SubmissionReceipt, SubmissionRefusal, decode_round_update
 from tests.faults.hostile_cases import CORPUS
 from tests.faults.hostile_lab import CLOSED_CODES, Case, Ctx, HonestParticipant, Lab
+from tests.federation import coordinator_toml
+from tests.processes import BIN
 from tests.unit.test_coordinator_fakes import TASK
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 
-SERVER_TOML = """
-run_id = "hostile-corpus"
-rounds = 1
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 1
-round_deadline_s = 600
-eval_every = 0
-rate_limit_burst = 1000
-round_quota_bytes = 1073741824
-round_quota_trajectories = 10000
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-num_train = 200
-num_eval = 20
-[sampling]
-max_new_tokens = 8
-"""
+SERVER_TOML = coordinator_toml("hostile-corpus", rounds=1, expected_participants=2, min_participants=1,
+                               round_deadline_s=600, eval_every=0, rate_limit_burst=1000,
+                               round_quota_bytes=1073741824, round_quota_trajectories=10000,
+                               task={"kind": "arithmetic", "digits": 2, "num_train": 200, "num_eval": 20},
+                               max_new_tokens=8)
 
 MAX_REPLY_ITEMS = 48
 MAX_REPLY_BYTES = 12 * 1024 * 1024

@@ -36,9 +36,10 @@ import pytest
 from hacfed.clients.backoff import RECONNECT_MARK
 from hacfed.flower_keepalive import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
 from hacfed.keys import ensure_key_pair
-from tests.faults.conftest import MODEL, TRACE, Federation
-from tests.integration.test_client_reconnect import _free_port
-from tests.integration.test_federation_flower import BIN, Proc
+from hacfed.procs import free_port
+from tests.faults.conftest import fault_toml
+from tests.federation import MODEL, TRACE, Federation
+from tests.processes import BIN, Proc
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +111,7 @@ def _start(fed: Federation, net: Net) -> tuple[Proc, Proc]:
     ensure_key_pair(fed.server_dir, "coordinator")
     _run([str(BIN / "hacfed-server"), "register", "--state-dir", str(fed.server_dir),
           str(lab_dir / "enrolment.txt")], fed)
-    fed.address = f"{net.host_ip}:{_free_port()}"
+    fed.address = f"{net.host_ip}:{free_port()}"
     server = Proc("server", [str(BIN / "hacfed-server"), "--config", str(fed.tmp / "coordinator.toml"),
                              "--listen", fed.address, "--state-dir", str(fed.server_dir),
                              "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
@@ -147,7 +148,7 @@ def test_a_lab_whose_link_dies_for_30s_notices_it_by_keepalive_and_recovers(
     federation: Federation, lab_net: Net, hold_s: float,
 ) -> None:
     fed = federation
-    fed.configure(rounds=ROUNDS, expected=1, minimum=1, deadline_s=20.0, run_id="faults-partition")
+    fed.configure(fault_toml("faults-partition", rounds=ROUNDS, expected=1, minimum=1, deadline_s=20.0))
     server, lab = _start(fed, lab_net)
     supernode_log = fed.tmp / "lab-b" / "supernode" / "supernode.log"
     before = _accepted_round(fed, server, 0, timeout=300)

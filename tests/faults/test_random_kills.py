@@ -30,7 +30,8 @@ import time
 
 import pytest
 
-from tests.faults.conftest import TRACE, Federation
+from tests.faults.conftest import fault_toml
+from tests.federation import TRACE, Federation
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -63,7 +64,7 @@ def _after_kill(fed: Federation) -> tuple[int, float] | None:
 def test_fifty_random_kills_of_the_coordinator_lose_and_double_nothing(federation: Federation) -> None:
     fed = federation
     rng = random.Random(SEED)
-    fed.configure(rounds=ROUNDS, expected=2, minimum=2, deadline_s=600, run_id="faults-random-kills")
+    fed.configure(fault_toml("faults-random-kills", rounds=ROUNDS, expected=2, minimum=2, deadline_s=600))
     server = fed.start(LABS)
     ready_s: list[float] = []
     resumed = 0

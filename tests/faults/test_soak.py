@@ -30,8 +30,9 @@ import psutil
 import pytest
 
 from hacfed.server.coordinator.audit import verify_audit_log
-from tests.faults.conftest import TRACE, Federation
+from tests.faults.conftest import fault_toml
 from tests.faults.mixed_traffic import run_mixed_soak
+from tests.federation import TRACE, Federation
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def _by_name(sample: dict[str, tuple[float, int]]) -> dict[str, int]:
 def test_soak_keeps_the_coordinators_memory_and_fds_bounded(federation: Federation, soak_s: float, min_rounds: int,
                                                             max_s: float, sample_s: float) -> None:
     fed = federation
-    fed.configure(rounds=1000, expected=2, minimum=2, deadline_s=120, run_id="faults-soak")
+    fed.configure(fault_toml("faults-soak", rounds=1000, expected=2, minimum=2, deadline_s=120))
     server = fed.start(("lab-a", "lab-b"))
     fed.console(server, r"round 1 closed", timeout=300)
     samples: list[dict[str, tuple[float, int]]] = []

@@ -6,8 +6,8 @@ share.
     check_finished_run(run, "it-x", rounds=5, continued_round=2)
 
 hacfed-server and two hacfed-client processes (lab-a at full speed, lab-b slowed) of the tiny-llama
-preset on loopback; `before_kill(view, first_server)` decides when to kill (its result is kept), then
-the whole coordinator is killed (tests/faults/conftest.py's `kill_tree`) and started again with the
+preset on loopback (tests/federation.py); `before_kill(federation, first_server)` decides when to kill (its
+result is kept), then the whole coordinator is killed (`Federation.kill_tree`) and started again with the
 same command, and the run goes to its end. `check_finished_run` checks what both tests require of the
 end: the restart resumed the open round, every round closed at quorum with both labs' samples, none
 refused, every receipt a lab holds in the journal exactly once (`check_receipts_in_journal`), both
@@ -22,41 +22,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.faults.conftest import TRACE
-from tests.faults.conftest import Federation as JournalView
-from tests.integration.test_federation_flower import Federation, _running_descendants, _still_running, wait_nothing_left
+from tests.federation import TRACE, Federation, coordinator_toml
+from tests.processes import running_descendants, still_running, wait_nothing_left
 
 LABS = ("lab-a", "lab-b")  # lab-b is the slowed one
 PER_ROUND = 2 * 2  # samples per lab and round: 2 prompts x G = 2
 
 
-def server_toml(run_id: str, rounds: int, extra: str = "") -> str:
-    """A small arithmetic run for the two labs; `extra`: more top-level keys (e.g. max_staleness)."""
-    return f"""
-run_id = "{run_id}"
-rounds = {rounds}
-{extra}
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 2
-round_deadline_s = 600
-eval_every = 0
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
+def server_toml(run_id: str, rounds: int, **settings: int) -> str:
+    """A small arithmetic run for the two labs; `settings`: more top-level keys (e.g. max_staleness)."""
+    return coordinator_toml(run_id, rounds=rounds, expected_participants=2, min_participants=2, round_deadline_s=600,
+                            eval_every=0, **settings)
 
 
 @dataclass
 class PairRun:
     """The processes and journal of one `run_with_a_kill`, and what `before_kill` returned."""
 
-    view: JournalView
+    view: Federation  # the journal, the labs' outboxes and the processes
     first: Any  # the killed hacfed-server
     second: Any  # the restarted one
     lab_a: Any
@@ -65,22 +48,22 @@ class PairRun:
 
 
 def run_with_a_kill(tmp_path: Path, toml: str, factor: int,
-                    before_kill: Callable[[JournalView, Any], Any]) -> PairRun:
+                    before_kill: Callable[[Federation, Any], Any]) -> PairRun:
     """Run the two labs to the end with one kill -9 of the coordinator (module docstring); every
     process ended and nothing of them left running."""
-    fed = Federation(tmp_path, toml)
+    fed = Federation(tmp_path, metrics_out=tmp_path / "metrics.jsonl")
     fed.env["OMP_NUM_THREADS"] = "1"
-    view = JournalView(tmp_path, fed.env)  # the fault suite's readers of the journal and the labs' outboxes
-    before = _running_descendants()
+    fed.configure(toml)
+    before = running_descendants()
     try:
-        first = fed.server("127.0.0.1:0", "server-1.log")
+        first = fed.server("server-1.log", listen="127.0.0.1:0", wait=False)
         fed.address = first.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
-        lab_a = fed.client("lab-a", "tiny-llama", extra=("--eval-problems", "4"))
-        lab_b = fed.client("lab-b", "tiny-llama", extra=("--eval-problems", "4", "--slowdown", str(factor)))
-        waited = before_kill(view, first)
-        view.kill_tree(first)  # kill -9 of hacfed-server, its SuperLink and its ServerApp
-        killed = set(view.seen)
-        second = fed.server("127.0.0.1:0", "server-2.log")  # the same command
+        lab_a = fed.lab("lab-a", "tiny-llama", extra=("--eval-problems", "4"))
+        lab_b = fed.lab("lab-b", "tiny-llama", extra=("--eval-problems", "4", "--slowdown", str(factor)))
+        waited = before_kill(fed, first)
+        fed.kill_tree(first)  # kill -9 of hacfed-server, its SuperLink and its ServerApp
+        killed = set(fed.seen)
+        second = fed.server("server-2.log", listen="127.0.0.1:0", wait=False)  # the same command
         assert second.wait_for(r"ready: Fleet API on (\S+) ").group(1) == fed.address
         assert second.exit_code(600) == 0, second.text()[-5000:]
         assert lab_a.exit_code(180) == 0, lab_a.text()[-5000:]
@@ -88,8 +71,8 @@ def run_with_a_kill(tmp_path: Path, toml: str, factor: int,
     finally:
         fed.stop_all()
     wait_nothing_left(before)
-    assert _still_running(killed) == set()
-    return PairRun(view, first, second, lab_a, lab_b, waited)
+    assert still_running(killed) == set()
+    return PairRun(fed, first, second, lab_a, lab_b, waited)
 
 
 def check_finished_run(run: PairRun, run_id: str, rounds: int, continued_round: int) -> None:

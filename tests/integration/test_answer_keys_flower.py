@@ -18,42 +18,28 @@ from pathlib import Path
 import pytest
 
 from hacfed.tasks.arithmetic import ArithmeticTask
-from tests.integration.test_federation_flower import Federation, _running_descendants, wait_nothing_left
+from tests.federation import Federation, coordinator_toml
+from tests.processes import running_descendants, wait_nothing_left
 
-SERVER_TOML = """
-run_id = "it-answer-keys"
-rounds = 2
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 2
-round_deadline_s = 300
-eval_every = 0
-state_dir = "server"
-answer_keys = "coordinator"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
+SERVER_TOML = coordinator_toml("it-answer-keys", rounds=2, expected_participants=2, min_participants=2,
+                               round_deadline_s=300, eval_every=0, answer_keys="coordinator")
 
 
 @pytest.mark.slow
 def test_labs_without_the_answers_train_and_get_verified_rewards(tmp_path: Path,
                                                                  zoo_presets: Callable[..., None]) -> None:
     zoo_presets("tiny-llama", "tiny-gpt2")
-    fed = Federation(tmp_path, SERVER_TOML)
+    fed = Federation(tmp_path, metrics_out=tmp_path / "metrics.jsonl")
+    fed.configure(SERVER_TOML)
     fed.env["OMP_NUM_THREADS"] = "1"
     server_dir = fed.server_dir
-    before = _running_descendants()
+    before = running_descendants()
     try:
-        server = fed.server("127.0.0.1:0", "server.log")
+        server = fed.server("server.log", listen="127.0.0.1:0", wait=False)
         fed.address = server.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
         # lab-a holds none of the plan's prompts
-        lab_a = fed.client("lab-a", "tiny-llama", extra=("--eval-problems", "4", "--task", "digits=3"))
-        lab_b = fed.client("lab-b", "tiny-gpt2", extra=("--eval-problems", "4"))
+        lab_a = fed.lab("lab-a", "tiny-llama", extra=("--eval-problems", "4", "--task", "digits=3"))
+        lab_b = fed.lab("lab-b", "tiny-gpt2", extra=("--eval-problems", "4"))
         server.wait_for(r"round 0 closed \(quorum\)", timeout=180)  # both answered: nobody refused the plan
         assert server.exit_code(600) == 0, server.text()[-5000:]
         assert lab_a.exit_code(180) == 0, lab_a.text()[-5000:]

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,23 +26,11 @@ import psutil
 import pytest
 
 from hacfed.procs import flower_env, free_port
+from tests.federation import coordinator_toml
+from tests.processes import BIN
 
-BIN = Path(sys.executable).parent
-
-SERVER_TOML = """
-run_id = "exposure"
-rounds = 1
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 2
-round_deadline_s = 60
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-"""
+SERVER_TOML = coordinator_toml("exposure", rounds=1, expected_participants=2, min_participants=2, round_deadline_s=60,
+                               max_new_tokens=None)
 
 STRANGER_APP = '''
 from pathlib import Path

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,38 +18,20 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.test_federation_flower import Proc, _running_descendants, _still_running
+from tests.federation import coordinator_toml
+from tests.processes import BIN, Proc, cli_env, running_descendants, still_running
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-
-SERVER_TOML = """
-run_id = "it-ddp"
-rounds = 3
-prompts_per_round = 3
-group_size = 2
-expected_participants = 2
-min_participants = 2
-round_deadline_s = 300
-eval_every = 2
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
+SERVER_TOML = coordinator_toml("it-ddp", rounds=3, prompts_per_round=3, expected_participants=2, min_participants=2,
+                               round_deadline_s=300, eval_every=2)
 
 
 @pytest.mark.slow
 def test_a_lab_with_two_ranks_finishes_a_federation(tmp_path: Path, zoo_presets: Callable[..., None]) -> None:
     zoo_presets("tiny-llama", "tiny-gpt2")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
     (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
     server_dir = tmp_path / "server"
-    before = _running_descendants()
+    before = running_descendants()
     procs: list[Proc] = []
     ranks: set[int] = set()
 
@@ -92,8 +73,8 @@ def test_a_lab_with_two_ranks_finishes_a_federation(tmp_path: Path, zoo_presets:
     finally:
         for proc in reversed(procs):
             proc.stop()
-    assert not _still_running(ranks), "a data-parallel rank outlived its hacfed-client"
-    assert not (_running_descendants() - before)
+    assert not still_running(ranks), "a data-parallel rank outlived its hacfed-client"
+    assert not (running_descendants() - before)
     rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     mine = [r for r in rows if r.get("agent") == "lab-a" and "accepted" in r]
     assert sorted(r["round"] for r in mine) == [0, 1, 2]

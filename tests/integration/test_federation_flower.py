@@ -20,11 +20,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,134 +30,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-LYING_LAB = REPO / "tests" / "lying_lab.py"  # hacfed-client claiming the opposite of every reward
+from tests.federation import Federation, coordinator_toml
+from tests.processes import Proc, running_descendants, still_running
 
-SERVER_TOML = """
-run_id = "it-federation"
-rounds = 3
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 2
-round_deadline_s = 120
-eval_every = 1
-max_strikes = 3
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
-
-
-class Proc:
-    """A CLI process in its own session, its output in a log file."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str]) -> None:
-        self.name, self.log = name, log
-        with open(log, "ab") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent,
-                                          start_new_session=True)
-        self.offset = 0
-
-    def text(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def wait_for(self, pattern: str, timeout: float = 240.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(pattern, self.text())
-            if match:
-                return match
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.name} exited ({self.popen.returncode}) before /{pattern}/:\n"
-                                     f"{self.text()[-5000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"{self.name}: no /{pattern}/ within {timeout}s:\n{self.text()[-5000:]}")
-
-    def exit_code(self, timeout: float = 240.0) -> int:
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout}s:\n{self.text()[-5000:]}") from None
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-
-
-def _running_descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
-
-
-def wait_nothing_left(before: set[int], timeout_s: float = 30.0) -> None:
-    """Every process started since `before` was taken has exited (a stopped tree may take a moment)."""
-    deadline = time.monotonic() + timeout_s
-    while _running_descendants() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _running_descendants() - before == set()
-
-
-def _still_running(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
-class Federation:
-    """The test's processes: hacfed-server (`server`) and hacfed-client (`client`) commands in `tmp_path`,
-    every one started kept in `procs` so that `stop_all` ends them whatever happened."""
-
-    def __init__(self, tmp_path: Path, server_toml: str = SERVER_TOML) -> None:
-        self.tmp_path, self.server_dir = tmp_path, tmp_path / "server"
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
-        (tmp_path / "coordinator.toml").write_text(server_toml)
-        self.procs: list[Proc] = []
-        self.address = ""  # the server's Fleet API, once the first server is ready
-
-    def server(self, listen: str, log: str) -> Proc:
-        tmp_path = self.tmp_path
-        argv = [str(BIN / "hacfed-server"), "--config", str(tmp_path / "coordinator.toml"), "--insecure",
-                "--listen", listen, "--state-dir", str(self.server_dir),
-                "--metrics-out", str(tmp_path / "metrics.jsonl")]
-        self.procs.append(Proc(log, argv, tmp_path / log, self.env))
-        return self.procs[-1]
-
-    def client(self, pid: str, model: str, cheat: bool = False, stay: bool = False,
-               extra: tuple[str, ...] = ("--eval-problems", "10")) -> Proc:
-        tmp_path = self.tmp_path
-        command = [sys.executable, str(LYING_LAB)] if cheat else [str(BIN / "hacfed-client")]
-        argv = [*command, "--model", model, "--server", self.address, "--participant-id", pid,
-                "--state-dir", str(tmp_path / pid), "--coordinator-key", str(self.server_dir / "coordinator.pub"),
-                "--insecure", *extra, *(["--stay"] if stay else [])]
-        proc = Proc(pid, argv, tmp_path / f"{pid}.log", self.env)
-        self.procs.append(proc)
-        key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key
-        deadline = time.monotonic() + 120
-        while not key.exists():
-            assert time.monotonic() < deadline and proc.popen.poll() is None, proc.text()
-            time.sleep(0.1)
-        shutil.copy(key, self.server_dir / "keys" / f"{pid}.pub")
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
+SERVER_TOML = coordinator_toml("it-federation", rounds=3, expected_participants=2, min_participants=2, eval_every=1,
+                               max_strikes=3)
+TEN_EVAL_PROBLEMS = ("--eval-problems", "10")
 
 
 @dataclass(frozen=True)
@@ -178,22 +53,23 @@ class Outcome:
 def _run_with_a_lab_crash_and_a_coordinator_kill(fed: Federation) -> Outcome:
     """Three rounds: lab-b killed and restarted after round 0, the server after round 1; lab-a (--stay)
     is stopped once the run is over."""
-    first = fed.server("127.0.0.1:0", "server-1.log")
+    first = fed.server("server-1.log", listen="127.0.0.1:0", wait=False)
     fed.address = first.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
-    cheater = fed.client("lab-c", "tiny-llama", cheat=True)
+    cheater = fed.lab("lab-c", "tiny-llama", cheat=True, extra=TEN_EVAL_PROBLEMS)
     first.wait_for(r"joined: lab-c")
-    lab_a, lab_b = fed.client("lab-a", "tiny-llama", stay=True), fed.client("lab-b", "tiny-gpt2")
+    lab_a, lab_b = (fed.lab("lab-a", "tiny-llama", stay=True, extra=TEN_EVAL_PROBLEMS),
+                    fed.lab("lab-b", "tiny-gpt2", extra=TEN_EVAL_PROBLEMS))
     first.wait_for(r"joined: lab-b")
     first.wait_for(r"round 0 closed")
     orphans = {p.pid for p in psutil.Process(lab_b.popen.pid).children(recursive=True)}
     os.kill(lab_b.popen.pid, signal.SIGKILL)  # a lab crashes; its SuperNode's guard ends the SuperNode
     assert lab_b.exit_code(30) == -signal.SIGKILL
-    lab_b = fed.client("lab-b", "tiny-gpt2")  # the same command: it rejoins and resumes
+    lab_b = fed.lab("lab-b", "tiny-gpt2", extra=TEN_EVAL_PROBLEMS)  # the same command: it rejoins and resumes
     first.wait_for(r"round 1 closed")
     orphans |= {p.pid for p in psutil.Process(first.popen.pid).children(recursive=True)}
     os.kill(first.popen.pid, signal.SIGKILL)  # by pid: only the server process itself dies
     assert first.exit_code(30) == -signal.SIGKILL
-    second = fed.server("127.0.0.1:0", "server-2.log")  # the same command: port 0 again
+    second = fed.server("server-2.log", listen="127.0.0.1:0", wait=False)  # the same command: port 0 again
     assert second.wait_for(r"ready: Fleet API on (\S+) ").group(1) == fed.address  # the previous port is reused
     assert second.exit_code(300) == 0, second.text()[-5000:]
     assert lab_b.exit_code(120) == 0  # by default a lab leaves once the coordinator closed the run
@@ -285,13 +161,14 @@ def _check_the_metrics(tmp_path: Path, run: Outcome) -> list[dict]:
 
 @pytest.mark.slow
 def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_kill(tmp_path: Path) -> None:
-    before = _running_descendants()
-    fed = Federation(tmp_path)
+    before = running_descendants()
+    fed = Federation(tmp_path, metrics_out=tmp_path / "metrics.jsonl")
+    fed.configure(SERVER_TOML)
     try:
         run = _run_with_a_lab_crash_and_a_coordinator_kill(fed)
     finally:
         fed.stop_all()
-    after = _running_descendants()
+    after = running_descendants()
 
     _check_the_logs(tmp_path, run)
     _check_the_journal(fed.server_dir)
@@ -299,7 +176,7 @@ def test_federation_of_two_presets_rejects_a_cheater_and_survives_a_coordinator_
 
     # -- nothing is left running: not our children, not what the killed server had started
     assert after - before == set()
-    assert _still_running(run.orphans) == set()
+    assert still_running(run.orphans) == set()
 
     split = defaultdict(dict)
     for r in timed:

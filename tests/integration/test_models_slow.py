@@ -17,7 +17,7 @@ import torch
 from hacfed.data import GSM8K_DIR as GSM8K
 from hacfed.models import store
 from hacfed.models.loading import SMOLLM2_DISTRIBUTION, load_model
-from hacfed.models.zoo import get_preset, parameter_count, warm_up_preset
+from hacfed.models.zoo import get_preset, parameter_count
 from hacfed.rollout.greedy_eval import evaluate_accuracy
 from hacfed.rollout.hf import generate
 from hacfed.trajectory import ChatMessage
@@ -31,11 +31,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _greedy_texts(model, tokenizer, problems) -> list[str]:
-    groups = generate(model, tokenizer, [p.messages for p in problems], greedy=True, max_new_tokens=8, batch_size=128)
-    return [g[0].text for g in groups]
 
 
 @pytest.mark.slow
@@ -57,10 +52,8 @@ def test_warm_up_lands_in_band_caches_and_reloads_identically(zoo_presets):
     held_out = warmup_task.validation_problems()  # the warm-up checks its band there, never on test
     accuracy = evaluate_accuracy(loaded.model, loaded.tokenizer, warmup_task, held_out, max_new_tokens=8)
     assert accuracy == meta["heldout_accuracy"]
-    # The same recipe in memory (deterministic in the seed) gives the same model as the cached one.
-    model, tokenizer, result = warm_up_preset(name, 0, progress=False)
-    assert result.steps == meta["warmup_steps"] and result.accuracy == meta["heldout_accuracy"]
-    assert _greedy_texts(loaded.model, loaded.tokenizer, held_out) == _greedy_texts(model, tokenizer, held_out)
+    # That the same recipe in memory (deterministic in the seed) gives the same model as the copy in the
+    # cache (the shipped one) is test_shipped_presets_slow.py's, for each shipped preset.
     assert store.ensure_built(name) == path  # cached: returns without building
 
 

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.federation import coordinator_toml
+from tests.processes import BIN, cli_env
 from tests.unit.test_child_guard import QUICK_S, WAYS, _binds, kill_all, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -34,26 +35,9 @@ DEFAULT_TIER = ("sigint-x3", "sigkill")  # for a lab and the demo; the other way
 def _tiered(ways: list[str]) -> list:
     return [way if way in DEFAULT_TIER else pytest.param(way, marks=pytest.mark.long) for way in ways]
 
-BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
-SERVER_TOML = """
-run_id = "no-orphans"
-rounds = 1000
-prompts_per_round = 2
-group_size = 2
-expected_participants = 1
-min_participants = 1
-round_deadline_s = 600
-eval_every = 0
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
+SERVER_TOML = coordinator_toml("no-orphans", rounds=1000, expected_participants=1, min_participants=1,
+                               round_deadline_s=600, eval_every=0)
 
 
 class Program:
@@ -112,8 +96,7 @@ def _describe(pid: int) -> str:
 @pytest.fixture
 def programs() -> Iterator[Callable[[list[str], Path], Program]]:
     started: list[Program] = []
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
 
     def start(argv: list[str], log: Path) -> Program:
         started.append(Program(argv, log, env))

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hacfed.models import store
-
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from hacfed.procs import free_port
+from tests.processes import BIN, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -69,11 +66,6 @@ find /tmp/lab-volume -type f -not -path '/tmp/lab-volume/lab/*' -not -path '/tmp
 exit $status
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_federation_runs_on_a_read_only_root_with_only_the_deploy_volumes_writable(tmp_path: Path) -> None:

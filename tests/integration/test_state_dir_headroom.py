@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_federation_flower import BIN, REPO
+from tests.processes import BIN, REPO
 from tests.unit.test_server_config import BASE
 
 TMPFS = 4 * 1024 * 1024

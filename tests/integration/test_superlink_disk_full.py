@@ -30,7 +30,8 @@ from hacfed.clients.supernode import HEARTBEAT_LOST_EXIT, HEARTBEAT_LOST_LINE, h
 from hacfed.keys import ensure_key_pair
 from hacfed.procs import ProcessSupervisor, flower_env, free_port, wait_for_log_line
 from hacfed.server.superlink import superlink_argv
-from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants, wait_nothing_left
+from tests.federation import coordinator_toml
+from tests.processes import BIN, Proc, cli_env, running_descendants, wait_nothing_left
 
 pytestmark = pytest.mark.slow
 
@@ -116,22 +117,8 @@ def test_a_supernode_whose_heartbeat_fails_on_a_full_disk_exits_and_a_new_one_re
         assert again.node_id > 0 and again.process.alive()
 
 
-SERVER_TOML = """
-run_id = "it-disk-full"
-rounds = 20
-prompts_per_round = 2
-group_size = 2
-expected_participants = 1
-min_participants = 1
-round_deadline_s = 600
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
+SERVER_TOML = coordinator_toml("it-disk-full", rounds=20, expected_participants=1, min_participants=1,
+                               round_deadline_s=600)
 
 
 def test_hacfed_client_rejoins_a_coordinator_restarted_after_its_disk_was_full(
@@ -140,8 +127,7 @@ def test_hacfed_client_rejoins_a_coordinator_restarted_after_its_disk_was_full(
     space is freed and hacfed-server restarted; the lab rejoins without anyone restarting it."""
     zoo_presets("tiny-llama")
     holder, mount = tiny_disk
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = cli_env()
     (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
     server_dir = mount / "server"
     lab_dir = tmp_path / "lab-a"
@@ -154,7 +140,7 @@ def test_hacfed_client_rejoins_a_coordinator_restarted_after_its_disk_was_full(
                 "--set", "server.min_free_mib=0"]  # the whole tiny disk is below the headroom: fill it anyway
         return Proc("server", _in_namespace(holder, *argv, cwd=tmp_path), tmp_path / log, env)
 
-    before = _running_descendants()
+    before = running_descendants()
     procs: list[Proc] = []
     try:
         # the coordinator's key pair and the lab's registration live on the tiny disk

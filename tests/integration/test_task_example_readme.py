@@ -15,12 +15,20 @@ Besides the README's commands, two labs that the coordinator cannot take join fi
   one line and exit 2, and no round may wait for it (every round closes at quorum, none at its
   300 s deadline).
 The registered labs must learn: some verified reward > 0 on the example's own task.
+
+The run is in the long tier (`./scripts/test.sh --long`): lab-a is SmolLM2-135M, whose loading and
+three updates on CPU took a quarter of the default run's budget (docs/results.md, "The test suite").
+The default run checks its parts: the README's commands are the ones this run plays
+(`test_the_readme_commands_are_the_ones_the_run_plays` below), the example's plugin task in a real
+federation of hacfed-server and hacfed-client processes with verified rewards above 0
+(test_task_plugin_federation.py), the README walk-through's machinery (test_tls_walkthrough.py), the
+refusal of a lab on another task and of an unregistered one, neither waited for
+(tests/unit/test_lab_refusals.py), and SmolLM2 co-training with a tiny agent (test_smollm2_cotrain.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -34,14 +42,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_federation_flower import _running_descendants
-from tests.integration.test_tls_walkthrough import Proc, as_run, free_port
+from hacfed.procs import free_port
+from tests.integration.test_tls_walkthrough import as_run, start, stop
+from tests.processes import REPO, Proc, cli_env, running_descendants
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hacfed-task-example"
 LONG_RUNNING = (("hacfed-server", "--config"), ("hacfed-client", "--config"))
 REFUSED_WITHIN_S = 45.0  # generous: the refusal rides on the hello sent again at once (before: after 60 s)
 ANOTHER_TASK = '[task]\nkind = "arithmetic"\ndigits = 2\noperators = "+"\n'
+PLAYED = [["pip", "install"], ["hacfed-client", "keys"], ["hacfed-client", "keys"], ["hacfed-server", "register"],
+          ["hacfed-server", "register"], ["hacfed-server", "--config"], ["hacfed-client", "--config"],
+          ["hacfed-client", "--config"]]  # the README's commands, by their first two words
 
 
 def readme_commands() -> list[str]:
@@ -83,8 +94,8 @@ def _labs_it_cannot_take(run: Run, lab_command: str, port: int, env: dict[str, s
     other = root / "another-task.toml"
     other.write_text(ANOTHER_TASK)
     lab_m = lab_command.replace("lab-b", "lab-m").replace("examples/hacfed-task-example/participant.toml", str(other))
-    run.procs["lab-m"] = Proc("lab-m", as_run(lab_m, port), root, env)
-    lab_c = run.procs["lab-c"] = Proc("lab-c", as_run(lab_command.replace("lab-b", "lab-c"), port), root, env)
+    run.procs["lab-m"] = start("lab-m", as_run(lab_m, port), root, env)
+    lab_c = run.procs["lab-c"] = start("lab-c", as_run(lab_command.replace("lab-b", "lab-c"), port), root, env)
     lab_c.wait_for(r"hacfed-client: connected to ", timeout=600)
     connected = time.monotonic()
     run.codes["lab-c"] = lab_c.popen.wait(timeout=300)
@@ -102,13 +113,13 @@ def _play(run: Run, commands: list[str], env: dict[str, str], port: int) -> None
             _run(as_run(command, port), run.root, env)
             continue
         if words[0] == "hacfed-server":
-            server = run.procs["server"] = Proc("server", as_run(command, port), run.root, env)
-            server.wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ")
+            server = run.procs["server"] = start("server", as_run(command, port), run.root, env)
+            server.wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ", timeout=600)
             lab_b = next(c for c in commands if "--participant-id lab-b" in c and "--config" in c)
             _labs_it_cannot_take(run, lab_b, port, env)
             continue
         name = words[words.index("--participant-id") + 1]
-        run.procs[name] = Proc(name, as_run(command, port), run.root, env)
+        run.procs[name] = start(name, as_run(command, port), run.root, env)
 
 
 @pytest.fixture(scope="module")
@@ -116,15 +127,11 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     root = tmp_path_factory.mktemp("task-example")
     shutil.copytree(EXAMPLE, root / "examples" / "hacfed-task-example",
                     ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "state"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
     commands = readme_commands()
-    assert [shlex.split(c)[:2] for c in commands] == [
-        ["pip", "install"], ["hacfed-client", "keys"], ["hacfed-client", "keys"], ["hacfed-server", "register"],
-        ["hacfed-server", "register"], ["hacfed-server", "--config"], ["hacfed-client", "--config"],
-        ["hacfed-client", "--config"]], commands
+    assert [shlex.split(c)[:2] for c in commands] == PLAYED, commands
     run = Run(root)
-    before = _running_descendants()
+    before = running_descendants()
     try:
         _play(run, commands, env, free_port())
         run.codes["server"] = run.procs["server"].popen.wait(timeout=1800)
@@ -133,8 +140,21 @@ def example_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         yield run
     finally:
         for proc in run.procs.values():
-            proc.stop()
-        run.leftovers = _running_descendants() - before
+            stop(proc)
+        run.leftovers = running_descendants() - before
+
+
+def test_the_readme_commands_are_the_ones_the_run_plays() -> None:
+    """What the long-tier run below plays: the same commands in the same order, each config they name in
+    the example, and lab-a on the model whose reward the run checks."""
+    commands = readme_commands()
+    assert [shlex.split(c)[:2] for c in commands] == PLAYED, commands
+    for command in commands:
+        words = shlex.split(command)
+        if "--config" in words:
+            assert (REPO / words[words.index("--config") + 1]).is_file(), command
+    lab_a = next(c for c in commands if "--participant-id lab-a" in c and "--config" in c)
+    assert "--model smollm2" in lab_a, lab_a
 
 
 @pytest.mark.slow
@@ -146,6 +166,7 @@ def test_the_task_package_is_installed_from_the_clone() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_readme_federation_runs_to_the_end_and_its_labs_earn_reward(example_run: Run) -> None:
     server = example_run.procs["server"].text()
     assert example_run.codes["server"] == 0, server[-4000:]
@@ -162,6 +183,7 @@ def test_the_readme_federation_runs_to_the_end_and_its_labs_earn_reward(example_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_lab_that_is_not_registered_says_so_in_one_line_and_exits_2_within_seconds(example_run: Run) -> None:
     lab_c = example_run.procs["lab-c"].text()
     assert example_run.codes["lab-c"] == 2, lab_c[-3000:]
@@ -176,6 +198,7 @@ def test_a_lab_that_is_not_registered_says_so_in_one_line_and_exits_2_within_sec
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_lab_on_another_task_says_so_exits_2_and_no_round_waits_for_it(example_run: Run) -> None:
     lab_m = example_run.procs["lab-m"].text()
     assert example_run.codes["lab-m"] == 2, lab_m[-3000:]
@@ -188,6 +211,7 @@ def test_a_lab_on_another_task_says_so_exits_2_and_no_round_waits_for_it(example
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_every_process_of_the_example_stops(example_run: Run) -> None:
     assert example_run.leftovers == set()
     assert all(proc.popen.poll() is not None for proc in example_run.procs.values())

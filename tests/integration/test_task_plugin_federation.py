@@ -15,17 +15,16 @@ prompts x G=2, 8 new tokens, 4 eval problems).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sqlite3
-import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_federation_flower import BIN, LYING_LAB, REPO, Proc, _running_descendants
+from tests.federation import Federation, coordinator_toml
+from tests.processes import REPO, Proc, running_descendants
 
 EXAMPLE_DATA = REPO / "examples" / "hacfed-task-example" / "data"
 TASK = """
@@ -39,20 +38,6 @@ answer_field = "backwards"
 cache_dir = "{cache}"
 [task.sandbox]
 timeout_s = 10
-"""
-SERVER_TOML = """
-run_id = "it-plugin"
-rounds = 2
-prompts_per_round = 2
-group_size = 2
-expected_participants = 2
-min_participants = 2
-round_deadline_s = 120
-eval_every = 1
-max_strikes = 3
-state_dir = "server"
-[sampling]
-max_new_tokens = 8
 """
 
 
@@ -83,46 +68,27 @@ def _wait_for_the_run(server: Proc, labs: list[Proc], timeout: float) -> None:
 
 @pytest.mark.slow
 def test_a_plugin_task_federation_verifies_every_claim_and_quarantines_a_liar(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
     task = _write_task(tmp_path)
-    (tmp_path / "coordinator.toml").write_text(SERVER_TOML + task)
     (tmp_path / "lab.toml").write_text(task)
-    server_dir = tmp_path / "server"
-    before = _running_descendants()
-    procs: list[Proc] = []
-
-    def client(pid: str, model: str, lie: bool = False) -> Proc:
-        command = [sys.executable, str(LYING_LAB)] if lie else [str(BIN / "hacfed-client")]
-        argv = [*command, "--config", str(tmp_path / "lab.toml"), "--model", model, "--server", address,
-                "--participant-id", pid, "--state-dir", str(tmp_path / pid), "--coordinator-key",
-                str(server_dir / "coordinator.pub"), "--insecure", "--eval-problems", "4"]
-        procs.append(Proc(pid, argv, tmp_path / f"{pid}.log", env))
-        key = tmp_path / pid / "participant.pub"  # the operator registers the lab's key
-        deadline = time.monotonic() + 120
-        while not key.exists():
-            assert time.monotonic() < deadline and procs[-1].popen.poll() is None, procs[-1].text()
-            time.sleep(0.1)
-        shutil.copy(key, server_dir / "keys" / f"{pid}.pub")
-        return procs[-1]
-
+    fed = Federation(tmp_path)
+    fed.configure(coordinator_toml("it-plugin", rounds=2, expected_participants=2, min_participants=2, eval_every=1,
+                                   max_strikes=3, task=tomllib.loads(task)["task"], max_new_tokens=8))
+    server_dir = fed.server_dir
+    before = running_descendants()
+    lab_flags = ("--config", str(tmp_path / "lab.toml"), "--eval-problems", "4")
     try:
-        server = Proc("server", [str(BIN / "hacfed-server"), "--config", str(tmp_path / "coordinator.toml"),
-                                 "--insecure", "--listen", "127.0.0.1:0", "--state-dir", str(server_dir)],
-                      tmp_path / "server.log", env)
-        procs.append(server)
-        address = server.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
-        liar = client("lab-c", "tiny-llama", lie=True)
+        server = fed.server("server.log", listen="127.0.0.1:0", wait=False)
+        fed.address = server.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
+        liar = fed.lab("lab-c", "tiny-llama", cheat=True, extra=lab_flags)
         server.wait_for(r"joined: lab-c")
-        lab_a, lab_b = client("lab-a", "tiny-llama"), client("lab-b", "tiny-gpt2")
+        lab_a, lab_b = fed.lab("lab-a", "tiny-llama", extra=lab_flags), fed.lab("lab-b", "tiny-gpt2", extra=lab_flags)
         _wait_for_the_run(server, [lab_a, lab_b, liar], timeout=400)
         assert server.exit_code(30) == 0, server.text()[-5000:]
         for lab in (lab_a, lab_b, liar):
             assert lab.exit_code(120) == 0, lab.text()[-3000:]
     finally:
-        for proc in reversed(procs):
-            proc.stop()
-    after = _running_descendants()
+        fed.stop_all()
+    after = running_descendants()
 
     assert "federation finished: 2 rounds, final reports from ['lab-a', 'lab-b']" in server.text()
     assert "torch imported: ServerApp False, hacfed-server False" in server.text()

@@ -20,15 +20,12 @@ Every process started is stopped by its pid (or its process group's id), also wh
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,10 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_federation_flower import _running_descendants
+from hacfed.procs import free_port
+from tests.processes import BIN, REPO, Proc, cli_env, running_descendants
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 README_PORT = "9092"
 README_ROUNDS, TEST_ROUNDS = "rounds=200", "rounds=30"
 MIN_README_ROUNDS = 100  # about a second each with the tiny models: minutes, time to type step 6
@@ -57,12 +53,6 @@ def readme_walkthrough() -> list[str]:
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def as_run(command: str, port: int) -> list[str]:
     """The command's words, with the two substitutions of the module docstring."""
     argv = [word.replace(f":{README_PORT}", f":{port}") for word in shlex.split(command)]
@@ -71,36 +61,14 @@ def as_run(command: str, port: int) -> list[str]:
     return [str(BIN / argv[0]), *argv[1:]]
 
 
-class Proc:
-    def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.name, self.argv, self.log = name, argv, cwd / f"{name}.log"
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                                          start_new_session=True)
+def start(name: str, argv: list[str], root: Path, env: dict[str, str]) -> Proc:
+    """A long-running command, as in its own terminal: in `root`, its output in `root/NAME.log`."""
+    return Proc(name, argv, root / f"{name}.log", env)
 
-    def text(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
 
-    def wait_for(self, pattern: str, timeout: float = 600.0) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if match := re.search(pattern, self.text()):
-                return match
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.name} exited ({self.popen.returncode}) before /{pattern}/:\n"
-                                     f"{self.text()[-4000:]}")
-            time.sleep(0.3)
-        raise AssertionError(f"{self.name}: no /{pattern}/ within {timeout}s:\n{self.text()[-4000:]}")
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 120.0) -> int:
-        """`sig` to the process (SIGINT: Ctrl-C), then its whole group killed if it outlives `timeout`."""
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, sig)
-            try:
-                return self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-        return self.popen.wait()
+def stop(proc: Proc, sig: signal.Signals = signal.SIGTERM) -> int:
+    """`sig` to the process alone (SIGINT: Ctrl-C), its whole group killed if it outlives 120 s."""
+    return proc.stop(sig, timeout=120.0, group=False)
 
 
 @dataclass
@@ -135,14 +103,14 @@ def _play(run: Walkthrough, env: dict[str, str], port: int) -> None:
         words = shlex.split(command)
         if tuple(words[:2]) in LONG_RUNNING:
             name = "server" if words[0] == "hacfed-server" else words[words.index("--participant-id") + 1]
-            run.procs[name] = Proc(name, as_run(command, port), root, env)
+            run.procs[name] = start(name, as_run(command, port), root, env)
             if name == "server":
-                run.procs[name].wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ")
+                run.procs[name].wait_for(rf"ready: Fleet API on 127\.0\.0\.1:{port} ", timeout=600)
             if name == "lab-b":  # not in the README: a lab that was never registered tries to join
                 keys = _run(as_run("hacfed-client keys --state-dir state/tls/lab-c --participant-id lab-c", port),
                             root, env)
                 assert keys.returncode == 0, keys
-                run.procs["lab-c"] = Proc("lab-c", as_run(command.replace("lab-b", "lab-c"), port), root, env)
+                run.procs["lab-c"] = start("lab-c", as_run(command.replace("lab-b", "lab-c"), port), root, env)
             continue
         if words[1] == "revoke":  # "while the federation runs"
             run.procs["server"].wait_for(r"round 0 closed", timeout=900)
@@ -164,15 +132,14 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthroug
     root = tmp_path_factory.mktemp("walkthrough")
     (root / "deploy").mkdir()
     shutil.copy(REPO / "deploy" / "coordinator.toml", root / "deploy" / "coordinator.toml")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
     commands = readme_walkthrough()
     assert [shlex.split(c)[:2] for c in commands] == [
         ["hacfed-server", "certs"], ["hacfed-client", "keys"], ["hacfed-client", "keys"],
         ["hacfed-server", "register"], ["hacfed-server", "register"], ["hacfed-server", "--config"],
         ["hacfed-client", "--model"], ["hacfed-client", "--model"], ["hacfed-server", "revoke"]], commands
     run = Walkthrough(root, commands)
-    before = _running_descendants()
+    before = running_descendants()
     try:
         _play(run, env, free_port())
         run.server_code = run.procs["server"].popen.wait(timeout=1800)
@@ -180,12 +147,12 @@ def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walkthroug
         lab_a_command = next(c for c in commands if "--participant-id lab-a" in c and "--model" in c)
         run.rerun = _run(as_run(lab_a_command, free_port()), root, env)
         for name in ("lab-b", "lab-c"):  # the README: stop the refused lab with Ctrl-C
-            run.stop_codes[name] = run.procs[name].stop(signal.SIGINT)
+            run.stop_codes[name] = stop(run.procs[name], signal.SIGINT)
         yield run
     finally:
         for proc in run.procs.values():
-            proc.stop()
-        run.leftovers = _running_descendants() - before
+            stop(proc)
+        run.leftovers = running_descendants() - before
 
 
 @pytest.mark.slow

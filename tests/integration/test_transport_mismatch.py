@@ -17,7 +17,6 @@ once at start saw nothing listening, so the lab must probe again while its Super
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable
@@ -27,26 +26,12 @@ import pytest
 
 from hacfed.keys import ensure_key_pair
 from hacfed.procs import free_port
-from tests.integration.test_federation_flower import BIN, REPO, Proc, _running_descendants, wait_nothing_left
+from tests.federation import coordinator_toml
+from tests.processes import BIN, Proc, cli_env, running_descendants, wait_nothing_left
 
 pytestmark = pytest.mark.slow
 
-SERVER_TOML = """
-run_id = "transport"
-rounds = 1
-prompts_per_round = 2
-group_size = 2
-expected_participants = 1
-min_participants = 1
-round_deadline_s = 60
-state_dir = "server"
-[task]
-kind = "arithmetic"
-digits = 2
-operators = "+"
-[sampling]
-max_new_tokens = 6
-"""
+SERVER_TOML = coordinator_toml("transport", rounds=1, expected_participants=1, min_participants=1, round_deadline_s=60)
 # what the lab says once a SuperNode attempt has given up (its reconnect lines, "the coordinator is
 # unreachable ...; attempt N failed", are the attempt still trying)
 FAILED = re.compile(r"exited while connecting|not reachable yet|TLS handshake with the coordinator failed")
@@ -59,14 +44,13 @@ def _run(tmp_path: Path, *, tls_server: bool, hint: str) -> tuple[str, int]:
 
     certs = init_federation_certs(tmp_path / "certs", ["127.0.0.1", "localhost"])
     (tmp_path / "coordinator.toml").write_text(SERVER_TOML)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.setdefault("HACFED_HOME", str(REPO / ".hacfed-home"))
+    env = {**cli_env(), "OMP_NUM_THREADS": "1"}
     address = f"127.0.0.1:{free_port()}"
     coordinator_pub = ensure_key_pair(tmp_path / "server", "coordinator").public
     lab_transport = ["--insecure"] if tls_server else ["--tls-ca", str(certs.ca_cert)]
     server_transport = (["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
                          "--tls-ca", str(certs.ca_cert)] if tls_server else ["--insecure"])
-    before = _running_descendants()
+    before = running_descendants()
     procs: list[Proc] = []
     try:
         lab = Proc("lab-a", [str(BIN / "hacfed-client"), "--model", "tiny-llama", "--server", address,

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from hacfed.child_guard import Guard, guarded_argv
+from tests.processes import still_running
 
 PY = sys.executable
 
@@ -62,17 +63,6 @@ WAYS = {"sigint": [signal.SIGINT], "sigint-x2": [signal.SIGINT] * 2, "sigint-x3"
         "sigterm": [signal.SIGTERM], "sigkill": [signal.SIGKILL]}
 
 
-def _running(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 def _binds(port: int) -> bool:
     """Whether a new listener could bind `port`, as the SuperLink's gRPC server does (SO_REUSEADDR): only
     a socket still listening there refuses it, not the TIME_WAIT connections a stopped server leaves."""
@@ -88,13 +78,13 @@ def _binds(port: int) -> bool:
 def wait_gone(pids: set[int], timeout_s: float = 60.0) -> set[int]:
     """The pids still running after up to `timeout_s` (a generous limit on a busy machine)."""
     deadline = time.monotonic() + timeout_s
-    while (alive := _running(pids)) and time.monotonic() < deadline:
+    while (alive := still_running(pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return alive
 
 
 def kill_all(pids: set[int]) -> None:
-    for pid in _running(pids):
+    for pid in still_running(pids):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
