@@ -25,7 +25,11 @@ Both start from the same weights (two copies of the same preset) on the same pro
 The two alternate inside one process: a TRL callback runs one hacfed round after every U TRL
 steps, and that time is subtracted from TRL's, so drifting CPU speed hits both sides alike. The
 first `--warmup` rounds of each side are not counted. It prints completions per second of each
-side (median over rounds) and the ratio hacfed / TRL, per round and overall.
+side (median over rounds) and the ratio hacfed / TRL, per round and overall, and the same per
+completion token (each round's completions x its mean length, EOS excluded; `trl_step_report.per_token`),
+by wall and by CPU time: both sides sample at temperature 1 with the same budget (checked with the
+rest), but from different random streams, so their answers' lengths differ and completions alone
+would count the side that sampled longer as slower.
 
 Differences that remain and are TRL's own work: TRL also computes per-token entropies in its loss
 forward and gathers/logs metrics every step; those are part of what a TRL user pays per step.
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trl_step_report import format_summary, summarize  # noqa: E402  (the pure summary, beside this file)
+from trl_step_report import format_summary, per_token, summarize  # noqa: E402  (the pure summary, beside this file)
 
 TASKS = ("add2", "add2-words", "chain")
 FINETUNES = ("full", "lora")
@@ -119,6 +123,13 @@ def hacfed_hacpo(s: BenchSettings) -> Any:
     return HacpoConfig(mode="gspo", self_clip_low=s.clip_low, self_clip_high=s.clip_high, kl_coef=0.0)
 
 
+def hacfed_sampling(s: BenchSettings) -> Any:
+    """hacfed's rollout sampling: temperature 1, top-p 1, TRL's budget (`trl_config_kwargs`)."""
+    from hacfed.messages import SamplingParams
+
+    return SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=s.max_new_tokens)
+
+
 def hacfed_participant_kwargs(s: BenchSettings) -> dict[str, Any]:
     return dict(
         participant_id="bench", model=s.model, finetune=s.finetune, learning_rate=s.learning_rate,
@@ -156,11 +167,12 @@ def trl_peft_config(s: BenchSettings, participant: Any) -> Any:
                       target_modules="all-linear")
 
 
-def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any) -> list[str]:
+def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any, sampling: Any) -> list[str]:
     """Every shared setting on which the two configured sides disagree ([] when they match).
 
-    Works on any objects with the attributes (a real HacpoConfig/ParticipantConfig/GRPOConfig or
-    stand-ins), so it is testable without trl. Generation batch of TRL = minibatch x steps."""
+    Works on any objects with the attributes (a real HacpoConfig/ParticipantConfig/GRPOConfig/
+    SamplingParams or stand-ins), so it is testable without trl. Generation batch of TRL =
+    minibatch x steps."""
     checks = [
         ("mode", hacpo.mode, "gspo"),
         ("sequence-level ratio", trl_args.importance_sampling_level, "sequence"),
@@ -179,6 +191,7 @@ def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any) ->
          trl_args.per_device_train_batch_size * trl_args.steps_per_generation, s.completions_per_round),
         ("passes over a rollout (TRL)", trl_args.num_iterations, 1),
         ("max tokens (TRL)", trl_args.max_completion_length, s.max_new_tokens),
+        ("max tokens (hacfed)", sampling.max_new_tokens, s.max_new_tokens),
         ("max tokens fit (hacfed)", participant.max_response_len >= s.max_new_tokens + 1, True),
         ("learning rate (hacfed)", participant.learning_rate, s.learning_rate),
         ("learning rate (TRL)", trl_args.learning_rate, s.learning_rate),
@@ -187,7 +200,9 @@ def mismatches(s: BenchSettings, hacpo: Any, participant: Any, trl_args: Any) ->
         ("grad clip (hacfed)", participant.max_grad_norm, s.max_grad_norm),
         ("grad clip (TRL)", trl_args.max_grad_norm, s.max_grad_norm),
         ("temperature (TRL)", trl_args.temperature, 1.0),
+        ("temperature (hacfed)", sampling.temperature, 1.0),
         ("top_p (TRL)", trl_args.top_p, 1.0),
+        ("top_p (hacfed)", sampling.top_p, 1.0),
         ("top_k off (TRL)", trl_args.top_k in (0, None), True),
         ("no vLLM (TRL)", trl_args.use_vllm, False),
         ("finetune (hacfed)", participant.finetune, s.finetune),
@@ -213,18 +228,19 @@ class HacfedSide:
         self.s, self.task = s, task
         self.hacpo = hacfed_hacpo(s)
         self.cfg = ParticipantConfig(**hacfed_participant_kwargs(s))
+        self.sampling = hacfed_sampling(s)
         self.participant = Participant.from_spec(self.cfg, task)
         self.rewards: list[float] = []
         self.tokens: list[float] = []  # mean completion length (tokens, EOS excluded) per round
 
     def round(self, round_id: int, problems: Sequence[Any]) -> tuple[float, float]:
         """One rollout + update; returns (wall seconds, process CPU seconds)."""
-        from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate, SamplingParams
+        from hacfed.messages import PlannedPrompt, RoundPlan, RoundUpdate
 
         plan = RoundPlan(
             run_id="trl-bench", round_id=round_id,
             prompts=tuple(PlannedPrompt(p.prompt_id, p.messages) for p in problems),
-            group_size=self.s.group_size, sampling=SamplingParams(1.0, 1.0, self.s.max_new_tokens), hacpo=self.hacpo,
+            group_size=self.s.group_size, sampling=self.sampling, hacpo=self.hacpo,
         )
         t0, c0 = time.perf_counter(), time.process_time()
         trajectories = self.participant.rollout(plan)
@@ -285,7 +301,8 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
         [{"prompt": messages_as_dicts(p.messages), "prompt_id": p.prompt_id} for r in rounds for p in r]
     )
     args = trl.GRPOConfig(**trl_config_kwargs(s, out_dir))
-    problems = mismatches(s, hacfed.hacpo, hacfed.cfg, args) + _loaded_mismatches(hacfed.participant, loaded.model)
+    problems = (mismatches(s, hacfed.hacpo, hacfed.cfg, args, hacfed.sampling)
+                + _loaded_mismatches(hacfed.participant, loaded.model))
     if problems:
         raise RuntimeError("the two sides are not configured alike: " + "; ".join(problems))
 
@@ -303,6 +320,9 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
                 return
             trl_times.append((time.perf_counter() - self.start[0], time.process_time() - self.start[1]))
             r = state.global_step // s.updates - 1
+            if len(trl_tokens) != r + 1:  # the per-token figures need each generation's lengths
+                raise RuntimeError(f"TRL's reward function saw {len(trl_tokens)} generations' completion_ids "
+                                   f"by round {r}, expected {r + 1}")
             hacfed_times.append(hacfed.round(r, rounds[r]))
             kind = "warm-up" if r < s.warmup else "round"
             (tw, tc), (hw, hc) = trl_times[-1], hacfed_times[-1]
@@ -320,9 +340,14 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
     summary = summarize([w for w, _ in measured_h], [w for w, _ in measured_t], s.completions_per_round)
     # One thread: process CPU time is what each side computed, whatever else ran on the cores.
     summary["cpu"] = summarize([c for _, c in measured_h], [c for _, c in measured_t], s.completions_per_round)
+    lengths = hacfed.tokens[s.warmup:], trl_tokens[s.warmup:]
+    summary["per_token"] = per_token([w for w, _ in measured_h], [w for w, _ in measured_t], s.completions_per_round,
+                                     *lengths)
+    summary["cpu_per_token"] = per_token([c for _, c in measured_h], [c for _, c in measured_t],
+                                         s.completions_per_round, *lengths)
     summary.update(settings=asdict(s), torch_threads=torch.get_num_threads(), trl_version=trl.__version__,
                    hacfed_reward_mean=hacfed.rewards[s.warmup:],
-                   hacfed_completion_tokens=hacfed.tokens[s.warmup:], trl_completion_tokens=trl_tokens[s.warmup:])
+                   hacfed_completion_tokens=lengths[0], trl_completion_tokens=lengths[1])
     return summary
 
 

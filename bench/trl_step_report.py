@@ -1,4 +1,5 @@
-"""bench/trl_step.py's summary: completions per second of each side and their ratio, per round and overall."""
+"""bench/trl_step.py's summary: completions and completion tokens per second of each side and their
+ratios, per round and overall."""
 
 from __future__ import annotations
 
@@ -27,6 +28,27 @@ def summarize(hacfed_s: Sequence[float], trl_s: Sequence[float], completions: in
     }
 
 
+def per_token(hacfed_s: Sequence[float], trl_s: Sequence[float], completions: int,
+              hacfed_tokens: Sequence[float], trl_tokens: Sequence[float]) -> dict[str, Any]:
+    """Completion tokens per second of each side and hacfed/TRL ratios; `*_tokens` are each round's
+    mean completion length (EOS excluded), so a side that samples longer answers is not counted as
+    slower for the extra work.
+
+    `ratio` divides each side's tokens over its measured rounds by its seconds over them;
+    `ratio_per_round` pairs round i of each side and `ratio_median` is their median."""
+    rounds = summarize(hacfed_s, trl_s, completions)  # the same checks of the rounds' times
+    if len(hacfed_tokens) != len(hacfed_s) or len(trl_tokens) != len(trl_s):
+        raise ValueError(f"need one mean length per round, got {len(hacfed_tokens)} and {len(trl_tokens)} "
+                         f"for {len(hacfed_s)} rounds")
+    if min(list(hacfed_tokens) + list(trl_tokens)) <= 0:
+        raise ValueError("mean completion lengths must be > 0 (a side sampled only empty answers)")
+    hacfed_tps = completions * sum(hacfed_tokens) / sum(hacfed_s)
+    trl_tps = completions * sum(trl_tokens) / sum(trl_s)
+    per_round = [r * h / t for r, h, t in zip(rounds["ratio_per_round"], hacfed_tokens, trl_tokens)]
+    return {"hacfed_tokens_per_s": hacfed_tps, "trl_tokens_per_s": trl_tps, "ratio": hacfed_tps / trl_tps,
+            "ratio_per_round": per_round, "ratio_median": statistics.median(per_round)}
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     per_round = " ".join(f"{r:.2f}" for r in summary["ratio_per_round"])
     return (
@@ -34,7 +56,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         f"TRL GRPOTrainer (GSPO): {summary['trl_completions_per_s']:.1f} completions/s "
         f"({summary['completions_per_round']} per round)\n"
         f"hacfed / TRL = {summary['ratio']:.2f}x (per round: {per_round}; median {summary['ratio_median']:.2f}x)"
-    ) + _cpu(summary) + _lengths(summary)
+    ) + _cpu(summary) + _lengths(summary) + _tokens(summary)
 
 
 def _cpu(summary: Mapping[str, Any]) -> str:
@@ -55,3 +77,16 @@ def _lengths(summary: Mapping[str, Any]) -> str:
     if not h or not t:
         return ""
     return f"\nmean completion length: hacfed {statistics.mean(h):.2f} tokens, TRL {statistics.mean(t):.2f} tokens"
+
+
+def _tokens(summary: Mapping[str, Any]) -> str:
+    """The per-token figures, by wall and by CPU time, when the run measured them."""
+    out = ""
+    for key, clock in (("per_token", "wall"), ("cpu_per_token", "process CPU")):
+        t = summary.get(key)
+        if t:
+            per_round = " ".join(f"{r:.2f}" for r in t["ratio_per_round"])
+            out += (f"\nper completion token, by {clock} time: hacfed {t['hacfed_tokens_per_s']:.1f}, TRL "
+                    f"{t['trl_tokens_per_s']:.1f} tokens/s; hacfed / TRL = {t['ratio']:.2f}x (per round: {per_round}; "
+                    f"median {t['ratio_median']:.2f}x)")
+    return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import torch
 from torch import Tensor
@@ -123,10 +123,12 @@ class OldSide:
 
 
 def old_side(views: Sequence[TrainingView], scored: dict[int, Tensor], by_bytes: Tensor,
-             pending: Sequence[int]) -> OldSide:
-    """The `OldSide` of `views` from the rows scored ahead (`scored`) and the source summaries."""
+             pending: Sequence[int], untrained: Collection[int] = ()) -> OldSide:
+    """The `OldSide` of `views` from the rows scored ahead (`scored`) and the source summaries.
+    `untrained`: rows no forward runs on (`hacfed.clients.no_grad_rows`), whose old side is never
+    read; NaN, since one that needs the learner's own log-prob was not scored."""
     norm = torch.empty(len(views))
-    waiting = set(pending)
+    waiting = set(pending) | set(untrained)
     for i, v in enumerate(views):
         if i in waiting:
             norm[i] = math.nan

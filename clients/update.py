@@ -230,7 +230,7 @@ def hacpo_update(
     microbatch_tokens: int | None = None,
     temperature: float = 1.0,
     trust: Mapping[str, float] | None = None,
-    skip_no_grad: bool = False,
+    skip_no_grad: bool = True,
 ) -> dict[str, float]:
     """Train `model` on `pool` with learner `learner`. Returns averaged metrics.
 
@@ -245,8 +245,7 @@ def hacpo_update(
     `trust`: the lab's weight of each partner (`hacfed.clients.trust`), scaling that partner's ω
     when `cfg.trust_rate` > 0. The learner-side rules of `hacfed.clients.partner_rules` leave out
     the partner samples they reject before anything else sees the pool.
-    `skip_no_grad` (off by default: a lab's 40-round hacpo run failed an update with it on, not yet
-    understood): run no forward or backward for the samples whose loss has no gradient
+    `skip_no_grad`: run no forward or backward for the samples whose loss has no gradient
     (`hacfed.clients.no_grad_rows`; in one process only), reported as `skipped_no_grad` and
     `skipped_no_grad_frac`; the parameters after the update are the same to float rounding.
     """
@@ -327,7 +326,9 @@ def _learner_batch(model: Any, pad_id: int, views: list[TrainingView], advantage
     pending = [i for i in need_own if i < first]  # filled by minibatch 0's forward (`OneProcess`)
     scored = split.score_old(model, views, [i for i in need_own if i >= first], pad_id, temperature)
     by_bytes = torch.tensor([per_byte(v, learner, cfg) for v in views], dtype=torch.bool)
-    return LearnerBatch(views, advantages, omega, by_bytes, old_side(views, scored, by_bytes, pending), temperature)
+    untrained = [i for i, keep in enumerate(live) if not keep]
+    return LearnerBatch(views, advantages, omega, by_bytes, old_side(views, scored, by_bytes, pending, untrained),
+                        temperature)
 
 
 def _learner_bytes_logp(model: Any, pad_id: int, views: Sequence[TrainingView], learner: str, cfg: HacpoConfig,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -26,7 +27,8 @@ def bench():
 
 def _sides(bench, s, **trl_overrides):
     trl_args = SimpleNamespace(**{**bench.trl_config_kwargs(s, "out"), **trl_overrides})
-    return bench.hacfed_hacpo(s), ParticipantConfig(**bench.hacfed_participant_kwargs(s)), trl_args
+    return (bench.hacfed_hacpo(s), ParticipantConfig(**bench.hacfed_participant_kwargs(s)), trl_args,
+            bench.hacfed_sampling(s))
 
 
 def test_default_settings_are_the_issue_batch(bench):
@@ -37,9 +39,10 @@ def test_default_settings_are_the_issue_batch(bench):
 
 def test_both_sides_configured_alike(bench):
     s = bench.BenchSettings(prompts=4, group_size=4, updates=4, max_new_tokens=12, rounds=2)
-    hacpo, participant, trl_args = _sides(bench, s)
-    assert bench.mismatches(s, hacpo, participant, trl_args) == []
+    hacpo, participant, trl_args, sampling = _sides(bench, s)
+    assert bench.mismatches(s, hacpo, participant, trl_args, sampling) == []
     assert hacpo.mode == "gspo" and hacpo.kl_coef == 0.0
+    assert (sampling.temperature, sampling.max_new_tokens) == (trl_args.temperature, trl_args.max_completion_length)
     assert trl_args.max_steps == (s.warmup + s.rounds) * s.updates  # one TRL round per hacfed round
     assert trl_args.per_device_train_batch_size * trl_args.steps_per_generation == 16
 
@@ -64,19 +67,31 @@ def test_a_differing_trl_setting_is_named(bench, override, named):
 
 def test_a_differing_hacfed_setting_is_named(bench):
     s = bench.BenchSettings()
-    hacpo, participant, trl_args = _sides(bench, s)
+    hacpo, participant, trl_args, sampling = _sides(bench, s)
     from hacfed.hacpo_config import HacpoConfig
 
-    problems = bench.mismatches(s, HacpoConfig(mode="gspo"), participant, trl_args)  # default kl_coef 0.001
+    problems = bench.mismatches(s, HacpoConfig(mode="gspo"), participant, trl_args, sampling)  # kl_coef 0.001
     assert problems == ["KL (hacfed kl_coef): 0.001, want 0.0"]
+
+
+@pytest.mark.parametrize("override, named", [
+    (dict(temperature=0.7), "temperature (hacfed): 0.7, want 1.0"),
+    (dict(top_p=0.9), "top_p (hacfed): 0.9, want 1.0"),
+    (dict(max_new_tokens=32), "max tokens (hacfed): 32, want 16"),
+])
+def test_hacfed_sampling_unlike_trls_is_named(bench, override, named):
+    # Per completion token is only like for like when both sides sample at the same temperature and budget.
+    s = bench.BenchSettings()
+    hacpo, participant, trl_args, sampling = _sides(bench, s)
+    assert bench.mismatches(s, hacpo, participant, trl_args, dataclasses.replace(sampling, **override)) == [named]
 
 
 def test_real_grpo_config_matches_when_trl_is_installed(bench, tmp_path):
     trl = pytest.importorskip("trl")  # bench-only dependency: skipped in the test environment
     s = bench.BenchSettings()
     args = trl.GRPOConfig(**bench.trl_config_kwargs(s, str(tmp_path)))
-    hacpo, participant, _ = _sides(bench, s)
-    assert bench.mismatches(s, hacpo, participant, args) == []
+    hacpo, participant, _, sampling = _sides(bench, s)
+    assert bench.mismatches(s, hacpo, participant, args, sampling) == []
 
 
 def test_settings_refuse_an_uneven_split(bench):
@@ -119,13 +134,13 @@ def test_round_problems_are_distinct_and_seeded(bench, task):
 
 def test_lora_on_both_sides_or_neither(bench):
     s = bench.BenchSettings(finetune="lora")
-    hacpo, participant, trl_args = _sides(bench, s)
-    assert participant.finetune == "lora" and bench.mismatches(s, hacpo, participant, trl_args) == []
+    hacpo, participant, trl_args, sampling = _sides(bench, s)
+    assert participant.finetune == "lora" and bench.mismatches(s, hacpo, participant, trl_args, sampling) == []
     lora = bench.trl_peft_config(s, participant)  # TRL's adapter is hacfed's (`hacfed.clients.training`)
     assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (participant.lora_rank, participant.lora_alpha, 0.0)
     assert bench.trl_peft_config(bench.BenchSettings(), participant) is None
     full = ParticipantConfig(**bench.hacfed_participant_kwargs(bench.BenchSettings()))
-    assert bench.mismatches(s, hacpo, full, trl_args) == ["finetune (hacfed): 'full', want 'lora'"]
+    assert bench.mismatches(s, hacpo, full, trl_args, sampling) == ["finetune (hacfed): 'full', want 'lora'"]
 
 
 def test_missing_trl_is_a_clear_message_and_exit_2(bench, monkeypatch, capsys):
@@ -173,3 +188,25 @@ def test_local_step_scores_old_logprobs_ahead_only_for_later_minibatches(monkeyp
     assert calls == [(4, False), (4, True), (4, True)]  # old log-probs of rows 4..7 only, then 2 minibatches
     assert metrics["num_updates"] == 2.0 and all(v == v for v in metrics.values())  # no NaN left behind
     assert any(not torch.equal(a, b) for a, b in zip(before, p.model.parameters()))
+
+
+def test_per_token_counts_each_sides_sampled_length(bench):
+    # hacfed 2 s and 4 s for 10- and 20-token answers, TRL 2 s for 20- then 10-token answers:
+    # 8 x (10 + 20) / 6 s = 40 tokens/s against 8 x 30 / 4 s = 60; per round (8x10/2)/(8x20/2) = 0.5
+    # and (8x20/4)/(8x10/2) = 1.0. By completions alone the rounds are 1.0 and 0.5.
+    out = bench.per_token([2.0, 4.0], [2.0, 2.0], 8, [10.0, 20.0], [20.0, 10.0])
+    assert out["hacfed_tokens_per_s"] == pytest.approx(40.0) and out["trl_tokens_per_s"] == pytest.approx(60.0)
+    assert out["ratio"] == pytest.approx(2 / 3) and out["ratio_per_round"] == pytest.approx([0.5, 1.0])
+    assert out["ratio_median"] == pytest.approx(0.75)
+    text = bench.format_summary({**bench.summarize([2.0, 4.0], [2.0, 2.0], 8), "cpu_per_token": out})
+    assert "per completion token, by process CPU time: hacfed 40.0, TRL 60.0 tokens/s" in text
+    assert "= 0.67x (per round: 0.50 1.00; median 0.75x)" in text and "by wall time" not in text
+
+
+def test_per_token_refuses_unpaired_or_empty_lengths(bench):
+    with pytest.raises(ValueError, match="one mean length per round"):
+        bench.per_token([2.0], [2.0], 8, [10.0, 20.0], [20.0])
+    with pytest.raises(ValueError, match="same number"):
+        bench.per_token([2.0], [2.0, 2.0], 8, [10.0], [20.0, 20.0])
+    with pytest.raises(ValueError, match="lengths must be > 0"):
+        bench.per_token([2.0], [2.0], 8, [10.0], [0.0])

@@ -127,3 +127,40 @@ def test_the_kl_term_keeps_own_samples():
     out = update(learner, pool, dataclasses.replace(HacpoConfig(mode="hacpo"), kl_coef=0.01), None, None, skip=True)
     own = sum(1 for t in pool if t.source_id == "a")
     assert out["skipped_no_grad"] == out["num_samples"] - own and "kl" in out
+
+
+def eos_only(t):
+    """`t` as an empty answer that stopped at once (no tokens, so no source summary)."""
+    ids = () if t.response_token_ids is not None else None
+    return dataclasses.replace(t, response_text="", source_logp_sum=0.0, source_token_count=0,
+                               finish_reason="stop", response_token_ids=ids)
+
+
+@pytest.mark.parametrize("mode", ["gspo", "hacpo", "xhacpo", "sapo", "grpo"])
+def test_a_skipped_eos_only_sample_needs_no_old_side(mode):
+    # An EOS-only sample has no source summary: its old side is the learner's own log-prob, which
+    # is only scored for rows that train. Skipped, it must not need one.
+    learner, pool = rollouts(mode)
+    pool = with_rewards(pool, varied={sorted({t.prompt_id for t in pool})[2]})
+    equal = sorted({t.prompt_id for t in pool})[0]
+    pool = [eos_only(t) if t.prompt_id == equal and t.trajectory_id.endswith(("/0", "/1")) else t for t in pool]
+    assert sum(t.source_token_count == 0 for t in pool) >= 2
+    full = copy.deepcopy(learner)
+    cfg = HacpoConfig(mode=mode, kl_coef=0.0)
+    lean = update(learner, pool, cfg, 5, None, skip=True, optimizer=sgd(learner))
+    whole = update(full, pool, cfg, 5, None, skip=False, optimizer=sgd(full))
+    assert lean["skipped_no_grad"] > 0
+    assert lean["loss"] == pytest.approx(whole["loss"], abs=1e-6)
+    assert torch.allclose(params(learner), params(full), rtol=0, atol=1e-6)
+
+
+def test_a_labs_round_skips_and_reports_it():
+    # On by default: a lab's update on a pool of equal groups (the EOS-only samples among them)
+    # runs no forward, and its metrics say how many samples it skipped.
+    learner, pool = rollouts("hacpo")
+    pool = [eos_only(t) if t.trajectory_id.endswith("/0") else t for t in with_rewards(pool, varied=set())]
+    forwards = count_forwards(learner)
+    cfg = HacpoConfig(mode="hacpo", kl_coef=0.0)
+    out = learner.train_on_pool(RoundUpdate("run", 0, tuple(pool), {"a": 0.5, "b": 0.25}, None, ("a", "b"), cfg))
+    assert forwards == []
+    assert out["skipped_no_grad"] == out["num_samples"] > 0 and out["skipped_no_grad_frac"] == 1.0
