@@ -27,12 +27,13 @@ import torch
 from hacfed.clients.answer_form import AnswerFormDrift
 from hacfed.clients.checkpoints import restore_participant, save_participant
 from hacfed.clients.context import model_context, readable_pool
+from hacfed.clients.guided import GuidedBatch, check_task, guide_active, guided_rollouts, sampler_for, training_pool
 from hacfed.clients.participant_config import ParticipantConfig
-from hacfed.clients.rollout_and_eval import Evaluation, evaluate_held_out, export_for_vllm, rollout_plan
+from hacfed.clients.rollout_and_eval import Evaluation, derive_seed, evaluate_held_out, export_for_vllm, rollout_plan
 from hacfed.clients.textfilter import filter_pool, filters_for, withhold_groups
 from hacfed.clients.training import prepare_training, train_on_pool
 from hacfed.clients.trust import PartnerTrust
-from hacfed.messages import RoundPlan, RoundUpdate, StepReport, Submission
+from hacfed.messages import RoundPlan, RoundUpdate, SamplingParams, StepReport, Submission
 from hacfed.models.memory import apply_memory_plan, bf16_supported, memory_plan, microbatch_token_cap
 from hacfed.tasks.base import Task
 from hacfed.trajectory import Trajectory
@@ -93,6 +94,8 @@ class Participant:
         self.trust = PartnerTrust()  # the lab's own weight of each partner (hacfed.clients.trust)
         self.answer_forms = AnswerFormDrift()  # the form of its answers at its first rollout
         self._pool_temperature: float | None = None  # the sampling temperature of the last rollout
+        self._pool_sampling: SamplingParams | None = None  # the last rollout's sampling (guided rollouts use it)
+        self._guided: tuple[Trajectory, ...] = ()  # the guided continuations of the update in progress
         if cfg.checkpoint_dir:
             self.resume(Path(cfg.checkpoint_dir))
         if cfg.rollout_backend == "vllm":
@@ -136,6 +139,8 @@ class Participant:
         self.capabilities = dict(update.capabilities)
         if self._pool_temperature is None and update.next_plan is not None:  # a run samples at one temperature
             self._pool_temperature = update.next_plan.sampling.temperature
+        if self._pool_sampling is None and update.next_plan is not None:
+            self._pool_sampling = update.next_plan.sampling
         if update.pool:
             t0 = time.perf_counter()
             metrics.update(self.train_on_pool(update))
@@ -173,6 +178,7 @@ class Participant:
             if form_share is not None:
                 metrics["answer_form_start_share"] = form_share
             self._pool_temperature = plan.sampling.temperature
+            self._pool_sampling = plan.sampling
             trajectories, withheld = withhold_groups(trajectories, self._outbound)
             metrics["withheld_outbound"] = float(withheld)
             self.last_round = plan.round_id
@@ -204,17 +210,40 @@ class Participant:
         pool, skipped_filter = filter_pool(update.pool, self.participant_id, self._inbound)
         readable = readable_pool(pool, self.participant_id, self.tokenizer, self.context, self.own_samples)
         update = replace(update, pool=readable.pool)
-        metrics = self._train(update)
+        guided = self._guided_rollouts(update) if guide_active(update.hacpo) else None
+        if guided is not None:  # the learner's own hinted continuations join the update (hacfed.clients.guided)
+            update = replace(update, pool=training_pool(update.pool, self.participant_id, update.hacpo))
+            self._guided = guided.trajectories
+        try:
+            metrics = self._train(update)
+        finally:
+            self._guided = ()
+        if guided is not None:
+            metrics.update(guided.metrics)
         metrics["skipped_context_own"] = float(readable.skipped_own)
         metrics["skipped_context"] = float(readable.skipped_peers)
         metrics["skipped_filter"] = float(skipped_filter)
         return metrics
 
     def learner_local(self) -> dict[str, Any]:
-        """What the update reads from this lab's own state: the pool's sampling temperature and its
-        trust in each partner (keywords of `train_on_pool`)."""
+        """What the update reads from this lab's own state: the pool's sampling temperature, its
+        trust in each partner and its guided continuations (keywords of `train_on_pool`)."""
         temperature = self._pool_temperature if self._pool_temperature is not None else 1.0
-        return {"temperature": temperature, "trust": self.trust.weights()}
+        return {"temperature": temperature, "trust": self.trust.weights(), "guided": self._guided}
+
+    def _guided_rollouts(self, update: RoundUpdate) -> GuidedBatch:
+        """Guided continuations of the prompts the pool shows it fell short on, sampled by the
+        pre-update policy at the last rollout's settings."""
+        check_task(self.task)
+        sampling = self._pool_sampling or SamplingParams(temperature=self.learner_local()["temperature"],
+                                                         max_new_tokens=self._eval_max_new_tokens)
+        seed = derive_seed(self.cfg.seed, update.run_id, update.pool_round or 0, f"{self.participant_id}/guided")
+        sample = sampler_for(self.model, self.tokenizer, sampling, seed, self.cfg.rollout_batch_size, self._vllm)
+        return guided_rollouts(
+            update.pool, self.participant_id, update.hacpo, self.task, sample, self.tokenizer, context=self.context,
+            max_prompt_len=self.cfg.max_prompt_len, max_new_tokens=sampling.max_new_tokens,
+            policy_version=self.policy_version, tag=f"{update.run_id}/r{update.pool_round or 0}",
+        )
 
     def _train(self, update: RoundUpdate) -> dict[str, float]:
         if self._ranks is not None:
@@ -273,6 +302,8 @@ class Participant:
             state["answer_form_start"] = self.answer_forms.start
         if self._pool_temperature is not None:
             state["pool_temperature"] = self._pool_temperature
+        if self._pool_sampling is not None:
+            state["pool_sampling"] = asdict(self._pool_sampling)
         return state
 
     def resume(self, directory: Path, path: Path | None = None) -> None:
@@ -290,3 +321,5 @@ class Participant:
         self.trust = PartnerTrust(learned.get("trust"))
         self.answer_forms = AnswerFormDrift(learned.get("answer_form_start"))
         self._pool_temperature = learned.get("pool_temperature")
+        sampling = learned.get("pool_sampling")
+        self._pool_sampling = SamplingParams(**sampling) if sampling is not None else None

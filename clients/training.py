@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -88,18 +88,21 @@ def train_on_pool(
     policy: Any, tokenizer: Any, optimizer: torch.optim.Optimizer, reference: Reference, update: RoundUpdate,
     *, learner: str, own: Mapping[str, Trajectory], capabilities: Mapping[str, float], cfg: TrainingConfig,
     shards: Shards | None = None, temperature: float = 1.0, trust: Mapping[str, float] | None = None,
+    guided: Sequence[Trajectory] = (),
 ) -> dict[str, float]:
     """One HACPO update of `policy` on the update's pool, with `learner` as k; returns its metrics.
     With `shards`, this rank's part of a data-parallel update (`hacfed.clients.distributed`).
     `temperature`: the pool's sampling temperature; `trust`: the lab's weight of each partner
-    (`hacfed.clients.trust`)."""
+    (`hacfed.clients.trust`); `guided`: the lab's guided continuations (`hacfed.clients.guided`),
+    own samples trained after the pool's, which leave the minibatch size the pool's."""
     # Own samples keep the exact sampled ids from our rollout (the pool carries text only).
     # The pool's reward is the coordinator's verified one; only the ids come from the local cache.
     pool = [with_local_ids(t, own, learner) for t in update.pool]
     agents = update.participants or tuple(sorted({t.source_id for t in pool}))
+    minibatch = cfg.minibatch_size or default_minibatch(pool)
     return hacpo_update(
-        policy, tokenizer, optimizer, reference, pool, learner, agents, capabilities, update.hacpo,
-        minibatch_size=cfg.minibatch_size or default_minibatch(pool), max_grad_norm=cfg.max_grad_norm,
+        policy, tokenizer, optimizer, reference, [*pool, *guided], learner, agents, capabilities, update.hacpo,
+        minibatch_size=minibatch, max_grad_norm=cfg.max_grad_norm,
         max_prompt_len=cfg.max_prompt_len, max_response_len=cfg.max_response_len,
         split=DataParallel(shards, cfg.microbatch_tokens) if shards is not None else None,
         microbatch_tokens=cfg.microbatch_tokens, temperature=temperature, trust=trust,

@@ -21,11 +21,21 @@ PARTNER_RULE_DEFAULTS = {
     "trust_target": 0.25,
     "trust_floor": 0.01,
 }
+# Guided rollouts (docs/partner_rules.md), xhacpo only: off while guide_samples is 0.
+GUIDE_DEFAULTS = {
+    "guide_samples": 0,
+    "guide_max_own_reward": 0.0,
+}
+GUIDE_MAX_SAMPLES = 64
 EXTENSION_CHOICES = {
     "cross_ratio_unit": ("token", "byte"),
     "cross_clip_style": ("hard", "pessimistic"),
     "cross_negatives": ("learn", "skip"),
+    "guide_hint": ("response", "answer"),
+    "guide_context": ("plain", "hinted"),
+    "partner_use": ("gradient", "context"),
 }
+GUIDE_CHOICES = ("guide_hint", "guide_context", "partner_use")
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,15 @@ class HacpoConfig:
         exp(Σ log π_k / bytes), is below this is left out (0.0: none is).
       trust_rate, trust_target, trust_floor: per-partner trust each lab learns from its own pool
         (hacfed.clients.trust); trust_rate 0 keeps every weight at 1.
+    Guided rollouts, xhacpo only, off while guide_samples is 0 (docs/partner_rules.md, hacfed.clients.guided):
+      guide_samples: on a prompt where the learner's own group mean reward is <= guide_max_own_reward
+        and a partner has a verified success, the learner samples this many extra continuations of
+        its own policy with that success in its prompt as a hint, scored by agreement with it.
+      guide_hint: "response" (the partner's whole response in the hint) or "answer" (only its answer).
+      guide_context: "plain" (train them as samples of the original prompt, the hint dropped) or
+        "hinted" (train them with the hint in context).
+      partner_use: "gradient" (partners' samples train as the mode says) or "context" (they only
+        serve as hints and carry no gradient).
     """
 
     mode: Mode = "hacpo"
@@ -80,6 +99,11 @@ class HacpoConfig:
     trust_rate: float = 0.0
     trust_target: float = 0.25
     trust_floor: float = 0.01
+    guide_samples: int = 0
+    guide_max_own_reward: float = 0.0
+    guide_hint: Literal["response", "answer"] = "response"
+    guide_context: Literal["plain", "hinted"] = "plain"
+    partner_use: Literal["gradient", "context"] = "gradient"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -123,15 +147,33 @@ class HacpoConfig:
         _check(self.trust_rate >= 0, "trust_rate", self.trust_rate, ">= 0")
         _check(0 < self.trust_target <= 1, "trust_target", self.trust_target, "in (0, 1]")
         _check(0 < self.trust_floor <= 1, "trust_floor", self.trust_floor, "in (0, 1]")
+        _check(isinstance(self.guide_samples, int) and 0 <= self.guide_samples <= GUIDE_MAX_SAMPLES,
+               "guide_samples", self.guide_samples, f"an integer in [0, {GUIDE_MAX_SAMPLES}]")
+        _check(0.0 <= self.guide_max_own_reward < 1.0, "guide_max_own_reward", self.guide_max_own_reward, "in [0, 1)")
         changed = [name for name in ABLATION_FLAGS if getattr(self, name) is not True]
         if self.mode not in HACPO_FAMILY and changed:
             raise ValueError(
                 f"HacpoConfig: ablation flag(s) {changed} only apply to modes {HACPO_FAMILY}, not {self.mode!r}"
             )
         extended = [name for name, choices in EXTENSION_CHOICES.items() if getattr(self, name) != choices[0]]
-        extended += [name for name, default in PARTNER_RULE_DEFAULTS.items() if getattr(self, name) != default]
+        extended += [name for name, default in {**PARTNER_RULE_DEFAULTS, **GUIDE_DEFAULTS}.items()
+                     if getattr(self, name) != default]
         if self.mode != "xhacpo" and extended:
             raise ValueError(f"HacpoConfig: {extended} only apply to mode 'xhacpo' (mode {self.mode!r} is paper-exact)")
+        self._check_guide()
+
+    def _check_guide(self) -> None:
+        """Guided rollouts' settings mean something only with guide_samples > 0; partners used in
+        context only leave no partner sample in the update for the partner rules to judge."""
+        off = {"guide_max_own_reward": GUIDE_DEFAULTS["guide_max_own_reward"],
+               **{name: EXTENSION_CHOICES[name][0] for name in GUIDE_CHOICES}}
+        guide = [name for name, default in off.items() if getattr(self, name) != default]
+        if self.guide_samples == 0 and guide:
+            raise ValueError(f"HacpoConfig: {guide} only apply with guide_samples > 0 (guided rollouts are off)")
+        rules = [name for name, default in PARTNER_RULE_DEFAULTS.items() if getattr(self, name) != default]
+        if self.partner_use == "context" and rules:
+            raise ValueError(f"HacpoConfig: partner_use 'context' leaves no partner sample in the update, so "
+                             f"{rules} cannot apply")
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -127,6 +127,18 @@ class ArithmeticTask(SplitLookup):
     def _by_id(self) -> dict[str, Problem]:
         return {p.prompt_id: p for p in self._all}
 
+    def answer_of(self, response: str) -> str | None:
+        """The answer a response gives, as `verify` reads it (the whole response for symbols, the last
+        integer for words), in the canonical form of `Problem.answer`; None for none."""
+        if self.style == "words":
+            found = _LAST_INT_RE.findall(response)
+            digits = found[-1].replace(",", "") if found else ""
+        else:
+            digits = response.strip()
+        if not _INT_RE.fullmatch(digits) or len(digits) > 64:
+            return None
+        return str(int(digits))
+
     def verify(self, problem: Problem, response: str) -> Verdict:
         if self.style == "words":
             return verify_last_integer(problem.answer, response)

@@ -38,6 +38,11 @@ class Task(Protocol):
 
     def verify(self, problem: Problem, response: str) -> Verdict: ...
 
+    # Optional: `answer_of(response: str) -> str | None`, the answer a response gives as `verify`
+    # reads it, in the form of `Problem.answer` (None for none): a lab without answer keys scores
+    # its guided rollouts by agreement with a partner's verified answer (`hacfed.clients.guided`).
+    # Arithmetic, chain and the math-data tasks have it; a task without it refuses guided rollouts.
+    #
     # Optional: `start_verify_batch(items: Sequence[tuple[Problem, str]], budget_s: float | None)
     # -> Callable[[], list[Verdict]]`,
     # for a task that verifies a batch faster than item by item (the GSM8K-style `MathDataTask`: its

@@ -177,6 +177,12 @@ class ChainTask(SplitLookup):
     def verify(self, problem: Problem, response: str) -> Verdict:
         return verify_worked_chain(problem.answer, response, self.max_value)
 
+    def answer_of(self, response: str) -> str | None:
+        """The answer a response gives (its last line `Answer: N`), as `verify` reads it; None for none."""
+        last = response.rstrip().rsplit("\n", 1)[-1].strip() if len(response) <= MAX_RESPONSE_CHARS else ""
+        match = _FINAL_RE.fullmatch(last)
+        return str(int(match.group(1))) if match else None
+
     def half_of(self, problem: Problem) -> str | None:
         """Which half of this task's mix a problem is, for per-half scores: its notation when the
         mix has both, else its operation when it has both, else None (one half only)."""

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 from hacfed.tasks.base import Problem, SplitLookup, Verdict
-from hacfed.tasks.math_answers import extract_boxed
+from hacfed.tasks.math_answers import extract_answer, extract_boxed
 from hacfed.tasks.math_verifier import MathVerifier, MathVerifierConfig
 from hacfed.tasks.records import check_json_lines
 from hacfed.trajectory import ChatMessage
@@ -149,6 +149,11 @@ class MathDataTask(SplitLookup):
 
     def verify(self, problem: Problem, response: str) -> Verdict:
         return self._verifier.verify(problem.answer, response)
+
+    def answer_of(self, response: str) -> str | None:
+        """The answer a response gives, extracted as the verifier extracts it (its `answer_mode`); None for none."""
+        extracted = extract_answer(response, self.verifier.answer_mode)
+        return extracted.strip() if extracted is not None and extracted.strip() else None
 
     def start_verify_batch(
         self, items: Sequence[tuple[Problem, str]], budget_s: float | None = None,

@@ -29,6 +29,9 @@ class NamedMode:
 XHACPO = {"mode": "xhacpo", "cross_ratio_unit": "byte", "cross_clip_style": "pessimistic", "cross_negatives": "skip"}
 # The learner-side rules' study settings (docs/partner_rules.md): rescue, likelihood floor, trust.
 PARTNER_RULES = {"rescue_max_own_reward": 0.0, "partner_min_byte_prob": 0.5, "trust_rate": 0.5}
+# Guided rollouts (docs/partner_rules.md): on a prompt all of the learner's own samples failed, 4 own
+# continuations with a partner's verified success as a hint; partners' samples serve only as hints.
+GUIDED = {"guide_samples": 4, "partner_use": "context"}
 
 _MODES = (
     NamedMode("xhacpo", XHACPO, "recommended: HACPO that learns from peers' successes only, with a "
@@ -69,6 +72,11 @@ _MODES = (
               "xhacpo, each partner's ω scaled by the trust the lab learns in it"),
     NamedMode("xhacpo-rules", {**XHACPO, **PARTNER_RULES},
               "xhacpo with rescue, the likelihood floor and learned trust together"),
+    NamedMode("xhacpo-guided", {**XHACPO, **GUIDED},
+              "a partner's verified success only as a hint where the learner failed: its own hinted "
+              "continuations, trained as samples of the plain prompt"),
+    NamedMode("xhacpo-guided-hinted", {**XHACPO, **GUIDED, "guide_context": "hinted"},
+              "xhacpo-guided, the continuations trained with the hint in context (strictly on-policy)"),
 )
 MODES: Mapping[str, NamedMode] = MappingProxyType({m.name: m for m in _MODES})
 MODE_NAMES: tuple[str, ...] = tuple(MODES)

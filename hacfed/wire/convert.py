@@ -53,6 +53,9 @@ _ENUM_FIELDS_TO_PB: dict[str, dict[str, int]] = {
     "cross_ratio_unit": {"token": pb.CROSS_RATIO_UNIT_TOKEN, "byte": pb.CROSS_RATIO_UNIT_BYTE},
     "cross_clip_style": {"hard": pb.CROSS_CLIP_STYLE_HARD, "pessimistic": pb.CROSS_CLIP_STYLE_PESSIMISTIC},
     "cross_negatives": {"learn": pb.CROSS_NEGATIVES_LEARN, "skip": pb.CROSS_NEGATIVES_SKIP},
+    "guide_hint": {"response": pb.GUIDE_HINT_RESPONSE, "answer": pb.GUIDE_HINT_ANSWER},
+    "guide_context": {"plain": pb.GUIDE_CONTEXT_PLAIN, "hinted": pb.GUIDE_CONTEXT_HINTED},
+    "partner_use": {"gradient": pb.PARTNER_USE_GRADIENT, "context": pb.PARTNER_USE_CONTEXT},
 }
 _ANSWER_KEYS_TO_PB = {"public": pb.ANSWER_KEYS_PUBLIC, "coordinator": pb.ANSWER_KEYS_COORDINATOR}
 _ANSWER_KEYS_FROM_PB = {v: k for k, v in _ANSWER_KEYS_TO_PB.items()}

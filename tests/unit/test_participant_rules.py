@@ -8,7 +8,7 @@ import pytest
 
 from hacfed.hacpo_config import HacpoConfig
 from hacfed.messages import RoundUpdate, SamplingParams
-from tests.unit.test_participant import make, plan
+from tests.unit.test_participant import TASK, make, plan
 
 
 def tempered_plan(round_id: int, hacpo: HacpoConfig, temperature: float = 0.6):
@@ -40,5 +40,24 @@ def test_a_lab_trains_at_its_plans_temperature_and_learns_trust(tmp_path):
     assert a.trust.weights()["b"] == pytest.approx(0.606531, abs=1e-6)
     resumed = make("a", "tiny-llama", tmp_path, learning_rate=1e-12)
     assert resumed.trust.weights() == a.trust.weights()
-    assert resumed.learner_local() == {"temperature": 0.6, "trust": a.trust.weights()}
+    assert resumed.learner_local() == {"temperature": 0.6, "trust": a.trust.weights(), "guided": ()}
     assert resumed.answer_forms.start == a.answer_forms.start
+
+
+def test_a_lab_samples_guided_continuations_where_it_failed_and_trains_them(tmp_path):
+    # a failed every prompt; b answered each prompt right once (its text replaced by the answer): a
+    # samples 3 hinted continuations per prompt at its plan's settings and trains them as its own
+    hacpo = HacpoConfig(mode="xhacpo", guide_samples=3, partner_use="context")
+    a, b = make("a", "tiny-llama", tmp_path), make("b", "tiny-llama")
+    first = RoundUpdate("run", None, (), {"a": 1.0, "b": 1.0}, tempered_plan(0, hacpo), ("a", "b"))
+    sa, sb = a.step(first), b.step(first)
+    answers = {p.prompt_id: TASK.problem(p.prompt_id).answer for p in tempered_plan(0, hacpo).prompts}
+    pool = tuple(type(t)(**{**t.__dict__, "reward": 0.0}) for t in sa.trajectories) + tuple(
+        type(t)(**{**t.__dict__, "response_text": answers[t.prompt_id], "reward": 1.0}) if i % 4 == 0
+        else type(t)(**{**t.__dict__, "reward": 0.0}) for i, t in enumerate(sb.trajectories))
+    out = a.step(RoundUpdate("run", 0, pool, {"a": 0.5, "b": 0.5}, tempered_plan(1, hacpo), ("a", "b"), hacpo))
+    m = out.report.metrics
+    assert m["guide/short_prompts"] == 4 and m["guide/prompts"] == 4 and m["guide/samples"] == 12
+    assert m["num_samples"] == 16 + 12 and m["num_cross"] == 0  # own 4 x G 4, the guided; b's only as hints
+    assert m["partner/in_context_frac"] == 4 / 16 and m["partner/grad_frac"] == 0.0
+    assert 0 <= m["guide/success_frac"] <= 1

@@ -63,6 +63,9 @@ def test_rules_matrix_runs_the_issue_modes_on_enough_rounds_and_seeds():
     for mode in ("hacpo", "naive"):
         assert len(seeds[mode]) >= 3, mode
     assert matrix.setting("weak").agents == ("smollm2", "hostile:weak")
+    rules = matrix.setting("tune-rules").run  # every candidate is chosen on the validation split
+    assert rules.eval_split == "validation"
+    assert {"xhacpo-rules", "xhacpo-guided", "xhacpo-guided-hinted", "xhacpo", "gspo"} <= set(rules.modes)
     tune = matrix.setting("tune-t07").run
     assert tune.eval_split == "validation" and (tune.temperature, tune.max_new_tokens) == (0.7, 96)
     runs = plan_runs(matrix, ["tune-t10"])

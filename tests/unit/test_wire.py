@@ -60,6 +60,11 @@ hacpo_configs = st.one_of(
     st.builds(HacpoConfig, mode=st.just("xhacpo"), cross_ratio_unit=st.sampled_from(["token", "byte"]),
               cross_clip_style=st.sampled_from(["hard", "pessimistic"]),
               cross_negatives=st.sampled_from(["learn", "skip"]), **_common),
+    # guided rollouts (docs/partner_rules.md)
+    st.builds(HacpoConfig, mode=st.just("xhacpo"), guide_samples=st.integers(1, 64),
+              guide_max_own_reward=st.sampled_from([0.0, 0.5]), guide_hint=st.sampled_from(["response", "answer"]),
+              guide_context=st.sampled_from(["plain", "hinted"]), partner_use=st.sampled_from(["gradient", "context"]),
+              **_common),
 )
 
 
