@@ -150,8 +150,9 @@ def test_runner_runs_publishes_and_reports_failures(tmp_path, fake_sim, monkeypa
     assert "FAILED pair/gspo2 seed 2 (no final row for every agent)" in text
     assert "4/6 complete, 2 failed" in text and "ETA" in text
     assert sorted(p.name for p in (out / "pair" / "gspo2").iterdir()) == [
-        "seed-0.args.json", "seed-0.jsonl", "seed-0.log", "seed-1.args.json", "seed-1.jsonl", "seed-1.log",
-        "seed-2.jsonl.partial", "seed-2.log"]  # the incomplete run stays a .partial, next to its log
+        "seed-0.args.json", "seed-0.jsonl", "seed-0.lock", "seed-0.log", "seed-1.args.json", "seed-1.jsonl",
+        "seed-1.lock", "seed-1.log", "seed-2.jsonl.partial", "seed-2.lock", "seed-2.log",
+    ]  # the incomplete run stays a .partial, next to its log
     # second start: the 4 complete runs are skipped, only the 2 failed ones run again (and now pass)
     monkeypatch.delenv("FAKE_FAIL")
     monkeypatch.delenv("FAKE_NO_FINAL")
@@ -160,6 +161,48 @@ def test_runner_runs_publishes_and_reports_failures(tmp_path, fake_sim, monkeypa
     assert "4 of 6 runs already complete" in lines[0]
     assert sum("start " in line for line in lines) == 2
     assert not list(out.rglob("*.partial"))
+
+
+def test_two_invocations_on_one_out_run_each_run_once(tmp_path, fake_sim, monkeypatch):
+    """A second `hacfed bench modes` on the same --out (a restart while the first still runs) takes
+    the runs the first does not hold, and skips those it holds or completed meanwhile."""
+    import threading
+
+    out, runs = tmp_path / "out", plan_runs(_matrix())
+    monkeypatch.setenv("FAKE_SLEEP", "0.2")
+    lines: list[list[str]] = [[], []]
+    failed: list[list] = [[], []]
+
+    def invoke(i: int) -> None:
+        failed[i] = run_matrix(runs, out, jobs=1, python=fake_sim, echo=lines[i].append, poll_s=0.02)
+
+    threads = [threading.Thread(target=invoke, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failed == [[], []] and split_done(runs, out)[0] == runs
+    executed = (tmp_path / "pids").read_text().split()
+    assert len(executed) == len(runs), (lines, executed)  # each run ran once, in one of the two
+    started = [sum(line.split("] ", 1)[1].startswith("start ") for line in ls) for ls in lines]
+    assert sum(started) == len(runs), lines
+    assert any("skip  " in line for ls in lines for line in ls)
+
+
+def test_a_run_another_invocation_holds_is_left_to_it(tmp_path, fake_sim):
+    from hacfed.tools.experiments.runner import claim
+
+    out, runs = tmp_path / "out", plan_runs(_matrix())
+    held = claim(runs[0], out)
+    assert held is not None and claim(runs[0], out) is None  # the lock excludes a second holder
+    lines: list[str] = []
+    try:
+        assert run_matrix(runs, out, jobs=2, python=fake_sim, echo=lines.append, poll_s=0.02) == []
+    finally:
+        os.close(held)
+    assert f"skip  {runs[0].label}: another hacfed bench modes is running it" in "\n".join(lines)
+    assert len((tmp_path / "pids").read_text().split()) == len(runs) - 1
+    assert split_done(runs, out)[1] == [runs[0]]  # still to run, by whoever holds it
 
 
 def test_sigterm_stops_the_children_and_exits_non_zero(tmp_path, fake_sim):

@@ -9,10 +9,16 @@ agent has its `"final": true` row; only then is the partial file renamed. On res
 are skipped and anything else is rerun from scratch; a complete file made with other arguments is an
 error rather than silently reused. Children get their own process group and are stopped by pid
 (`hacfed.procs`), also on Ctrl-C and SIGTERM.
+
+Two invocations on the same OUT (two terminals, or a restart while the first still runs) share the
+work instead of running a run twice: each run holds an exclusive lock on `seed-S.lock` while it runs,
+and a run is checked again just before it starts. A run that another invocation holds, or completed
+meanwhile, is skipped with a line saying so.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -59,6 +65,23 @@ class Run:
 
     def args_path(self, out: Path) -> Path:
         return self._path(out, ".args.json")
+
+    def lock_path(self, out: Path) -> Path:
+        return self._path(out, ".lock")
+
+
+def claim(run: Run, out: Path) -> int | None:
+    """An open descriptor holding the run's exclusive lock, or None when another process holds it.
+    The lock goes with the descriptor (closed, or the process gone)."""
+    path = run.lock_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def sim_args(setting: Setting, mode: str, seed: int) -> tuple[str, ...]:
@@ -148,6 +171,13 @@ class _Progress:
     def line(self, text: str) -> None:
         self.echo(f"[{_clock(time.monotonic() - self.t0)}] {text}")
 
+    def skipped(self, complete: bool) -> None:
+        """A run left to another invocation (or that it completed): not this one's to count or time."""
+        if complete:
+            self.done += 1
+        else:
+            self.total -= 1
+
     def settled(self, seconds: float, ok: bool) -> str:
         """Count a finished run; the ETA is the mean time of a complete run × runs left / jobs."""
         if ok:
@@ -175,7 +205,7 @@ def run_matrix(
     if done:
         progress.line(f"{len(done)} of {len(runs)} runs already complete under {out}: skipped")
     pending: deque[Run] = deque(todo)
-    running: dict[Run, tuple[ManagedProcess, float]] = {}
+    running: dict[Run, tuple[ManagedProcess, float, int]] = {}
     failed: list[Run] = []
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per run: `jobs` runs share the cores
@@ -184,10 +214,18 @@ def run_matrix(
             while pending or running:
                 while pending and len(running) < jobs:
                     run = pending.popleft()
-                    running[run] = (_start(supervisor, run, out, python, env), time.monotonic())
+                    lock = claim(run, out)
+                    if lock is None or is_complete(run, out):
+                        if lock is not None:
+                            os.close(lock)
+                        progress.line(f"skip  {run.label}: " + ("another hacfed bench modes is running it"
+                                                                 if lock is None else "completed meanwhile"))
+                        progress.skipped(lock is not None)
+                        continue
+                    running[run] = (_start(supervisor, run, out, python, env), time.monotonic(), lock)
                     progress.line(f"start {run.label} ({len(running)} running, {len(pending)} waiting)")
                 time.sleep(poll_s)
-                for run, (proc, started) in list(running.items()):
+                for run, (proc, started, lock) in list(running.items()):
                     code = proc.returncode()
                     if code is None:
                         continue
@@ -204,9 +242,13 @@ def run_matrix(
                         progress.line(f"FAILED {run.label} ({why}) after {seconds:.0f} s; "
                                       f"{progress.settled(seconds, ok)}; "
                                       f"log {run.log_path(out)}:\n{_tail(run.log_path(out))}")
+                    os.close(lock)  # published or failed: another invocation may take it now
     except (KeyboardInterrupt, SystemExit):
         progress.line(f"interrupted: stopped {len(running)} running run(s); rerun the same command to resume")
         raise
+    finally:
+        for _, _, lock in running.values():
+            os.close(lock)
     return failed
 
 
