@@ -12,7 +12,7 @@ Which step a lab is at comes from the journal alone: the first round not closed 
 recorded submission for (`step_of`). Round t is opened when the first lab is ready for it, which
 `Coordinator.open_round` allows once round t - 1 - K closed; rounds close oldest first by the usual
 quorum and deadline rules (the driver's `close_round`). A lab's update is
-`Coordinator.make_sent_update`: its choice of samples is journaled (`sent_steps`) before the update
+`RoundEngine.update_for`: its choice of samples is journaled (`sent_steps`) before the update
 is sealed, so a resend of the same step (a failed exchange, a restarted coordinator) carries the same
 samples, and after a kill -9 the labs go on where the journal says.
 
@@ -49,27 +49,16 @@ class StaleRounds:
         self._console = console
         self._k = coordinator.cfg.max_staleness
         self._rounds = coordinator.cfg.rounds
+        self._joining = coordinator.cfg.round_join == "newest"
         self.max_bytes = MAX_MESSAGE_BYTES - DELIVERY_ROOM  # the most bytes a lab's encoded update may take
 
-    def _first_unclosed(self) -> int:
-        closed = self._coordinator.journal.latest_closed_round()
-        return 0 if closed is None else closed.round_id + 1
-
     def step_of(self, participant_id: str) -> int | None:
-        """The step `participant_id` may be sent now, or None while it must wait: the first round not
-        closed that it has not submitted for, once round step - 1 - K closed and the round is open or
-        may open (an open round is needed: the first one opens by the driver's participant rules);
-        `rounds` (the final update) once every round closed."""
-        coordinator = self._coordinator
-        first, opened = self._first_unclosed(), coordinator.next_round_id
-        step = first
-        while step < opened and coordinator.has_submitted(participant_id, step):
-            step += 1
-        if step >= self._rounds:
-            return self._rounds if coordinator.finished else None
-        if step - 1 - self._k >= first or first == opened:  # round step - 1 - K open, or no round open
-            return None
-        return step
+        """The step `participant_id` may be sent now, or None while it must wait (`RoundEngine.step_of`, or
+        `next_step` under round_join "newest"); the first round opens by the driver's participant rules."""
+        engine = self._coordinator.engine
+        if self._joining:
+            return engine.next_step(participant_id, resend=True)
+        return engine.step_of(participant_id)
 
     def payloads(self, targets: Mapping[int, str]) -> dict[int, bytes]:
         """The deliveries to the labs of `targets` (node id -> participant id, neither busy nor held)
@@ -100,7 +89,7 @@ class StaleRounds:
     def sealer(self, step: int) -> Callable[[str], tuple[bytes, ...]]:
         """participant id -> its sealed update for `step`, as envelope pieces (`Deliveries.send`)."""
         def sealed(pid: str) -> tuple[bytes, ...]:
-            built = self._coordinator.make_sent_update(pid, step, self.max_bytes)
+            built = self._coordinator.engine.update_for(pid, step, self.max_bytes)
             wanted = self._coordinator.cfg.pool_peers_per_prompt
             if built.size is not None and built.peers_per_prompt < wanted:  # its first build was cut to fit
                 self._console(f"step {step} update for {pid}: {built.peers_per_prompt} peers per prompt instead of "

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacfed.envelope import DOMAIN_UPDATE, open_envelope
 from hacfed.keys import key_id
-from hacfed.server.coordinator.transport import run_rounds
+from hacfed.server.coordinator.transport import run_paced, run_rounds
 from hacfed.server.round_updates import SealedUpdates
 from hacfed.wire import PayloadType, decode_round_update, encode_round_update
 from tests.unit.test_coordinator_fakes import FakeClock, ScriptedEndpoint, make_coordinator
@@ -55,8 +55,6 @@ def inprocess(state: Path) -> dict[str, list[str]]:
 
 
 def paced(state: Path) -> dict[str, list[str]]:
-    from hacfed.server.coordinator.paced import run_paced
-
     clock = FakeClock()
     endpoints = _endpoints()
     run_paced(make_coordinator(state, clock, **SETTINGS), endpoints, {"lab-d": 4.0},
