@@ -73,10 +73,10 @@ class Coordinator:
         self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time,
         *, sent_journaled: bool = False,
     ) -> None:
-        """sent_journaled: the transport sends every lab its steps journaled (`engine`; the Flower driver
-        under max_staleness >= 1 or round_join "newest"), so a lab may submit only for a round the journal
-        shows as sent to it (`SubmissionIntake`, UNSENT_ROUND); the in-process transport, whose labs are
-        direct calls, does not ask."""
+        """sent_journaled: the transport sends every update over a network (the Flower driver), so where
+        the engine journals what each lab is sent (max_staleness >= 1 or round_join "newest") a lab may
+        submit only for a round the journal shows as sent to it (`SubmissionIntake`, UNSENT_ROUND); the
+        in-process transport, whose labs are direct calls, does not ask."""
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
         self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
         self._lock = threading.RLock()
@@ -95,11 +95,11 @@ class Coordinator:
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
             current_round=lambda: self.current_round, on_committed=self.kept.remember,
         )
-        self.intake.sent_journaled = sent_journaled
         # Which step each lab may start and what it is sent for it (`engine`): `engine.update_for(lab, step)`.
         self.engine = RoundEngine(cfg, journal, self.kept, lock=self._lock, capabilities=self.capabilities,
                                   plan_for=self.plan_for, clock=clock, audited=self._fail.audited,
                                   credit=self.intake.group_credit)
+        self.intake.sent_journaled = sent_journaled and self.engine.journaled
 
     @property
     def failed_closed(self) -> str | None:
