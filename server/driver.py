@@ -9,8 +9,9 @@ ServerApp (or hacfed-server) resumes where the journal stands.
 
 One coordinator round may take several exchanges: a participant whose exchange failed (down, unreachable, timed out)
 is sent the same round again after `retry_interval_s` until it submits or the round closes (quorum, or the deadline
-with its extensions: Coordinator.poll). With `max_staleness` K >= 1 or `round_join = "newest"` each lab is at its own step and is sent its next
-one as soon as it may start it (`hacfed.server.stale_rounds`; docs/staleness.md). Rounds open when enough registered
+with its extensions: Coordinator.poll). With `max_staleness` K >= 1 or `round_join = "newest"` each lab is at its
+own step and is sent its next one as soon as it may start it (`hacfed.server.stale_rounds`, the coordinator's
+`engine`; docs/staleness.md). Rounds open when enough registered
 participants are connected: the first round waits up to one deadline for `expected_participants`, later rounds start
 with `min_participants`; whoever is late joins the open round or the next one. After the last round a plan-less
 update collects the final reports (`hacfed.server.run_end`). The driver owns the rounds (opening, closing, what each
