@@ -18,8 +18,10 @@ from tests.unit.test_stale_driver import Poller
 K, ROUNDS = 2, 8
 
 
-def _run(tmp_path: Path, restart_at: int | None = None) -> tuple[Federation, Poller]:
-    fed = Federation(tmp_path, FakeClock(), rounds=ROUNDS, max_staleness=K, round_join="newest")
+def _run(tmp_path: Path, restart_at: int | None = None, a_every: int = 1, b_every: int = 4, k: int = K,
+         rounds: int = ROUNDS) -> tuple[Federation, Poller]:
+    """lab-a answers every `a_every`-th poll, lab-b every `b_every`-th."""
+    fed = Federation(tmp_path, FakeClock(), rounds=rounds, max_staleness=k, round_join="newest")
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
     loop = Poller(fed)
@@ -30,7 +32,7 @@ def _run(tmp_path: Path, restart_at: int | None = None) -> tuple[Federation, Pol
         if turn == restart_at:
             fed.driver.journal.close()  # the ServerApp dies (kill -9) and is started again
             fed.driver, fed.mapped, loop.pending = fed.new_driver(), {}, {}
-        loop.poll("lab-a", *(("lab-b",) if turn % 4 == 3 else ()))
+        loop.poll(*[pid for pid, every in (("lab-a", a_every), ("lab-b", b_every)) if turn % every == every - 1])
     assert fed.driver.finished(), "\n".join(fed.lines)
     return fed, loop
 
@@ -74,6 +76,17 @@ def test_the_fast_lab_runs_ahead_and_the_slow_one_joins_the_newest_round(tmp_pat
     fast_got = {t.trajectory_id for _, (pid, svc) in fed.nodes.items() if pid == "lab-a"
                 for u in svc.participant.updates for t in u.pool if t.source_id == "lab-b"}
     assert fast_got == {t.trajectory_id for q in range(ROUNDS) for t in journal.pool(q) if t.source_id == "lab-b"}
+
+
+def test_the_slow_lab_joins_the_newest_round_not_the_oldest_it_missed(tmp_path: Path) -> None:
+    """lab-a takes a step every 2 polls, lab-b every 8: whenever lab-b is free, lab-a has opened three
+    more rounds (K = 3 lets it) and lab-b joins the newest of them, skipping the two before it (the
+    oldest round it has not rolled out would be one of those)."""
+    fed, loop = _run(tmp_path, a_every=2, b_every=8, k=3, rounds=10)
+    assert loop.steps("lab-a") == [*range(10), None]
+    assert loop.steps("lab-b") == [0, 3, 6, 9, None]
+    assert [fed.driver.journal.submitter_ids(q) for q in (0, 1, 2, 3)] == [{"lab-a", "lab-b"}, {"lab-a"}, {"lab-a"},
+                                                                           {"lab-a", "lab-b"}]
 
 
 def test_a_restarted_coordinator_goes_on_where_the_journal_says(tmp_path: Path) -> None:
