@@ -77,7 +77,8 @@ class BuiltUpdate:
 
 
 class RoundEngine:
-    """The round logic of one coordinator (module docstring). Every method runs under the coordinator's lock."""
+    """The round logic of one coordinator (module docstring). Its builders take the coordinator's lock; what
+    it reads of the journal needs none (each read is one statement)."""
 
     def __init__(
         self, cfg: CoordinatorConfig, journal: Journal, kept: KeptSamples, *, lock: AbstractContextManager,
