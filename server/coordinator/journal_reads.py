@@ -45,7 +45,8 @@ class JournalReads:
 
     def was_sent(self, participant_id: str, step: int) -> bool:
         """Whether an update for `step` (the round whose plan it rolls out) was journaled as sent to
-        `participant_id` (`sent_steps`, written under max_staleness >= 1 only)."""
+        `participant_id` (`sent_steps`, written only when the engine journals each lab's steps:
+        max_staleness >= 1 or round_join "newest")."""
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM sent_steps WHERE participant_id=? AND step=?", (participant_id, step)
