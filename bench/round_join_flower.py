@@ -1,11 +1,15 @@
 """The fast lab's idle share over real Flower: round_join "newest" beside the synchronous schedule.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/round_join_flower.py --rounds 6 --join-rounds 12 --max-staleness 3
+    OMP_NUM_THREADS=1 .venv/bin/python bench/round_join_flower.py --rounds 4 --join-rounds 12 --max-staleness 5
 
 Runs hacfed-server and two hacfed-client processes (tiny-llama, lab-b at `--slowdown 4`) on loopback
 twice, one run after the other: the synchronous schedule (max_staleness 0, round_join "every",
 `--rounds` rounds) and round_join "newest" at `--max-staleness` K (`--join-rounds` rounds), with the
-same small arithmetic plan (docs/staleness.md "Joining the newest round"). From each run's journal:
+same arithmetic plan (docs/staleness.md "Joining the newest round"). The plan is large enough
+(`--prompts` x `--group-size` answers of `--max-new-tokens` tokens) that a step's compute outweighs
+an exchange's latency, which counts as idle; K is above the speed ratio, so the fast lab's next round
+rarely waits for the slow lab's round n - K to close (at K = 3 and a ratio of 4 it does, seconds at a time).
+From each run's journal:
 
     idle share of lab-a = 1 - (its reported compute: rollout + training + eval + checkpoint seconds of
                                every round it took) / (from round 0's opening to its last submission)
@@ -36,8 +40,8 @@ run_id = "bench-join"
 rounds = {rounds}
 max_staleness = {k}
 round_join = "{join}"
-prompts_per_round = 2
-group_size = 2
+prompts_per_round = {prompts}
+group_size = {group_size}
 expected_participants = 2
 min_participants = 2
 round_deadline_s = 900
@@ -48,7 +52,7 @@ kind = "arithmetic"
 digits = 2
 operators = "+"
 [sampling]
-max_new_tokens = 6
+max_new_tokens = {max_new_tokens}
 """
 
 
@@ -70,10 +74,13 @@ def _wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 
     raise RuntimeError(f"{log.name}: no /{pattern}/ within {timeout:.0f}s")
 
 
-def run_pair(tmp: Path, rounds: int, k: int, join: str, model: str, factor: float) -> Path:
+def run_pair(tmp: Path, rounds: int, k: int, join: str, args: argparse.Namespace) -> Path:
     """One federation to its end; returns its journal."""
+    model, factor = args.model, args.slowdown
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    (tmp / "coordinator.toml").write_text(TOML.format(rounds=rounds, k=k, join=join))
+    (tmp / "coordinator.toml").write_text(TOML.format(rounds=rounds, k=k, join=join, prompts=args.prompts,
+                                                      group_size=args.group_size,
+                                                      max_new_tokens=args.max_new_tokens))
     server_dir = tmp / "server"
     procs: list[subprocess.Popen] = []
     try:
@@ -124,20 +131,24 @@ def idle_share(journal: Path, lab: str, rounds: int) -> dict[str, object]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rounds", type=int, default=6, help="rounds of the synchronous run (default 6)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds of the synchronous run (default 4)")
     p.add_argument("--join-rounds", type=int, default=12, help="rounds of the round_join newest run (default 12)")
-    p.add_argument("--max-staleness", type=int, default=3, help="K of the newest run (default 3)")
+    p.add_argument("--max-staleness", type=int, default=5, help="K of the newest run (default 5)")
     p.add_argument("--slowdown", type=float, default=4.0, help="lab-b's --slowdown (default 4)")
     p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--prompts", type=int, default=32, help="prompts per round (default 32)")
+    p.add_argument("--group-size", type=int, default=8, help="G (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per answer (default 32)")
     args = p.parse_args()
     out = {}
     for name, rounds, k, join in (("sync", args.rounds, 0, "every"),
                                   ("newest", args.join_rounds, args.max_staleness, "newest")):
         with tempfile.TemporaryDirectory(prefix="hacfed-bench-join-") as tmp:
-            journal = run_pair(Path(tmp), rounds, k, join, args.model, args.slowdown)
+            journal = run_pair(Path(tmp), rounds, k, join, args)
             out[name] = {"rounds": rounds, "max_staleness": k, **idle_share(journal, "lab-a", rounds)}
         print(f"{name}: {json.dumps(out[name])}", flush=True)
-    print(json.dumps({"slowdown": args.slowdown, "model": args.model, **out}))
+    print(json.dumps({"slowdown": args.slowdown, "model": args.model, "prompts": args.prompts,
+                      "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, **out}))
     return 0
 
 
