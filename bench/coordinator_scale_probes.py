@@ -101,7 +101,7 @@ def instrumented(driver: Any, clock: PhaseClock, sizes: list[int]) -> Iterator[N
         patch(driver.deliveries, "send", send_round)
         patch(driver.updates, "for_round", clock.wrap("pool", driver.updates.for_round))
         patch(driver.coordinator, "begin_submit", clock.wrap_halves("intake", driver.coordinator.begin_submit))
-        patch(driver.coordinator, "make_update", clock.wrap("pool", driver.coordinator.make_update))
+        patch(driver.coordinator.engine, "round_update", clock.wrap("pool", driver.coordinator.engine.round_update))
         yield
     finally:
         for owner, name, original in reversed(saved):

@@ -92,7 +92,7 @@ class RoundPlan:
 # without importing the coordinator.
 PEER_CHOICES = ("drawn", "successes")
 
-# Which round a lab rolls out when it starts a step under bounded staleness (hacfed.server.coordinator.round_join,
+# Which round a lab rolls out when it starts a step under bounded staleness (hacfed.server.coordinator.engine,
 # docs/staleness.md): "every" round, or the "newest" open one. Here for the same reason as PEER_CHOICES.
 ROUND_JOINS = ("every", "newest")
 

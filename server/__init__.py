@@ -18,7 +18,7 @@ it) and never imports ``hacfed.clients``. Processes and the modules each one run
 Protocol (one exchange per round, docs/design.md), every payload an Ed25519 envelope (security.md S2):
 
     coordinator (FederationDriver, inside the Flower ServerApp)          participant (ParticipantService)
-    update = coordinator.make_update(r)
+    update = coordinator.engine.round_update(r)
     seal(encode_round_update(update), ROUND_UPDATE, coordinator key, DOMAIN_UPDATE) ──► open with the
                                                                      coordinator's public key, decode,
                                                                      check the plan against the local task,

@@ -131,11 +131,6 @@ class ServerConfig:
         if not isinstance(self.config_dir, (str, Path)) or not Path(self.config_dir).is_absolute():
             raise ValueError(f"ServerConfig.config_dir must be an absolute path, got {str(self.config_dir)!r}")
         object.__setattr__(self, "config_dir", Path(self.config_dir))
-        if self.coordinator.round_join != "every":  # docs/staleness.md: it runs in `hacfed sim` only
-            raise ValueError(
-                f"round_join = {self.coordinator.round_join!r}: the Flower round driver has every lab roll out every "
-                "round; set round_join = \"every\" (joining the newest round runs in `hacfed sim --round-join newest`)"
-            )
 
     @property
     def state_dir(self) -> Path:

@@ -9,8 +9,9 @@ ServerApp (or hacfed-server) resumes where the journal stands.
 
 One coordinator round may take several exchanges: a participant whose exchange failed (down, unreachable, timed out)
 is sent the same round again after `retry_interval_s` until it submits or the round closes (quorum, or the deadline
-with its extensions: Coordinator.poll). With `max_staleness` K >= 1 each lab is at its own step and is sent its next
-one as soon as it may start it (`hacfed.server.stale_rounds`; docs/staleness.md). Rounds open when enough registered
+with its extensions: Coordinator.poll). With `max_staleness` K >= 1 or `round_join = "newest"` each lab is at its
+own step and is sent its next one as soon as it may start it (`hacfed.server.stale_rounds`, the coordinator's
+`engine`; docs/staleness.md). Rounds open when enough registered
 participants are connected: the first round waits up to one deadline for `expected_participants`, later rounds start
 with `min_participants`; whoever is late joins the open round or the next one. After the last round a plan-less
 update collects the final reports (`hacfed.server.run_end`). The driver owns the rounds (opening, closing, what each
@@ -86,14 +87,15 @@ class FederationDriver:
         monotonic: Callable[[], float] = time.monotonic, console: Callable[[str], None] | None = None,
     ) -> None:
         self.config, self.supervisor, self.cfg = config, supervisor, config.coordinator  # supervisor: hacfed-server
-        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s,  # the round loop's
-                                 streaming=self.cfg.max_staleness > 0)  # K >= 1: each lab at its own step
         self.state_dir = config.state_dir
         self._monotonic = monotonic
         self.console = ConsoleLog(self.state_dir / CONSOLE_FILE, console)
         self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
         self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, str(config.config_dir)),
-                                       self.journal, clock=clock, sent_journaled=self.timing.streaming)
+                                       self.journal, clock=clock, sent_journaled=True)
+        # Labs at different steps (the engine journals each lab's steps) run every exchange on its own.
+        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s,  # the round loop's
+                                 streaming=self.coordinator.engine.journaled)
         self._key = load_private_key(config.coordinator_key)
         self.answers = AnswerQueue(self._key, self.cfg.run_id)
         self.membership = Membership(config.keys_dir, self.console,
@@ -103,7 +105,7 @@ class FederationDriver:
         self.deliveries = Deliveries(self._key, self.answers, monotonic)
         self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
         self.stale = StaleRounds(self.coordinator, self._key, self.deliveries, self.console) \
-            if self.timing.streaming else None  # max_staleness K >= 1: the steps each lab is sent
+            if self.timing.streaming else None  # K >= 1 or round_join "newest": the steps each lab is sent
         self.hellos = Hellos(self._key, self.cfg.run_id, self.membership, monotonic)
         self.run_end = RunEnd(self.cfg, self.coordinator, self.journal, self.membership, self.deliveries, self._key,
                               self.console, monotonic, self.metrics_out)
@@ -332,7 +334,7 @@ class FederationDriver:
                 if pid in active and pid not in busy and not done(pid) and self.deliveries.may_ask(pid, now)}
 
     def _round_payloads(self, admitted: set[str]) -> dict[int, bytes]:
-        if self.stale is not None:  # max_staleness K >= 1: each lab at its own step
+        if self.stale is not None:  # K >= 1 or round_join "newest": each lab at its own step
             return self.stale.payloads(self._targets(admitted, lambda pid: False))
         round_id = self.coordinator.current_round
         targets = self._targets(admitted, lambda pid: self.coordinator.has_submitted(pid, round_id))

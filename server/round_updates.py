@@ -52,7 +52,7 @@ class SealedUpdates:
         key = (next_round, active)
         if key not in self._updates:
             self._updates = {}  # the last round's pool and blocks go before this one's are built
-            update = self._coordinator.make_update(next_round)
+            update = self._coordinator.engine.round_update(next_round)
             pool_round = update.pool_round
             records = self._coordinator.take_pool_records(pool_round) if pool_round is not None else None
             cfg = self._cfg

@@ -1,28 +1,29 @@
-"""The round driver's rounds under bounded staleness (`max_staleness` K >= 1) over Flower.
+"""The round driver's rounds when each lab is at its own step, over Flower.
 
 Runs in the coordinator's ServerApp process, owned by `hacfed.server.driver.FederationDriver` when
-its config has K >= 1 (with K = 0 the driver sends synchronous rounds and this module is not used).
-docs/staleness.md has the schedule: lab l starts step t once its own step t - 1 submission is in
-and round t - 1 - K has closed, S_l(t) = max(F_l(t - 1), C(t - 1 - K)); the final update (step R)
-waits for round R - 1 to close.
+the coordinator's engine journals each lab's steps (`RoundEngine.journaled`: `max_staleness` K >= 1,
+or `round_join = "newest"` at any K); otherwise the driver sends synchronous rounds and this module is
+not used. docs/staleness.md has the schedule: lab l starts step t once its own step t - 1 submission
+is in and round t - 1 - K has closed, S_l(t) = max(F_l(t - 1), C(t - 1 - K)); the final update (step
+R) waits for round R - 1 to close.
 
 The driver's ServerApp loop runs each exchange on its own (`RoundLoop.run_streaming`), so a lab whose
 reply was judged is sent its next step at the next poll, while slower labs' exchanges are still out.
-Which step a lab is at comes from the journal alone: the first round not closed yet that it has no
-recorded submission for (`step_of`). Round t is opened when the first lab is ready for it, which
+Which step a lab is at comes from the journal alone (`RoundEngine.step_of`, or `RoundEngine.next_step`
+under round_join "newest"). Round t is opened when the first lab is ready for it, which
 `Coordinator.open_round` allows once round t - 1 - K closed; rounds close oldest first by the usual
-quorum and deadline rules (the driver's `close_round`). A lab's update is
-`Coordinator.make_sent_update`: its choice of samples is journaled (`sent_steps`) before the update
-is sealed, so a resend of the same step (a failed exchange, a restarted coordinator) carries the same
-samples, and after a kill -9 the labs go on where the journal says.
+quorum and deadline rules (the driver's `close_round`). A lab's update is `RoundEngine.update_for`:
+its choice of samples is journaled (`Journal.record_sent_step`) before the update is sealed, so a
+resend of the same step (a failed exchange, a restarted coordinator) carries the same samples, and
+after a kill -9 the labs go on where the journal says.
 
-A lab's update is sealed whole (`encode_round_update`): its selection is the lab's own
-(`stale_pool`), so none is shared between labs as in `hacfed.server.round_updates`. One that would not
-fit in one message (`hacfed.wire.MAX_MESSAGE_BYTES`, less `DELIVERY_ROOM` for the delivery around it)
-is cut as the synchronous driver cuts its updates, to fewer peers per prompt down to the lab's own
-samples, before its choice is journaled (`stale_pool.fitted_peers`); the console says so with the
-number of samples left out, which that lab is never sent. One whose own samples and plan alone do not
-fit is sent as it is, as a synchronous one is: past the message itself it fails to seal.
+A lab's update is sealed whole (`encode_round_update`): its selection is the lab's own, so none is
+shared between labs as in `hacfed.server.round_updates`. One that would not fit in one message
+(`hacfed.wire.MAX_MESSAGE_BYTES`, less `DELIVERY_ROOM` for the delivery around it) is cut as the
+synchronous driver cuts its updates, to fewer peers per prompt down to the lab's own samples, before
+its choice is journaled (`engine.fitted_peers`); the console says so with the number of samples left
+out, which that lab is never sent. One whose own samples and plan alone do not fit is sent as it is,
+as a synchronous one is: past the message itself it fails to seal.
 """
 
 from __future__ import annotations
@@ -49,27 +50,16 @@ class StaleRounds:
         self._console = console
         self._k = coordinator.cfg.max_staleness
         self._rounds = coordinator.cfg.rounds
+        self._joining = coordinator.cfg.round_join == "newest"
         self.max_bytes = MAX_MESSAGE_BYTES - DELIVERY_ROOM  # the most bytes a lab's encoded update may take
 
-    def _first_unclosed(self) -> int:
-        closed = self._coordinator.journal.latest_closed_round()
-        return 0 if closed is None else closed.round_id + 1
-
     def step_of(self, participant_id: str) -> int | None:
-        """The step `participant_id` may be sent now, or None while it must wait: the first round not
-        closed that it has not submitted for, once round step - 1 - K closed and the round is open or
-        may open (an open round is needed: the first one opens by the driver's participant rules);
-        `rounds` (the final update) once every round closed."""
-        coordinator = self._coordinator
-        first, opened = self._first_unclosed(), coordinator.next_round_id
-        step = first
-        while step < opened and coordinator.has_submitted(participant_id, step):
-            step += 1
-        if step >= self._rounds:
-            return self._rounds if coordinator.finished else None
-        if step - 1 - self._k >= first or first == opened:  # round step - 1 - K open, or no round open
-            return None
-        return step
+        """The step `participant_id` may be sent now, or None while it must wait (`RoundEngine.step_of`, or
+        `next_step` under round_join "newest"); the first round opens by the driver's participant rules."""
+        engine = self._coordinator.engine
+        if self._joining:
+            return engine.next_step(participant_id, resend=True)
+        return engine.step_of(participant_id)
 
     def payloads(self, targets: Mapping[int, str]) -> dict[int, bytes]:
         """The deliveries to the labs of `targets` (node id -> participant id, neither busy nor held)
@@ -100,7 +90,7 @@ class StaleRounds:
     def sealer(self, step: int) -> Callable[[str], tuple[bytes, ...]]:
         """participant id -> its sealed update for `step`, as envelope pieces (`Deliveries.send`)."""
         def sealed(pid: str) -> tuple[bytes, ...]:
-            built = self._coordinator.make_sent_update(pid, step, self.max_bytes)
+            built = self._coordinator.engine.update_for(pid, step, self.max_bytes)
             wanted = self._coordinator.cfg.pool_peers_per_prompt
             if built.size is not None and built.peers_per_prompt < wanted:  # its first build was cut to fit
                 self._console(f"step {step} update for {pid}: {built.peers_per_prompt} peers per prompt instead of "

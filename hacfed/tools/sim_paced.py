@@ -1,6 +1,6 @@
 """`hacfed sim --lab-speed AGENT=FACTOR --max-staleness K --round-join R`: labs of different speeds, simulated clock.
 
-The run goes through `hacfed.server.coordinator.paced.run_paced` (docs/staleness.md): each lab's step
+The run goes through `hacfed.server.coordinator.transport.run_paced` (docs/staleness.md): each lab's step
 costs its compute time at speed 1 times its factor, and events are ordered on that clock. The compute
 time is a deterministic cost, not a measurement, so the schedule, and with it every result, depends
 only on the run's settings and seed, never on the machine's load:
@@ -13,7 +13,7 @@ tokenized them (`source_token_count`); prompts and the held-out evaluation are l
 hostile lab (no model) costs as much as the first honest lab would.
 
 With `--round-join newest` a lab that finished its step joins the newest round instead of rolling out
-every round (`hacfed.server.coordinator.round_join`): a slow lab skips rounds, each lab evaluates
+every round (`hacfed.server.coordinator.engine`): a slow lab skips rounds, each lab evaluates
 every `eval_every` of its own steps, rows exist only for the rounds a lab took, with `sim/own_step`,
 and a step is sent of each peer only its newest round (`sim/skipped_samples`: what it was not sent).
 """
@@ -48,7 +48,7 @@ def add_pacing_arguments(p: Any) -> None:
 def parse_lab_speeds(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
     """["tiny-gpt2=4"] -> (("tiny-gpt2", 4.0),); each item AGENT=FACTOR, factor in [MIN_SPEED, MAX_SPEED],
     each agent once (whether the agent exists is `SimConfig`'s check)."""
-    from hacfed.server.coordinator.schedule import MAX_SPEED, MIN_SPEED
+    from hacfed.server.coordinator.transport import MAX_SPEED, MIN_SPEED
 
     out: dict[str, float] = {}
     for item in items:
@@ -73,8 +73,7 @@ def check_pacing(max_staleness: int, lab_speeds: Sequence[tuple[str, float]], id
                  round_join: str = "every") -> None:
     """A SimConfig's K, lab speeds and round_join: K an integer >= 0, each speed for an agent of the
     run, in [MIN_SPEED, MAX_SPEED], round_join "every" or "newest"."""
-    from hacfed.server.coordinator.round_join import check_round_join
-    from hacfed.server.coordinator.schedule import check_max_staleness, check_speeds
+    from hacfed.server.coordinator.transport import check_max_staleness, check_round_join, check_speeds
 
     check_max_staleness(max_staleness)
     check_speeds(dict(lab_speeds), ids)
@@ -124,13 +123,13 @@ def run_paced_sim(
     """Run the federation on the simulated clock; each closed round's rows (`rows_of(outcome)`) get
     their lab's `sim/*` keys (`StepRecord.metrics`) before `emit`; with round_join "newest" only the
     rows of the labs that took the round. Returns every step record."""
-    from hacfed.server.coordinator.paced import run_paced
+    from hacfed.server.coordinator.transport import run_paced
 
     joining = coordinator.cfg.round_join == "newest"
 
-    def on_round(outcome: Any, records: Mapping[str, Any]) -> None:
+    def on_round(outcome: Any) -> None:
         for row in rows_of(outcome):
-            record = records.get(row["agent"])
+            record = outcome.steps.get(row["agent"])
             if record is None and joining:
                 continue  # the lab did not take this round
             emit({**row, **(record.metrics() if record is not None else {})})

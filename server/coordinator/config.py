@@ -102,13 +102,13 @@ class CoordinatorConfig:
       (the default) is the synchronous federation: one round open at a time, every lab trains on the
       whole pool of the round before. With K >= 1 up to K + 1 rounds are open at once, a lab trains on
       whatever verified samples of the last K + 1 rounds it has not trained on yet, and no sample is
-      older than K rounds when trained on (hacfed.server.coordinator.stale_pool). Per-round quotas
+      older than K rounds when trained on (hacfed.server.coordinator.engine). Per-round quotas
       default to K + 1 times as much (submissions of K + 1 rounds count against the newest open one).
     round_join: which round a lab rolls out when it starts a step (docs/staleness.md). "every" (the
       default): every lab rolls out every round. "newest": it joins the newest open round it has not
       rolled out, or opens the next one (under the max_staleness bound), so a slow lab skips the
       rounds opened while it was busy and a round waits only for the labs that took it
-      (hacfed.server.coordinator.round_join). Runs in `hacfed sim` only, like max_staleness > 0.
+      (hacfed.server.coordinator.engine).
     """
 
     run_id: str

@@ -12,10 +12,10 @@ limit and the byte quota with `admit` before it verifies or decodes anything; th
 comes right after decoding), then the whole-submission gates (identity, run, size, identical
 resend, nonce reuse, registration, quarantine, round state, one submission per round), and only
 then validation and reward re-verification (`validation`). Where the transport journals what it
-sends each lab (`sent_journaled`: the Flower driver under max_staleness >= 1), the round gates also
-refuse an open round the journal never sent to that lab (UNSENT_ROUND). Every refusal is journaled
-and audited under the authenticated sender, never under the id a submission claims (S10); a
-recorded submission returns only after its COMMIT (the ACK point, R2).
+sends each lab (`sent_journaled`: the Flower driver wherever the engine journals each lab's steps),
+the round gates also refuse an open round the journal never sent to that lab (UNSENT_ROUND). Every
+refusal is journaled and audited under the authenticated sender, never under the id a submission
+claims (S10); a recorded submission returns only after its COMMIT (the ACK point, R2).
 """
 
 from __future__ import annotations

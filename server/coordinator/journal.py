@@ -38,6 +38,7 @@ from hacfed.server.coordinator.journal_schema import (
     SCHEMA_VERSION,
     ParticipantRecord,
     RoundRecord,
+    SentStep,
     SubmissionRecord,
     open_journal_db,
     participant_record,
@@ -48,7 +49,7 @@ from hacfed.server.coordinator.journal_schema import (
 from hacfed.trajectory import Trajectory
 
 T = TypeVar("T")
-__all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SubmissionRecord", "SCHEMA_VERSION"]
+__all__ = ["Journal", "ParticipantRecord", "RoundRecord", "SentStep", "SubmissionRecord", "SCHEMA_VERSION"]
 
 
 class Journal:
@@ -394,27 +395,30 @@ class Journal:
 
     # -- what each lab was sent (`sent_steps`) --------------------------------------------------------
 
-    def sent_step_row(self, participant_id: str, step: int) -> tuple[float, int | None, int | None] | None:
-        return self._reads.sent_step_row(participant_id, step)
+    def sent_step(self, participant_id: str, step: int) -> SentStep | None:
+        return self._reads.sent_step(participant_id, step)
 
-    def sent_step_sources(self, participant_id: str, step: int) -> list[tuple[int, str]]:
-        return self._reads.sent_step_sources(participant_id, step)
+    def sent_steps(self) -> list[SentStep]:
+        return self._reads.sent_steps()
 
-    def sent_step_keys(self) -> list[tuple[str, int]]:
-        return self._reads.sent_step_keys()
+    def sent_steps_of(self, participant_id: str) -> list[int]:
+        return self._reads.sent_steps_of(participant_id)
+
+    def sent_to(self, step: int) -> set[str]:
+        return self._reads.sent_to(step)
 
     def sent_pairs(self, participant_id: str) -> set[tuple[int, str]]:
         return self._reads.sent_pairs(participant_id)
 
-    def record_sent_step(self, participant_id: str, step: int, sent_at: float, capabilities_round: int | None,
-                         peers_per_prompt: int | None, sources: dict[int, frozenset[str]]) -> None:
+    def record_sent_step(self, step: SentStep) -> None:
         """Journal one update's choice (`sent_steps` and its `sent_sources` rows) in one transaction; the key
         (participant, round, source) refuses a submission sent to the lab twice."""
+        sources = step.sources
         with self._tx() as db:
             db.execute("INSERT INTO sent_steps VALUES (?, ?, ?, ?, ?)",
-                       (participant_id, step, sent_at, capabilities_round, peers_per_prompt))
-            db.executemany("INSERT INTO sent_sources VALUES (?, ?, ?, ?)",
-                           [(participant_id, step, q, s) for q in sorted(sources) for s in sorted(sources[q])])
+                       (step.participant_id, step.step, step.sent_at, step.capabilities_round, step.peers_per_prompt))
+            rows = [(step.participant_id, step.step, q, s) for q in sorted(sources) for s in sorted(sources[q])]
+            db.executemany("INSERT INTO sent_sources VALUES (?, ?, ?, ?)", rows)
 
     # -- purge (security.md "Nothing lost", R11) ------------------------------------------------------------
 

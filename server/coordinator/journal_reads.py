@@ -14,6 +14,7 @@ import threading
 from operator import itemgetter
 from typing import Any, Callable, Sequence, TypeVar
 
+from hacfed.server.coordinator.journal_schema import SentStep
 from hacfed.trajectory import ChatMessage, Trajectory
 
 # The pool's sort key (participant_id, prompt_pos, idx: its ORDER BY), then the other columns a
@@ -44,7 +45,8 @@ class JournalReads:
 
     def was_sent(self, participant_id: str, step: int) -> bool:
         """Whether an update for `step` (the round whose plan it rolls out) was journaled as sent to
-        `participant_id` (`sent_steps`, written under max_staleness >= 1 only)."""
+        `participant_id` (`sent_steps`, written only when the engine journals each lab's steps:
+        max_staleness >= 1 or round_join "newest")."""
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM sent_steps WHERE participant_id=? AND step=?", (participant_id, step)
@@ -261,27 +263,41 @@ class JournalReads:
             ).fetchall()
         return [int(r[0]) for r in rows]
 
-    # -- what each lab was sent (`sent_steps`, `sent_sources`; `hacfed.server.coordinator.sent_steps`) ----
+    # -- what each lab was sent (`sent_steps`, `sent_sources`, `hacfed.server.coordinator.engine`) ----
 
-    def sent_step_row(self, participant_id: str, step: int) -> tuple[float, int | None, int | None] | None:
-        """(sent_at, capabilities_round, peers_per_prompt) of the lab's journaled step, or None."""
+    def sent_step(self, participant_id: str, step: int) -> SentStep | None:
+        """The lab's journaled update of `step`, or None when none was built."""
         with self._lock:
             row = self._db.execute("SELECT sent_at, capabilities_round, peers_per_prompt FROM sent_steps "
                                    "WHERE participant_id=? AND step=?", (participant_id, step)).fetchone()
-        return None if row is None else (float(row[0]), row[1], row[2])
+            if row is None:
+                return None
+            pairs = self._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=? AND step=?",
+                                     (participant_id, step)).fetchall()
+        sources: dict[int, set[str]] = {}
+        for q, source in pairs:
+            sources.setdefault(int(q), set()).add(source)
+        return SentStep(participant_id, step, float(row[0]), row[1], {q: frozenset(s) for q, s in sources.items()},
+                        row[2])
 
-    def sent_step_sources(self, participant_id: str, step: int) -> list[tuple[int, str]]:
-        """The (round, source) submissions the lab's step carries."""
+    def sent_steps(self) -> list[SentStep]:
+        """Every journaled update, by participant and step."""
         with self._lock:
-            rows = self._db.execute("SELECT round_id, source_id FROM sent_sources WHERE participant_id=? AND step=?",
-                                    (participant_id, step)).fetchall()
-        return [(int(q), s) for q, s in rows]
+            keys = self._db.execute("SELECT participant_id, step FROM sent_steps ORDER BY 1, 2").fetchall()
+        return [s for pid, step in keys if (s := self.sent_step(pid, int(step))) is not None]
 
-    def sent_step_keys(self) -> list[tuple[str, int]]:
-        """Every journaled (participant, step), in that order."""
+    def sent_steps_of(self, participant_id: str) -> list[int]:
+        """The steps the lab was sent, in order."""
         with self._lock:
-            rows = self._db.execute("SELECT participant_id, step FROM sent_steps ORDER BY 1, 2").fetchall()
-        return [(pid, int(step)) for pid, step in rows]
+            rows = self._db.execute("SELECT step FROM sent_steps WHERE participant_id=? ORDER BY step",
+                                    (participant_id,)).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def sent_to(self, step: int) -> set[str]:
+        """The labs that were sent `step` (under round_join "newest": the labs that took the round)."""
+        with self._lock:
+            rows = self._db.execute("SELECT participant_id FROM sent_steps WHERE step=?", (step,)).fetchall()
+        return {r[0] for r in rows}
 
     def sent_pairs(self, participant_id: str) -> set[tuple[int, str]]:
         """The (round, source) submissions the lab was sent at any step."""

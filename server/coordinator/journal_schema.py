@@ -16,7 +16,7 @@ transaction, `open_journal_db`; security.md R10; an older one is refused):
      G x labs times per round, about half of a submission's insert time, bench/coordinator_scale.py).
      The view `trajectory_rows` gives the rows with their `prompt_json`, as version 2 stored them.
   4: what each lab was sent at each step under `max_staleness` K >= 1 (`sent_steps`, `sent_sources`;
-     `hacfed.server.coordinator.sent_steps`), so a resend or a restarted coordinator sends the same
+     `hacfed.server.coordinator.engine`), so a resend or a restarted coordinator sends the same
      update and no sample twice. A synchronous run (K = 0) writes nothing there.
   5: `sent_steps.peers_per_prompt`: how many peers per prompt the update was built with, fewer than
      `pool_peers_per_prompt` when it was cut to fit one message, so a rebuild cuts it the same
@@ -240,6 +240,20 @@ def _init_schema(db: sqlite3.Connection, path: Path) -> None:
             for statement in MIGRATIONS[step]:
                 db.execute(statement)
         db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+
+
+@dataclass(frozen=True)
+class SentStep:
+    """One journaled update (`sent_steps` and its `sent_sources` rows): when it was first built, whose P̂
+    it carries, the submissions it drew by round (with round_join "newest" also those it skipped), the
+    peers per prompt of its share (None: the configured `pool_peers_per_prompt`)."""
+
+    participant_id: str
+    step: int
+    sent_at: float
+    capabilities_round: int | None
+    sources: dict[int, frozenset[str]]
+    peers_per_prompt: int | None = None
 
 
 @dataclass(frozen=True)

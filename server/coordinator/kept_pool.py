@@ -73,7 +73,7 @@ class KeptSamples:
         return [(pid, float(t.reward)) for pid, _, _, t, _ in kept]
 
     def take_records(self, pool_round: int) -> tuple[bytes, ...] | None:
-        """The `RoundUpdate.pool` record of each sample of the pool that `Coordinator.make_update(pool_round + 1)`
+        """The `RoundUpdate.pool` record of each sample of the pool that `RoundEngine.round_update(pool_round + 1)`
         published, aligned with it, cut from the bytes its labs submitted
         (`hacfed.wire.pool_splice.submission_pool_records`), for the round driver's updates
         (`hacfed.server.round_updates`), which keep them as blocks: handed over once and then

@@ -5,7 +5,7 @@ starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
 
     journal = Journal(cfg.journal_path)
     coord = Coordinator(cfg, task, journal); coord.resume()
-    coord.register("lab-a"); plan = coord.open_round(0); update = coord.make_update(0)
+    coord.register("lab-a"); plan = coord.open_round(0); update = coord.engine.update_for("lab-a", 0).update
     result = coord.submit(submission)                 # returns after the journal commit (the ACK point)
     if coord.poll(): coord.close_round(coord.poll())  # quorum or deadline
 
@@ -26,7 +26,7 @@ closed, even after its deadline.
 
 With `max_staleness` K >= 1 (docs/staleness.md) up to K + 1 rounds are open at once: round r opens
 once round r - K - 1 closed, rounds close oldest first by the same rules, and a lab's update is
-`make_stale_update` (`stale_pool`). K = 0 is the synchronous federation above.
+`engine.update_for(lab, step)` (`engine`). K = 0 is the synchronous federation above.
 
 Capability (issue 9, "capability inflation by omission"): when a round closes, every participant
 with a recorded submission is scored over ALL of its assigned samples (prompts x G): each sample
@@ -50,8 +50,9 @@ from collections import Counter
 from typing import Callable
 
 from hacfed.capability import CapabilityTracker
-from hacfed.messages import RoundPlan, RoundUpdate, Submission
+from hacfed.messages import RoundPlan, Submission
 from hacfed.server.coordinator.config import CoordinatorConfig
+from hacfed.server.coordinator.engine import RoundEngine
 from hacfed.server.coordinator.errors import CoordinatorStateError, safe_text
 from hacfed.server.coordinator.intake import FailClosed, SubmissionIntake
 from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord
@@ -60,9 +61,6 @@ from hacfed.server.coordinator.limits import SubmissionLimiter
 from hacfed.server.coordinator.metrics import RoundSummary, build_round_summary
 from hacfed.server.coordinator.plan import make_plan, plan_from_json, plan_to_json
 from hacfed.server.coordinator.results import ResumeReport, RoundClosed, SubmissionResult
-from hacfed.server.coordinator.round_join import newest_update
-from hacfed.server.coordinator.sent_steps import journaled_update
-from hacfed.server.coordinator.stale_pool import Deliveries, StaleUpdate, stale_update
 from hacfed.server.coordinator.validation import MAX_ID_CHARS, Rejection, is_short_id
 from hacfed.tasks.base import Task
 
@@ -75,9 +73,10 @@ class Coordinator:
         self, cfg: CoordinatorConfig, task: Task, journal: Journal, clock: Callable[[], float] = time.time,
         *, sent_journaled: bool = False,
     ) -> None:
-        """sent_journaled: the transport sends every lab its steps through `make_sent_update` (the Flower
-        driver under max_staleness >= 1), so a lab may submit only for a round the journal shows as sent
-        to it (`SubmissionIntake`, UNSENT_ROUND); the in-process paced transport of `hacfed sim` does not."""
+        """sent_journaled: the transport sends every update over a network (the Flower driver), so where
+        the engine journals what each lab is sent (max_staleness >= 1 or round_join "newest") a lab may
+        submit only for a round the journal shows as sent to it (`SubmissionIntake`, UNSENT_ROUND); the
+        in-process transport, whose labs are direct calls, does not ask."""
         journal.bind_run(cfg.run_id, cfg.plan_fingerprint())
         self.cfg, self.task, self.journal, self._clock = cfg, task, journal, clock
         self._lock = threading.RLock()
@@ -89,17 +88,18 @@ class Coordinator:
             quota_trajectories=cfg.quota_trajectories, clock=clock, round_retry_s=self._round_retry_s,
         )
         self._fail = FailClosed()
-        self._deliveries = Deliveries()  # what each lab was sent under max_staleness (`make_stale_update`)
         # Journaled participants whose registration was revoked (set by the driver, which re-reads the
         # registry): a round no longer waits for them, and the early close needs that many fewer labs.
         self.withdrawn: frozenset[str] = frozenset()
-        # round_join "newest": round -> the labs that took it, once no other can (set by the transport; `quorum`).
-        self.joined: dict[int, frozenset[str]] = {}
         self.intake = SubmissionIntake(
             cfg, task, journal, self.limiter, lock=self._lock, clock=clock, fail=self._fail, plan_for=self.plan_for,
             current_round=lambda: self.current_round, on_committed=self.kept.remember,
         )
-        self.intake.sent_journaled = sent_journaled
+        # Which step each lab may start and what it is sent for it (`engine`): `engine.update_for(lab, step)`.
+        self.engine = RoundEngine(cfg, journal, self.kept, lock=self._lock, capabilities=self.capabilities,
+                                  plan_for=self.plan_for, clock=clock, audited=self._fail.audited,
+                                  credit=self.intake.group_credit)
+        self.intake.sent_journaled = sent_journaled and self.engine.journaled
 
     @property
     def failed_closed(self) -> str | None:
@@ -224,10 +224,10 @@ class Coordinator:
     def quorum(self, round_id: int) -> tuple[int, int, Callable[[], set[str]]]:
         """(the submissions round `round_id` needs for its quorum, the contributors below which it closes
         flagged below quorum, a function giving the participants it waits for). With round_join "newest",
-        once the transport recorded who took the round (`joined`): its takers that are still awaited, all
-        of them, and at most min_participants; otherwise every expected lab not withdrawn, at least
+        once no other lab can take the round (`RoundEngine.takers`, from the journal): its takers that are
+        still awaited, all of them, and at most min_participants; otherwise every expected lab not withdrawn, at least
         min_participants."""
-        takers = self.joined.get(round_id)
+        takers = self.engine.takers(round_id) if self.cfg.round_join == "newest" else None
         if takers is None:
             needed = max(self.cfg.min_participants, self.cfg.expected_participants - len(self.withdrawn))
             return needed, self.cfg.min_participants, self.awaited
@@ -309,46 +309,8 @@ class Coordinator:
         accepted = Counter(p for p, _ in pairs)
         return [(pid, 0.0) for pid in sorted(submitters) for _ in range(max(assigned - accepted[pid], 0))]
 
-    def make_update(self, next_round: int) -> RoundUpdate:
-        """Pool and capabilities of round next_round-1 (closed) plus the plan of next_round (opened
-        first), or no plan after the last round. Marks the pool's round PUBLISHED."""
-        if isinstance(next_round, bool) or not isinstance(next_round, int) or not 0 <= next_round <= self.cfg.rounds:
-            raise ValueError(f"next_round must be an int in [0, {self.cfg.rounds}], got {next_round!r}")
-        with self._lock:
-            active = tuple(p.participant_id for p in self.journal.participants() if not p.quarantined)
-            capabilities = {pid: 1.0 for pid in active} | self._tracker.capabilities()
-            pool_round, pool = None, ()
-            if next_round > 0:
-                pool_round = next_round - 1
-                record = self.journal.round(pool_round)
-                if record is None or record.state == "OPEN":
-                    raise CoordinatorStateError(f"round {pool_round} must be closed before its pool is published")
-                pool = self.kept.pool(pool_round)
-                capabilities = {pid: 1.0 for pid in active} | dict(record.capabilities or {})
-            next_plan = None
-            if next_round < self.cfg.rounds:
-                if self.journal.round(next_round) is None:
-                    raise CoordinatorStateError(f"open round {next_round} before sending its plan")
-                next_plan = self.plan_for(next_round)
-            if pool_round is not None:
-                self.journal.mark_published(pool_round)
-            return RoundUpdate(self.cfg.run_id, pool_round, pool, capabilities, next_plan, active, self.cfg.hacpo)
-
-    def make_stale_update(self, learner: str, next_round: int) -> StaleUpdate:
-        """`learner`'s update for its step `next_round` under max_staleness (`stale_pool`, `round_join`)."""
-        with self._lock:
-            fresh = self._tracker.capabilities()
-            make = newest_update if self.cfg.round_join == "newest" else stale_update  # newest: one round per peer
-            return make(self.cfg, self.journal, self._deliveries, learner, next_round, fresh, self.plan_for)
-
-    def make_sent_update(self, learner: str, next_round: int, max_bytes: int | None = None) -> StaleUpdate:
-        """`make_stale_update` journaled (`sent_steps`), first cut to fit `max_bytes`; rebuilt the same on a restart."""
-        with self._lock, self._fail.audited():
-            return journaled_update(self.cfg, self.journal, learner, next_round, self._clock(),
-                                    self._tracker.capabilities(), self.plan_for, max_bytes)
-
     def take_pool_records(self, pool_round: int) -> tuple[bytes, ...] | None:
-        """The records of the pool `make_update(pool_round + 1)` published (`KeptSamples.take_records`)."""
+        """The records of the pool `engine.round_update(pool_round + 1)` published (`KeptSamples.take_records`)."""
         with self._lock:
             return self.kept.take_records(pool_round)
 

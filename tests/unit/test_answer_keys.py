@@ -211,7 +211,7 @@ def test_a_lab_holds_the_plans_prompts_only_when_the_answers_are_public(setup) -
     stay with the coordinator needs no local problems: the local task is what the lab evaluates on."""
     coordinator, service, sealed, participant, _ = setup
     other_task = ArithmeticTask(digits=3, num_train=200, num_eval=20)  # none of the plan's add2 prompts
-    update = coordinator.make_update(0)
+    update = coordinator.engine.round_update(0)
     with pytest.raises(ParticipantRejection, match="task mismatch"):
         service(task=other_task).handle(sealed(update))
     keyless = dataclasses.replace(update, next_plan=dataclasses.replace(update.next_plan, answer_keys="coordinator"))

@@ -88,7 +88,7 @@ def round0(tmp_path):
     coordinator.register("lab-a")
     coordinator.open_round(0)
     key = ensure_key_pair(tmp_path / "server", "coordinator").load()
-    update = seal(encode_round_update(coordinator.make_update(0)), PayloadType.ROUND_UPDATE, key, DOMAIN_UPDATE)
+    update = seal(encode_round_update(coordinator.engine.round_update(0)), PayloadType.ROUND_UPDATE, key, DOMAIN_UPDATE)
     (tmp_path / "request.bin").write_bytes(seal_delivery((), update, key))
     return coordinator
 

@@ -57,7 +57,7 @@ def _rejection(call) -> ParticipantRejection:
 
 def test_an_update_is_answered_with_a_signed_submission(setup) -> None:
     coordinator, service, sealed, participant, key = setup
-    reply = service().handle(sealed(coordinator.make_update(0)))
+    reply = service().handle(sealed(coordinator.engine.round_update(0)))
     submission = submission_of(reply, key)
     assert submission.participant_id == "lab-a" and submission.round_id == 0
     assert len(submission.trajectories) == 2 * 3
@@ -66,7 +66,7 @@ def test_an_update_is_answered_with_a_signed_submission(setup) -> None:
 
 def test_identical_retried_update_gets_the_cached_reply_and_trains_once(setup) -> None:
     coordinator, service, sealed, participant, _ = setup
-    request = sealed(coordinator.make_update(0))
+    request = sealed(coordinator.engine.round_update(0))
     first = service()
     reply = first.handle(request)
     assert first.handle(request) == reply
@@ -85,14 +85,14 @@ def test_identical_retried_update_gets_the_cached_reply_and_trains_once(setup) -
 )
 def test_bad_envelopes_are_clear_errors(setup, mutate, status, code, words) -> None:
     coordinator, service, sealed, participant, _ = setup
-    error = _rejection(lambda: service().handle(mutate(sealed(coordinator.make_update(0)))))
+    error = _rejection(lambda: service().handle(mutate(sealed(coordinator.engine.round_update(0)))))
     assert (error.status, error.code) == (status, code) and words in error.message
     assert participant.updates == []
 
 
 def test_update_signed_by_another_key_or_for_another_purpose_is_unauthenticated(setup, tmp_path) -> None:
     coordinator, service, sealed, participant, participant_key = setup
-    update = coordinator.make_update(0)
+    update = coordinator.engine.round_update(0)
     impostor = ensure_key_pair(tmp_path / "impostor", "coordinator").load()
     error = _rejection(lambda: service().handle(sealed(update, key=impostor)))
     assert error.status == grpc.StatusCode.UNAUTHENTICATED and error.code == "HACFED-E-UNAUTHENTICATED"
@@ -105,7 +105,7 @@ def test_update_signed_by_another_key_or_for_another_purpose_is_unauthenticated(
 def test_plan_prompts_unknown_to_the_local_task_are_a_task_mismatch(setup) -> None:
     coordinator, service, sealed, participant, _ = setup
     other_task = ArithmeticTask(digits=3, num_train=200, num_eval=20)
-    error = _rejection(lambda: service(task=other_task).handle(sealed(coordinator.make_update(0))))
+    error = _rejection(lambda: service(task=other_task).handle(sealed(coordinator.engine.round_update(0))))
     assert error.status == grpc.StatusCode.FAILED_PRECONDITION and error.code == "HACFED-E-TASK-MISMATCH"
     assert error.message.startswith("task mismatch: plan prompt 'add2:") and "arith-add3" in error.message
     assert participant.updates == []
@@ -114,12 +114,12 @@ def test_plan_prompts_unknown_to_the_local_task_are_a_task_mismatch(setup) -> No
 def test_stale_and_foreign_run_updates_are_refused(setup) -> None:
     coordinator, service, sealed, participant, key = setup
     svc = service()
-    round0 = sealed(coordinator.make_update(0))
+    round0 = sealed(coordinator.engine.round_update(0))
     first = submission_of(svc.handle(round0), key)
     coordinator.submit(first, sender="lab-a")
     coordinator.close_round(coordinator.poll() or "deadline")
     coordinator.open_round(1)
-    svc.handle(sealed(coordinator.make_update(1)))
+    svc.handle(sealed(coordinator.engine.round_update(1)))
     # a replay of an older round's update gets the same signed submission back from the outbox ...
     assert submission_of(svc.handle(round0), key) == first and svc.steps == 2
     with svc.outbox._lock:  # ... and without that entry, it is stale: the participant never goes back
@@ -127,7 +127,7 @@ def test_stale_and_foreign_run_updates_are_refused(setup) -> None:
     error = _rejection(lambda: svc.handle(round0))
     assert error.code == "HACFED-E-STALE-ROUND" and error.status == grpc.StatusCode.FAILED_PRECONDITION
     assert [u.pool_round for u in participant.updates] == [None, 0]
-    foreign = RoundUpdate(**{**coordinator.make_update(0).__dict__, "run_id": "other-run", "next_plan": None,
+    foreign = RoundUpdate(**{**coordinator.engine.round_update(0).__dict__, "run_id": "other-run", "next_plan": None,
                              "pool_round": None})
     error = _rejection(lambda: svc.handle(sealed(foreign)))
     assert error.code == "HACFED-E-WRONG-RUN" and "fresh --state-dir" in error.message
@@ -145,7 +145,7 @@ def test_errors_reach_the_relay_as_codes_over_grpc(setup) -> None:
     server, port = serve_participant(service(task=ArithmeticTask(digits=3, num_train=200, num_eval=20)).handle)
     try:
         with pytest.raises(RelayError) as info:
-            call_participant(f"127.0.0.1:{port}", sealed(coordinator.make_update(0)), timeout_s=10.0)
+            call_participant(f"127.0.0.1:{port}", sealed(coordinator.engine.round_update(0)), timeout_s=10.0)
         assert info.value.code == "HACFED-E-TASK-MISMATCH"
         with pytest.raises(RelayError) as info:
             call_participant(f"127.0.0.1:{port}", b"\x00garbage", timeout_s=10.0)
@@ -157,7 +157,7 @@ def test_errors_reach_the_relay_as_codes_over_grpc(setup) -> None:
 def test_the_lying_lab_double_signs_the_opposite_of_every_claim(setup) -> None:
     """tests/lying_lab.py, the lab the integration tests use to earn strikes, wraps the real service."""
     coordinator, service, sealed, participant, key = setup
-    reply = service(lab=LyingParticipant(participant)).handle(sealed(coordinator.make_update(0)))
+    reply = service(lab=LyingParticipant(participant)).handle(sealed(coordinator.engine.round_update(0)))
     cheated = submission_of(reply, key)
     assert [t.reward for t in falsify_rewards(cheated).trajectories] == [1.0, 0.0, 0.0] * 2  # the honest claims
     result = coordinator.submit(cheated, sender="lab-a")

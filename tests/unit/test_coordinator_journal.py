@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from hacfed.server.coordinator import Journal, JournalError, ValidationLimits, make_plan, validate_submission
-from hacfed.server.coordinator.journal import SubmissionRecord
+from hacfed.server.coordinator.journal import SentStep, SubmissionRecord
 from hacfed.server.coordinator.journal_schema import SENT_TABLES_SQL
 from hacfed.server.coordinator.plan import plan_to_json
-from hacfed.server.coordinator.sent_steps import SentStep, record_sent_step, sent_step
 from tests.unit.test_coordinator_fakes import TASK, make_config, scripted_submission
 
 
@@ -159,9 +158,9 @@ def test_a_schema_4_journal_gains_the_peers_per_prompt_column(tmp_path):
         db.execute("INSERT INTO sent_sources VALUES ('lab-a', 1, 0, 'lab-a')")
         db.execute("UPDATE meta SET value='4' WHERE key='schema_version'")
     with Journal(path) as journal:
-        assert sent_step(journal, "lab-a", 1) == SentStep("lab-a", 1, 5.0, None, {0: frozenset({"lab-a"})}, None)
-        record_sent_step(journal, SentStep("lab-a", 2, 6.0, 0, {1: frozenset({"lab-a"})}, 0))
-        assert sent_step(journal, "lab-a", 2).peers_per_prompt == 0
+        assert journal.sent_step("lab-a", 1) == SentStep("lab-a", 1, 5.0, None, {0: frozenset({"lab-a"})}, None)
+        journal.record_sent_step(SentStep("lab-a", 2, 6.0, 0, {1: frozenset({"lab-a"})}, 0))
+        assert journal.sent_step("lab-a", 2).peers_per_prompt == 0
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("5",)
 

@@ -167,8 +167,8 @@ def test_an_accepted_claim_is_kept_only_when_it_already_is_the_verified_float() 
 
 def test_the_coordinator_keeps_only_the_latest_pool_in_memory(tmp_path: Path) -> None:
     coord = _two_rounds(tmp_path)
-    first = coord.make_update(1)
+    first = coord.engine.round_update(1)
     assert len(first.pool) == 9 and first.pool_round == 0
-    coord.make_update(2)
+    coord.engine.round_update(2)
     assert coord.kept.pool_rounds() == [1]
-    assert coord.make_update(1).pool == first.pool  # an older pool is read back from the journal
+    assert coord.engine.round_update(1).pool == first.pool  # an older pool is read back from the journal

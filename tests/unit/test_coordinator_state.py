@@ -165,7 +165,7 @@ def test_reward_integrity_strikes_and_quarantine(tmp_path, clock):
     plan = coord.open_round(2)
     assert coord.submit(scripted_submission(plan, "cheat")).refusal == ErrorCode.QUARANTINED
     assert coord.register("cheat").quarantined  # rejoining does not lift it
-    assert "cheat" not in coord.make_update(2).participants
+    assert "cheat" not in coord.engine.round_update(2).participants
 
 
 def test_strikes_outside_the_window_do_not_quarantine(tmp_path, clock):
@@ -242,20 +242,20 @@ def test_below_quorum_closes_after_the_extensions(tmp_path, clock):
     assert coord.round_record(0).below_quorum is True
 
 
-def test_make_update_publishes_verified_pool_and_next_plan(coord):
+def test_round_update_publishes_verified_pool_and_next_plan(coord):
     coord.open_round(0)
-    first = coord.make_update(0)
+    first = coord.engine.round_update(0)
     assert first.pool_round is None and first.pool == () and first.next_plan == coord.plan_for(0)
     assert first.capabilities == {"a": 1.0, "b": 1.0} and first.participants == ("a", "b")
     coord.submit(scripted_submission(coord.plan_for(0), "a"))
     coord.submit(scripted_submission(coord.plan_for(0), "b", falsify=1))
     with pytest.raises(CoordinatorStateError, match="must be closed"):
-        coord.make_update(1)
+        coord.engine.round_update(1)
     coord.close_round("quorum")
     with pytest.raises(CoordinatorStateError, match="open round 1"):
-        coord.make_update(1)
+        coord.engine.round_update(1)
     coord.open_round(1)
-    update = coord.make_update(1)
+    update = coord.engine.round_update(1)
     assert update.pool_round == 0 and update.next_plan.round_id == 1 and update.hacpo == coord.cfg.hacpo
     assert [t.source_id for t in update.pool] == ["a"] * 6 + ["b"] * 3  # b's falsified group is not shared
     assert all(t.reward == TASK.verify(TASK.problem(t.prompt_id), t.response_text).reward for t in update.pool)
@@ -263,7 +263,7 @@ def test_make_update_publishes_verified_pool_and_next_plan(coord):
     coord.close_round("deadline")
     coord.open_round(2)
     coord.close_round("deadline")
-    final = coord.make_update(3)
+    final = coord.engine.round_update(3)
     assert final.next_plan is None and final.pool_round == 2 and coord.finished
     with pytest.raises(CoordinatorStateError):
         coord.open_round(3)
@@ -324,7 +324,7 @@ def test_coordinator_never_imports_torch(tmp_path):
         assert result.receipt is not None
         coord.close_round("deadline")
         coord.open_round(1)
-        coord.make_update(1)
+        coord.engine.round_update(1)
         heavy = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
         assert not heavy, heavy
         print("ok")

@@ -71,7 +71,7 @@ def test_beyond_k_plus_one_labs_each_is_sent_its_own_samples_and_k_peers_per_pro
         assert [u.pool_round for u in ep.updates] == [None, 0, 1, 2]
         for u in ep.updates[1:]:
             round_id = u.next_plan.round_id if u.next_plan else coord.cfg.rounds  # the final update's: rounds
-            whole = coord.make_update(round_id)
+            whole = coord.engine.round_update(round_id)
             assert u.capabilities == whole.capabilities and u.next_plan == whole.next_plan
             expected = PoolShares(whole.pool, 1, share_salt(coord.cfg.run_id, coord.cfg.seed, round_id))
             assert u.pool == tuple(whole.pool[i] for i in expected.indices_for(ep.participant_id))
@@ -89,7 +89,7 @@ def test_at_most_k_plus_one_labs_all_get_the_same_whole_pool(tmp_path):
     endpoints = [ScriptedEndpoint(f"lab-{i}") for i in range(3)]
     run_rounds(coord, endpoints, sleep=clock.sleep)
     for ep in endpoints[1:]:
-        assert ep.updates[1].pool == endpoints[0].updates[1].pool == coord.make_update(1).pool
+        assert ep.updates[1].pool == endpoints[0].updates[1].pool == coord.engine.round_update(1).pool
 
 
 def test_failing_and_absent_participants_do_not_stall_a_round(tmp_path):

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.server.coordinator.sent_steps import sent_steps
 from hacfed.server.dashboard.pace import NO_STALENESS, lab_staleness
 from hacfed.server.dashboard.reader import DashboardSources, Snapshotter
 from tests.unit.test_coordinator_fakes import FakeClock
@@ -37,7 +36,7 @@ def shown(sources: DashboardSources, clock: FakeClock) -> dict[str, dict]:
 def expected(fed: Federation) -> dict[str, dict]:
     """What the column should say, from the coordinator's own reading of its journal (`sent_steps`)."""
     latest = {}
-    for step in sent_steps(fed.driver.journal):
+    for step in fed.driver.journal.sent_steps():
         if step.sources:
             latest[step.participant_id] = step  # by participant and step: the last one wins
     out = {}

@@ -3,7 +3,8 @@
 
 - no `obj._name` where `_name` is a private attribute or method of a hacfed class of another module
   (`self._x` and `cls._x` are the owner's own; a module may read its own classes' privates on another
-  instance of them);
+  instance of them, unless a class of another module has a private of that name too: the checker
+  cannot tell whose it is);
 - no `from hacfed... import _name`;
 - no Protocol that declares a private (`_name`) member: a collaborator's interface is public;
 - no free function that takes its owner typed `Any`: a parameter named after a hacfed class (e.g.
@@ -77,8 +78,9 @@ def findings(modules: list[Module]) -> list[str]:
             where = f"{m.path}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Attribute) and _private(node.attr):
                 is_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-                if not is_self and node.attr in owners and node.attr not in own[m.path]:
-                    out.append(f"{where}: .{node.attr} belongs to {', '.join(sorted(owners[node.attr]))}")
+                others = owners.get(node.attr, set()) - {m.path}
+                if not is_self and others:
+                    out.append(f"{where}: .{node.attr} belongs to {', '.join(sorted(others))}")
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hacfed":
                 out += [f"{where}: imports {node.module}.{a.name}" for a in node.names if _private(a.name)]
             elif isinstance(node, ast.ClassDef) and any(
@@ -121,14 +123,17 @@ def test_the_checker_finds_each_kind_of_breach() -> None:
     found = findings(_modules(**{
         "server/journal.py": journal,
         "server/reach.py": "def f(journal):\n    return journal._db, journal._tx()\n",
+        "server/same_name.py": ("class Cache:\n    def __init__(self, journal):\n"
+                                "        self._db = journal._db\n"),
         "server/imports.py": "from hacfed.server.journal import _helper\n",
         "clients/proto.py": "from typing import Protocol\nclass P(Protocol):\n    _own: dict\n    def _go(self): ...\n",
         "server/free.py": ("from typing import Any\ndef quorum_of(journal: Any, r: int):\n"
                            "    return journal.cfg, journal.joined.get(r)\n"),
     }))
     assert sorted(f.split(": ", 1)[1] for f in found) == sorted([
-        "._db belongs to server/journal.py",
+        "._db belongs to server/journal.py, server/same_name.py",
         "._tx belongs to server/journal.py",
+        "._db belongs to server/journal.py",  # Cache has a _db of its own, but not that one
         "imports hacfed.server.journal._helper",
         "Protocol P declares _own",
         "Protocol P declares _go",

@@ -43,7 +43,7 @@ def test_the_pool_kept_at_intake_is_the_journals_pool_and_skips_the_read_back(tm
         raise AssertionError("the pool was read back from the journal")
 
     monkeypatch.setattr(coord.journal, "pool", no_read_back)
-    update = coord.make_update(1)
+    update = coord.engine.round_update(1)
     assert update.pool == journaled and _fields(update.pool) == _fields(journaled)
     assert [t.source_id for t in update.pool] == sorted(t.source_id for t in update.pool)
     monkeypatch.undo()
@@ -58,13 +58,13 @@ def test_after_a_restart_the_pool_is_read_from_the_journal(tmp_path: Path) -> No
     calls = []
     original = restarted.journal.pool
     restarted.journal.pool = lambda r: calls.append(r) or original(r)
-    assert restarted.make_update(1).pool == expected and calls == [0]
+    assert restarted.engine.round_update(1).pool == expected and calls == [0]
 
 
 def test_a_purge_after_intake_is_honoured(tmp_path: Path) -> None:
     coord = _round_submitted(tmp_path)
     coord.journal.purge("b", 0, 0.0, "withdrawn after the round closed")
-    pool = coord.make_update(1).pool
+    pool = coord.engine.round_update(1).pool
     assert pool and "b" not in {t.source_id for t in pool}
     assert pool == coord.journal.pool(0)
 
@@ -82,11 +82,11 @@ def test_a_sample_the_journal_would_store_differently_sends_the_journals_pool(tm
     assert odd[0].trajectory_id in result.accepted_ids
     coord.close_round("quorum")
     coord.open_round(1)
-    pool = coord.make_update(1).pool
+    pool = coord.engine.round_update(1).pool
     journaled = coord.journal.pool(0)
     assert _fields(pool) == _fields(journaled)
-    assert encode_round_update(coord.make_update(1)) == encode_round_update(
-        dataclasses.replace(coord.make_update(1), pool=journaled))
+    assert encode_round_update(coord.engine.round_update(1)) == encode_round_update(
+        dataclasses.replace(coord.engine.round_update(1), pool=journaled))
 
 
 def test_only_the_latest_rounds_are_kept(tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_pa
         coord.submit(decode_submission(body), encoded=body)
     coord.close_round("quorum")
     coord.open_round(1)
-    update = coord.make_update(1)
+    update = coord.engine.round_update(1)
     records = coord.take_pool_records(0)
     assert records is not None and len(records) == len(update.pool) == 3 * 2 * 3 - 3
     assert records == encode_pool_items(update.pool)
@@ -160,10 +160,10 @@ def test_with_the_submitted_bytes_the_pool_is_forwarded_not_encoded_again(tmp_pa
     other.submit(decode_submission(body), encoded=body)
     other.close_round("quorum")
     other.open_round(1)
-    pool = other.make_update(1).pool
+    pool = other.engine.round_update(1).pool
     assert len(pool) == len(near) and other.take_pool_records(0) is None
 
 
 def test_without_bytes_the_pool_has_no_records(tmp_path: Path) -> None:
     coord = _round_submitted(tmp_path)
-    assert coord.make_update(1).pool and coord.take_pool_records(0) is None
+    assert coord.engine.round_update(1).pool and coord.take_pool_records(0) is None

@@ -203,7 +203,7 @@ def test_the_flower_driver_ranks_by_the_same_credits(tmp_path):
     coord, _ = _federation(tmp_path, dedup=True)
     key = Ed25519PrivateKey.generate()
     pieces_for = SealedUpdates(coord.cfg, coord, key, console=lambda line: None).for_round(ROUNDS)
-    pool = coord.make_update(ROUNDS).pool
+    pool = coord.engine.round_update(ROUNDS).pool
     by_reward = PoolShares(pool, K, share_salt(coord.cfg.run_id, coord.cfg.seed, ROUNDS), "successes")
     assert any(source == REPLAYER for lab in HONEST for _, source in by_reward.groups_for(lab))
     for lab in HONEST:

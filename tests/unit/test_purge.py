@@ -66,7 +66,7 @@ def test_purged_participant_is_refused_and_later_pools_exclude_it(tmp_path):
     with sqlite3.connect(cfg.journal_path) as db:
         purged = db.execute("SELECT COUNT(*) FROM trajectories WHERE purged=1").fetchone()[0]
     assert purged == 12  # rounds 2 and 3
-    update = coord.make_update(3)  # the pool of round 2 as it would be published now
+    update = coord.engine.round_update(3)  # the pool of round 2 as it would be published now
     assert update.pool and {t.source_id for t in update.pool} == {"lab-a", "lab-b"}
     assert "lab-x" not in update.participants
     late = scripted_submission(coord.plan_for(3), "lab-x", nonce="ab" * 16)  # new content from lab-x

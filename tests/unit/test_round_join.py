@@ -10,16 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from hacfed.server.coordinator.paced import run_paced
-from hacfed.server.coordinator.round_join import JoinSchedule, check_round_join, order_join_events
-from hacfed.server.coordinator.schedule import order_events
+from hacfed.messages import ROUND_JOINS
+from hacfed.server.coordinator.transport import check_round_join, run_paced
 from hacfed.tools.cli import main
 from hacfed.tools.experiments.runner import plan_runs
 from hacfed.tools.sim import SimConfig
+from tests.unit.paced_events import paced_events
 from tests.unit.test_bench_modes import _matrix
 from tests.unit.test_coordinator_fakes import ScriptedLab, make_config, make_coordinator, scripted_submission
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def order_join_events(compute, speeds, k, rounds):
+    return paced_events(compute, speeds, k, rounds, round_join="newest")
+
+
+def order_events(compute, speeds, k):
+    return paced_events(compute, speeds, k, len(next(iter(compute.values()))) - 1)
 
 
 def _by(events, kind, lab):
@@ -61,7 +69,8 @@ def test_k0_joining_the_newest_round_is_the_synchronous_schedule():
 def test_random_speeds_keep_the_bound_and_every_lab_ends_with_its_final_update(seed):
     rng = random.Random(seed)
     labs = [f"lab{i}" for i in range(rng.randint(1, 4))]
-    rounds, k = rng.randint(1, 10), rng.randint(0, 3)
+    rounds = rng.randint(1, 10)
+    k = min(rng.randint(0, 3), rounds - 1)  # K < rounds (the coordinator's bound)
     compute = {lab: [rng.uniform(0.1, 3.0) for _ in range(rounds + 1)] for lab in labs}
     speeds = {lab: rng.choice([1.0, 2.0, 4.0, 0.5]) for lab in labs}
     events = order_join_events(compute, speeds, k, rounds)
@@ -89,8 +98,6 @@ def test_random_speeds_keep_the_bound_and_every_lab_ends_with_its_final_update(s
 def test_bad_join_input_names_the_value():
     with pytest.raises(ValueError, match="round_join must be one of 'every', 'newest', got 'sometimes'"):
         check_round_join("sometimes")
-    with pytest.raises(ValueError, match="no running step 0"):
-        JoinSchedule(["a"], {}, 0, 1).finished("a", 0, 1.0)
     with pytest.raises(ValueError, match="its step 1 needs one more"):
         order_join_events({"a": [1.0]}, {}, 0, 3)
 
@@ -218,15 +225,21 @@ def test_the_joined_rows_are_the_labs_that_took_each_round_with_their_own_step(t
     assert len([r for r in rows if r["agent"] == "b"]) < 8 == len([r for r in rows if r["agent"] == "a"])
 
 
-def test_round_join_every_leaves_the_coordinator_waiting_for_every_lab(tmp_path):
-    coord = make_coordinator(tmp_path, rounds=3, min_participants=1, max_staleness=1)
+@pytest.mark.parametrize("join", ["every", "newest"])
+def test_a_round_only_one_lab_took_waits_for_it_alone_when_joining_the_newest(tmp_path, join):
+    coord = make_coordinator(tmp_path, rounds=3, min_participants=1, max_staleness=1, round_join=join)
     coord.register("a")
     coord.register("b")
     p0 = coord.open_round(0)
+    coord.engine.update_for("a", 0)  # only a took round 0 (its sending is journaled)...
     coord.submit(scripted_submission(p0, "a"))
-    assert coord.poll() is None  # b has not submitted
-    coord.joined[0] = frozenset({"a"})  # what the paced transport records for a round only a took
-    assert coord.poll() == "quorum" and not coord.close_round("quorum").below_quorum
+    assert coord.poll() is None  # ...but b may still take it
+    coord.open_round(1)  # now no lab can: a newer round is open
+    if join == "every":  # every lab rolls out every round: round 0 still waits for b
+        assert coord.poll() is None
+    else:
+        assert coord.engine.takers(0) == {"a"}
+        assert coord.poll() == "quorum" and not coord.close_round("quorum").below_quorum
 
 
 # -- settings and the command line ----------------------------------------------------------------------
@@ -264,7 +277,6 @@ def test_the_matrix_key_round_join_reaches_hacfed_sim():
 
 
 def test_the_matrix_and_the_command_line_know_the_coordinators_round_joins():
-    from hacfed.server.coordinator.round_join import ROUND_JOINS
     from hacfed.tools.experiments import matrix
 
     assert matrix.ROUND_JOINS == ROUND_JOINS

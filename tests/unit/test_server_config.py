@@ -58,7 +58,6 @@ def test_file_then_sets_then_flags(config_file: Path, tmp_path: Path) -> None:
     ("sets", "flags", "message"),
     [
         (["rounds=0"], {}, "CoordinatorConfig.rounds must be an integer >= 1, got 0"),
-        (["round_join=newest"], {}, "round_join = 'newest': the Flower round driver has every lab roll out every"),
         (["round_join=sometimes"], {}, "CoordinatorConfig.round_join must be one of 'every', 'newest'"),
         (["min_participants=5"], {}, "CoordinatorConfig.min_participants must be <= expected_participants"),
         (["round_deadline_s=-1"], {}, "CoordinatorConfig.round_deadline_s"),

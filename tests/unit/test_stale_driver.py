@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hacfed.messages import RoundUpdate
-from hacfed.server.coordinator.sent_steps import SentStep, record_sent_step, sent_step, sent_steps
+from hacfed.server.coordinator.journal import SentStep
 from hacfed.server.driver_settings import STATUS_FILE
 from hacfed.server.run_end import write_status
 from hacfed.wire import encode_round_update
@@ -75,7 +75,7 @@ def _check_sources(fed: Federation, rounds: int) -> None:
     submitted = {(q, s) for q in range(rounds) for s in journal.submitter_ids(q)}
     for pid in ("lab-a", "lab-b"):
         pairs = []
-        for step in (s for s in sent_steps(journal) if s.participant_id == pid):
+        for step in (s for s in journal.sent_steps() if s.participant_id == pid):
             for q, sources in step.sources.items():
                 assert 0 <= step.step - 1 - q <= K, (pid, step)
                 pairs.extend((q, s) for s in sources)
@@ -115,9 +115,9 @@ def test_the_fast_lab_starts_its_next_step_before_the_round_closes(tmp_path: Pat
     assert [line.split(" in ")[0] for line in fed.lines if " closed (quorum)" in line] == [
         f"round {q} closed (quorum)" for q in range(4)]
     # lab-a's step 1 went out before round 0 closed, and carried only its own round-0 samples
-    a1 = next(s for s in sent_steps(fed.driver.journal) if s.participant_id == "lab-a" and s.step == 1)
+    a1 = next(s for s in fed.driver.journal.sent_steps() if s.participant_id == "lab-a" and s.step == 1)
     assert a1.sent_at < fed.driver.journal.round(0).closed_at and a1.sources == {0: {"lab-a"}}
-    a2 = next(s for s in sent_steps(fed.driver.journal) if s.participant_id == "lab-a" and s.step == 2)
+    a2 = next(s for s in fed.driver.journal.sent_steps() if s.participant_id == "lab-a" and s.step == 2)
     assert a2.sources == {0: {"lab-b"}, 1: {"lab-a"}}  # lab-b's round 0, one round stale
 
 
@@ -132,11 +132,11 @@ def test_a_failed_exchange_and_a_restart_resend_the_same_samples(tmp_path: Path)
     loop.poll("lab-b")  # lab-b's step 0 closes round 0: lab-a's step 1 must not take lab-b's samples now
     clock.t += 5.0
     loop.poll()  # the retry
-    first = fed.driver.coordinator.make_sent_update("lab-a", 1).update
+    first = fed.driver.coordinator.engine.update_for("lab-a", 1).update
     assert {t.source_id for t in first.pool} == {"lab-a"}
     fed.driver.journal.close()  # the ServerApp dies (kill -9) and is started again
     fed.driver, fed.mapped, loop.pending = fed.new_driver(), {}, {}
-    again = fed.driver.coordinator.make_sent_update("lab-a", 1).update
+    again = fed.driver.coordinator.engine.update_for("lab-a", 1).update
     assert [t.trajectory_id for t in again.pool] == [t.trajectory_id for t in first.pool]
     assert again.capabilities == first.capabilities
     for _ in range(40):
@@ -154,10 +154,10 @@ def test_the_journal_refuses_to_send_a_lab_a_submission_twice(tmp_path: Path) ->
     loop.poll("lab-a")
     loop.poll("lab-a")  # lab-a's step 1: its own round-0 submission
     journal = fed.driver.journal
-    assert sent_step(journal, "lab-a", 1).sources == {0: {"lab-a"}}
+    assert journal.sent_step("lab-a", 1).sources == {0: {"lab-a"}}
     with pytest.raises(sqlite3.IntegrityError):
-        record_sent_step(journal, SentStep("lab-a", 2, 0.0, None, {0: frozenset({"lab-a", "lab-b"})}))
-    assert sent_step(journal, "lab-a", 2) is None  # the whole step rolled back
+        journal.record_sent_step(SentStep("lab-a", 2, 0.0, None, {0: frozenset({"lab-a", "lab-b"})}))
+    assert journal.sent_step("lab-a", 2) is None  # the whole step rolled back
 
 
 def test_k0_journals_no_deliveries(tmp_path: Path) -> None:
@@ -202,14 +202,14 @@ def test_an_update_over_the_message_limit_is_cut_to_fit_before_it_is_journaled(t
     for pid in ("lab-a", "lab-b"):
         received = _received(fed, pid)
         assert sorted(received) == [0, 1, 2, 3, 4]
-        steps = {s.step: s for s in sent_steps(journal) if s.participant_id == pid}
+        steps = {s.step: s for s in journal.sent_steps() if s.participant_id == pid}
         for step, update in received.items():
             assert len(encode_round_update(update)) <= limit, (pid, step)
             # what it was sent: its own samples of the submissions journaled for the step (0 peers per prompt)
             own = [(t.source_id, t.trajectory_id) for q, sources in sorted(steps[step].sources.items())
                    for t in journal.pool(q) if t.source_id in sources and t.source_id == pid]
             assert [(t.source_id, t.trajectory_id) for t in update.pool] == own, (pid, step)
-            rebuilt = coordinator.make_sent_update(pid, step).update  # no limit: the journaled cut is kept
+            rebuilt = coordinator.engine.update_for(pid, step).update  # no limit: the journaled cut is kept
             if step > 0:  # (step 0's P̂ is the tracker's now: it is never sent again once a round closed)
                 assert encode_round_update(rebuilt) == encode_round_update(update), (pid, step)
         for s in steps.values():  # cut to its own samples exactly when it drew a peer's too

@@ -1,4 +1,5 @@
-"""Bounded staleness (docs/staleness.md): the event order on the simulated clock, the coordinator with
+"""Bounded staleness (docs/staleness.md): the event order on the simulated clock (the in-process
+transport's, `paced_events`), the coordinator with
 up to K + 1 open rounds, what each lab is sent, and the refusals of bad settings. Torch-free: the labs
 here are scripted (tests/unit/test_staleness_sim.py runs real ones)."""
 
@@ -9,17 +10,21 @@ import random
 import pytest
 
 from hacfed.server.coordinator import CoordinatorStateError
-from hacfed.server.coordinator.paced import run_paced
-from hacfed.server.coordinator.schedule import Event, Schedule, check_max_staleness, check_speeds, order_events
-from hacfed.server.coordinator.transport import run_rounds
+from hacfed.server.coordinator.transport import check_max_staleness, check_speeds, run_paced, run_rounds
 from hacfed.tools.cli import main
 from hacfed.tools.sim import SimConfig
 from hacfed.tools.sim_paced import parse_lab_speeds
+from tests.unit.paced_events import Event, paced_events
 from tests.unit.test_coordinator_fakes import FakeClock, ScriptedLab, make_config, make_coordinator, scripted_submission
 
 
 def _times(events, kind):
     return {(e.lab, e.step): e.time for e in events if e.kind == kind}
+
+
+def order_events(compute, speeds, k):
+    """The events of a paced run where compute[lab][t] is step t's cost, t = 0..R (the final update R)."""
+    return paced_events(compute, speeds, k, len(next(iter(compute.values()))) - 1)
 
 
 # -- the schedule ------------------------------------------------------------------------------------
@@ -61,7 +66,8 @@ def _check_bound(events: list[Event], k: int, labs: list[str], rounds: int) -> N
 def test_random_speeds_never_break_the_bound_and_k0_never_lets_a_lab_ahead(seed):
     rng = random.Random(seed)
     labs = [f"lab{i}" for i in range(rng.randint(1, 4))]
-    rounds, k = rng.randint(1, 6), rng.randint(0, 3)
+    rounds = rng.randint(1, 6)
+    k = min(rng.randint(0, 3), rounds - 1)  # K < rounds (the coordinator's bound)
     compute = {lab: [rng.uniform(0.1, 3.0) for _ in range(rounds + 1)] for lab in labs}
     speeds = {lab: rng.choice([1.0, 2.0, 4.0, 0.5]) for lab in labs}
     events = order_events(compute, speeds, k)
@@ -85,9 +91,7 @@ def test_random_speeds_never_break_the_bound_and_k0_never_lets_a_lab_ahead(seed)
     (lambda: check_speeds({"a": True}, ["a"]), "got True"),
     (lambda: check_max_staleness(-1), "max_staleness must be an integer >= 0, got -1"),
     (lambda: check_max_staleness(1.5), "got 1.5"),
-    (lambda: order_events({"a": [1, 1], "b": [1]}, {}, 0), "same number"),
-    (lambda: Schedule(["a", "a"], {}, 0, 1), "distinct"),
-    (lambda: Schedule(["a"], {}, 0, 1).finished("a", 0, 1.0), "no running step 0"),
+    (lambda: order_events({"a": [1, 1], "b": [1]}, {}, 0), "step 1 needs one more"),
 ])
 def test_bad_schedule_input_names_the_value(call, match):
     with pytest.raises(ValueError, match=match):
@@ -113,7 +117,7 @@ def test_k1_opens_a_second_round_but_not_a_third_and_closes_the_oldest_first(tmp
     assert coord.open_rounds() == [1]
     coord.open_round(2)
     with pytest.raises(CoordinatorStateError, match="round 1 must be closed before a lab starts step 3"):
-        coord.make_stale_update("a", 3)
+        coord.engine.update_for("a", 3)
 
 
 def test_k0_keeps_one_round_open_with_the_old_message(tmp_path):
@@ -132,16 +136,18 @@ def test_stale_updates_send_each_sample_once_with_its_staleness(tmp_path):
     coord.submit(scripted_submission(p0, "a"))
     coord.submit(scripted_submission(p1, "a"))
     with pytest.raises(CoordinatorStateError, match="round 0 must be closed"):  # step 2 waits for round 0
-        coord.make_stale_update("a", 2)
-    built = coord.make_stale_update("a", 1)  # a's step 1: its own round-0 samples, nothing of b's yet
+        coord.engine.update_for("a", 2)
+    built = coord.engine.update_for("a", 1)  # a's step 1: its own round-0 samples, nothing of b's yet
     assert {t.source_id for t in built.update.pool} == {"a"} and set(built.staleness) == {0}
     coord.submit(scripted_submission(p0, "b"))
     coord.close_round(coord.poll())
     coord.open_round(2)
-    built = coord.make_stale_update("a", 2)  # its own round 1 (fresh) and b's round 0 (one round late)
+    built = coord.engine.update_for("a", 2)  # its own round 1 (fresh) and b's round 0 (one round late)
     by_source = {(t.source_id, s) for t, s in zip(built.update.pool, built.staleness)}
     assert by_source == {("a", 0), ("b", 1)} and built.rounds.count(0) == 6 and built.rounds.count(1) == 6
-    assert built.update.next_plan.round_id == 2 and coord.make_stale_update("a", 2).update.pool == ()
+    assert built.update.next_plan.round_id == 2
+    assert coord.engine.update_for("a", 2) == built  # built again (a resend): the journaled choice, the same update
+    assert coord.journal.sent_pairs("a") == {(0, "a"), (0, "b"), (1, "a")}  # none of them will be sent again
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])

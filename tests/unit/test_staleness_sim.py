@@ -56,11 +56,11 @@ def _federation(tmp_path: Path, max_staleness: int = 0, speeds: dict | None = No
         coordinator = Coordinator(cfg, task, journal)
         endpoints = [_Endpoint(p) for p in labs.values()]
         if paced:
-            from hacfed.server.coordinator.paced import run_paced
+            from hacfed.server.coordinator.transport import run_paced
             from hacfed.tools.sim_paced import flop_cost
 
             _, records = run_paced(coordinator, endpoints, speeds or {}, flop_cost(endpoints),
-                                   on_round=lambda outcome, _: keep(outcome))
+                                   on_round=keep)
         else:
             run_rounds(coordinator, endpoints, on_round=keep)
     return rows, records, labs

@@ -58,7 +58,7 @@ def test_squatted_trajectory_ids_do_not_block_the_owner(tmp_path):
     assert honest.rejected == () and sorted(honest.accepted_ids) == sorted(squat.accepted_ids)
     coord.close_round("quorum")
     coord.open_round(1)
-    pool = coord.make_update(1).pool
+    pool = coord.engine.round_update(1).pool
     assert sorted((t.source_id, t.trajectory_id) for t in pool) == sorted(
         [("lab-a", i) for i in honest.accepted_ids] + [("lab-b", i) for i in squat.accepted_ids])
     # an id stays unique within its own namespace: lab-a reusing one of its ids is still a duplicate

@@ -40,7 +40,7 @@ def test_a_lab_cannot_submit_for_an_open_round_it_was_never_sent(tmp_path: Path)
 
 
 def test_a_coordinator_that_journals_no_sends_does_not_ask_the_journal(tmp_path: Path) -> None:
-    # `hacfed sim`'s paced transport sends in process (`make_stale_update`), without `sent_steps`.
+    # `hacfed sim`'s paced transport sends in process (`engine.update_for`): a lab's exchange is a direct call.
     cfg = make_config(tmp_path, max_staleness=1, expected_participants=2)
     coordinator = Coordinator(cfg, TASK, Journal(cfg.journal_path), clock=FakeClock())
     for pid in ("a", "b"):

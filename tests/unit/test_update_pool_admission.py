@@ -43,7 +43,7 @@ def test_a_peers_short_group_unplanned_prompt_and_altered_messages_never_reach_t
         ErrorCode.INCOMPLETE_GROUP, ErrorCode.PROMPT_MISMATCH, ErrorCode.GROUP_REJECTED, ErrorCode.UNASSIGNED_PROMPT}
     coord.close_round("quorum")
     coord.open_round(1)
-    pool = coord.make_update(1).pool
+    pool = coord.engine.round_update(1).pool
     # a's three groups, and of b's only prompt 2's whole, planned, unaltered group
     groups = {}
     for t in pool:
