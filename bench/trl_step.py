@@ -336,18 +336,27 @@ def run(s: BenchSettings, out_dir: str) -> dict[str, Any]:
     trainer.train()
     if len(trl_times) != s.total_rounds:
         raise RuntimeError(f"TRL ran {len(trl_times)} rounds, expected {s.total_rounds}")
+    summary = measured_summary(s, hacfed_times, trl_times, hacfed.tokens, trl_tokens)
+    summary.update(settings=asdict(s), torch_threads=torch.get_num_threads(), trl_version=trl.__version__,
+                   hacfed_reward_mean=hacfed.rewards[s.warmup:])
+    return summary
+
+
+def measured_summary(s: BenchSettings, hacfed_times: Sequence[tuple[float, float]],
+                     trl_times: Sequence[tuple[float, float]], hacfed_tokens: Sequence[float],
+                     trl_tokens: Sequence[float]) -> dict[str, Any]:
+    """The measured rounds' ratios (warm-up rounds left out): by wall and CPU time, per completion
+    and per completion token, with each side's mean completion lengths."""
     measured_h, measured_t = hacfed_times[s.warmup:], trl_times[s.warmup:]
     summary = summarize([w for w, _ in measured_h], [w for w, _ in measured_t], s.completions_per_round)
     # One thread: process CPU time is what each side computed, whatever else ran on the cores.
     summary["cpu"] = summarize([c for _, c in measured_h], [c for _, c in measured_t], s.completions_per_round)
-    lengths = hacfed.tokens[s.warmup:], trl_tokens[s.warmup:]
+    lengths = list(hacfed_tokens[s.warmup:]), list(trl_tokens[s.warmup:])
     summary["per_token"] = per_token([w for w, _ in measured_h], [w for w, _ in measured_t], s.completions_per_round,
                                      *lengths)
     summary["cpu_per_token"] = per_token([c for _, c in measured_h], [c for _, c in measured_t],
                                          s.completions_per_round, *lengths)
-    summary.update(settings=asdict(s), torch_threads=torch.get_num_threads(), trl_version=trl.__version__,
-                   hacfed_reward_mean=hacfed.rewards[s.warmup:],
-                   hacfed_completion_tokens=lengths[0], trl_completion_tokens=lengths[1])
+    summary.update(hacfed_completion_tokens=lengths[0], trl_completion_tokens=lengths[1])
     return summary
 
 

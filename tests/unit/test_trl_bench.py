@@ -210,3 +210,15 @@ def test_per_token_refuses_unpaired_or_empty_lengths(bench):
         bench.per_token([2.0], [2.0, 2.0], 8, [10.0], [20.0, 20.0])
     with pytest.raises(ValueError, match="lengths must be > 0"):
         bench.per_token([2.0], [2.0], 8, [10.0], [0.0])
+
+
+def test_the_measured_summary_leaves_the_warm_up_out_of_every_figure(bench):
+    s = bench.BenchSettings(prompts=4, group_size=2, rounds=2, warmup=1)  # 8 completions a round
+    # warm-up round 0 is slow and long on both sides; round 1: hacfed 2 s wall / 1 s CPU, 10 tokens,
+    # TRL 4 s / 2 s, 20 tokens
+    out = bench.measured_summary(s, [(90.0, 90.0), (2.0, 1.0)], [(99.0, 99.0), (4.0, 2.0)], [48.0, 10.0],
+                                 [48.0, 20.0])
+    assert out["hacfed_completion_tokens"] == [10.0] and out["trl_completion_tokens"] == [20.0]
+    assert out["per_token"]["ratio"] == pytest.approx(1.0)  # (8x10/2) / (8x20/4)
+    assert out["cpu_per_token"]["hacfed_tokens_per_s"] == pytest.approx(80.0)
+    assert out["cpu"]["ratio"] == pytest.approx(2.0)  # per completion: 8/1 against 8/2
