@@ -177,11 +177,12 @@ def _received(fed: Federation, pid: str) -> dict[int, RoundUpdate]:
 
 
 def test_an_update_over_the_message_limit_is_cut_to_fit_before_it_is_journaled(tmp_path: Path) -> None:
-    """With a message limit that holds a step's own samples but not its peer's too, each update is cut
-    to fewer peers per prompt (here 0: its own samples only) before its choice is journaled; a restart
+    """With a message limit that holds a step's own samples but mostly not its peer's too, each update
+    that does not fit is cut to fewer peers per prompt (here 0: its own samples only) before its choice
+    is journaled; a restart
     rebuilds the same cut update, whatever limit the new driver has; the samples left out are counted
     on the console and never sent later; the run finishes."""
-    limit = 870  # between the largest update of a plan and 4 own samples (~865 bytes) and the smallest with a peer
+    limit = 904  # the largest update of a plan and 4 own samples; most updates with a peer's samples are larger
     fed, loop = _two_labs(tmp_path)
     fed.driver.stale.max_bytes = limit
     loop.poll("lab-a")
@@ -205,18 +206,24 @@ def test_an_update_over_the_message_limit_is_cut_to_fit_before_it_is_journaled(t
         steps = {s.step: s for s in journal.sent_steps() if s.participant_id == pid}
         for step, update in received.items():
             assert len(encode_round_update(update)) <= limit, (pid, step)
-            # what it was sent: its own samples of the submissions journaled for the step (0 peers per prompt)
-            own = [(t.source_id, t.trajectory_id) for q, sources in sorted(steps[step].sources.items())
-                   for t in journal.pool(q) if t.source_id in sources and t.source_id == pid]
-            assert [(t.source_id, t.trajectory_id) for t in update.pool] == own, (pid, step)
+            # what it was sent: the samples of the submissions journaled for the step, only its own ones
+            # where the step was cut to 0 peers per prompt
+            cut_to_own = steps[step].peers_per_prompt == 0
+            chosen = [(t.source_id, t.trajectory_id) for q, sources in sorted(steps[step].sources.items())
+                      for t in journal.pool(q) if t.source_id in sources and (t.source_id == pid or not cut_to_own)]
+            assert [(t.source_id, t.trajectory_id) for t in update.pool] == chosen, (pid, step)
             rebuilt = coordinator.engine.update_for(pid, step).update  # no limit: the journaled cut is kept
             if step > 0:  # (step 0's P̂ is the tracker's now: it is never sent again once a round closed)
                 assert encode_round_update(rebuilt) == encode_round_update(update), (pid, step)
-        for s in steps.values():  # cut to its own samples exactly when it drew a peer's too
+        cut_steps = 0
+        for s in steps.values():  # cut only where it drew a peer's samples too, and only to 0 peers here
             peers = {source for sources in s.sources.values() for source in sources} - {pid}
-            assert s.peers_per_prompt == (0 if peers else fed.driver.cfg.pool_peers_per_prompt), s
+            assert s.peers_per_prompt in (0, fed.driver.cfg.pool_peers_per_prompt), s
+            assert peers or s.peers_per_prompt == fed.driver.cfg.pool_peers_per_prompt, s
+            cut_steps += s.peers_per_prompt == 0
+        assert cut_steps >= 2, (pid, steps)  # the limit cut most of its steps, not one by chance
         trained = [(t.source_id, t.trajectory_id) for u in received.values() for t in u.pool]
-        assert len(trained) == len(set(trained)) and {s for s, _ in trained} == {pid}  # its own samples only
+        assert len(trained) == len(set(trained))  # a sample left out is never sent later
         left_out = sum(int(re.search(r"(\d+) samples left out", line)[1]) for line in cut if f" for {pid}:" in line)
         assert len(trained) + left_out == total, (pid, len(trained), left_out)
     _check_sources(fed, 4)
