@@ -147,8 +147,10 @@ WORKED_WARMUP = WarmupConfig(target_accuracy=0.40, max_accuracy=0.60, max_steps=
 # core); greedy screens on the first 64 problems of add2-words' validation split (the teacher-forced
 # screen reads the worked form only, which SmolLM2 writes in its own words at first).
 DRILL_TASK: Mapping[str, Any] = MappingProxyType({**ADD2_WORDS_TASK, "solution_form": "worked", "num_validation": 64})
-DRILL_WARMUP = WarmupConfig(target_accuracy=0.40, max_accuracy=0.55, max_steps=100, check_every=5,
-                            coarse_check_every=5, batch_size=8, learning_rate=2e-5, lr_warmup_steps=5,
+# The drill lifts accuracy fast (0.22 -> 0.58 within 10 steps at lr 2e-5), so it steps gently and
+# screens every other step.
+DRILL_WARMUP = WarmupConfig(target_accuracy=0.40, max_accuracy=0.60, max_steps=60, check_every=2,
+                            coarse_check_every=2, batch_size=8, learning_rate=1e-5, lr_warmup_steps=5,
                             weight_decay=0.0, eval_max_new_tokens=32, greedy_screens=True)
 QWEN2_WIDE_CONFIG: Mapping[str, Any] = MappingProxyType({
     **QWEN2_CONFIG, "hidden_size": 192, "intermediate_size": 576, "num_attention_heads": 6, "num_key_value_heads": 3,
@@ -204,7 +206,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     # "state" for SmolLM2: the same model after a short supervised fine-tune on worked sums.
     Preset("smollm2-drilled", "llama", BASE_TOKENIZER, {}, DRILL_WARMUP, task=dict(DRILL_TASK), base="smollm2",
            description="SmolLM2-135M-Instruct fine-tuned on add2-words' train split with worked answers "
-                       "('37 + 58 = 95'), stopped at greedy accuracy 0.40-0.55"),
+                       "('37 + 58 = 95'), stopped at greedy accuracy 0.40-0.60"),
     # The testbed (chain task): "model" heterogeneity is any two of these three.
     Preset("chain-llama", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP, task=_chain(),
            description="tiny-llama warmed up on worked 3-term add/sub chains"),
