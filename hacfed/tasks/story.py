@@ -33,7 +33,7 @@ from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.trajectory import ChatMessage
 
 # The response budget (`max_new_tokens`) that fits SmolLM2-135M-Instruct's answers: at temperature 0.7
-# at most 10 % of its samples run past it (docs/results.md, "Pretrained testbeds").
+# at most 10 % of its samples run past it (`python bench/pretrained_testbeds.py story` measures it).
 STORY_MAX_NEW_TOKENS = 128
 MAX_RESPONSE_CHARS = 1024
 MAX_PROBLEMS = 6000

@@ -1,6 +1,6 @@
 """The pretrained testbeds as built and cached (`hacfed models build NAME`; a build from scratch takes
 minutes, so these are slow): each stopped inside its band, and answers in the form it was built for.
-docs/results.md, "Pretrained testbeds", holds their measured figures."""
+bench/pretrained_testbeds.py measures their figures."""
 
 from __future__ import annotations
 
