@@ -10,7 +10,8 @@ accuracy: each model's greedy accuracy (as evaluation scores it) on the first `-
 story: SmolLM2 (`--model`) on add2-story's validation split, greedy (as evaluation does) and sampled at
   `--temperature` (as rollouts do), each generated once to the longest budget; for every budget in
   `--budgets`, the accuracy and the fraction cut there, read off the same answers (`at_budget`: a greedy
-  answer, and a seeded sample, cut at B tokens is the answer generated with budget B).
+  answer, and a seeded sample, cut at B tokens is the answer generated with budget B); `--out` keeps
+  every answer (JSON lines).
 partners: each partner's greedy accuracy on add2-words' validation split (and, with `--test`, on its 500
   test problems), and how likely the scorer (SmolLM2) finds the partner's correct greedy answers: the
   scorer's log-prob of the answer's tokens (its own tokenizer and chat template, EOS left out) per UTF-8
@@ -27,6 +28,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 WORDS_TASK = {"kind": "arithmetic", "digits": 2, "operators": "+", "num_eval": 500, "num_validation": 200,
@@ -125,6 +127,11 @@ def story(args: argparse.Namespace) -> None:
                                               temperature=args.temperature, batch_size=16, seed=0)]
         seconds = time.perf_counter() - t0
         lengths = [len(c.token_ids) for c in answers]
+        if args.out is not None:  # every answer at the longest budget, to read or score again later
+            with args.out.open("a", encoding="utf-8") as out:
+                for p, c in zip(chosen, answers):
+                    out.write(json.dumps({"model": args.model, "pass": label, "prompt_id": p.prompt_id,
+                                          "tokens": len(c.token_ids), "text": c.text}) + "\n")
         for budget in budgets:
             texts, cut = at_budget(loaded.tokenizer, answers, budget)
             rewards = [task.verify(p, t).reward for p, t in zip(chosen, texts)]
@@ -200,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--samples", type=_positive_int, default=64, help="sampled answers (the first validation problems)")
     s.add_argument("--temperature", type=_temperature, default=0.7)
     s.add_argument("--budgets", type=_budgets, default=[64, 96, 128, 160])
+    s.add_argument("--out", type=Path, default=None, help="append every answer here (JSON lines)")
     p = sub.add_parser("partners", allow_abbrev=False)
     p.add_argument("--partners", default="tiny-qwen2-worked,tiny-llama-words")
     p.add_argument("--scorer", default="smollm2")
