@@ -4,9 +4,10 @@
     response: "19 + 20 = 39\\nAnswer: 39"                     (the reference solution)
 
 Each problem adds or subtracts two 2-digit numbers (10-99; a difference is never negative), told as a
-short story from templates (a name, an object, an action). SmolLM2-135M-Instruct answers a sentence
-like this worse than the bare sum (add2-words), in prose of 30-60 tokens, which is what makes it a
-testbed for a pretrained model: it starts inside a learnable band with room to grow.
+short story from templates (a name, an object, an action): real text to read before the sum. A model
+is a testbed on it only where it starts inside a learnable band; `bench/pretrained_testbeds.py
+accuracy --task add2-story` measures that start (SmolLM2-135M-Instruct answers in long prose that
+rarely ends with the marked answer).
 
 The reward reads the response's last integer, as add2-words does, and requires it to be written as
 the marked final answer `Answer: N` (markdown bold around it allowed): "so he has 39 apples.\\nAnswer: 39"
@@ -32,8 +33,8 @@ from functools import cached_property
 from hacfed.tasks.base import Problem, SplitLookup, Verdict
 from hacfed.trajectory import ChatMessage
 
-# The response budget (`max_new_tokens`) that fits SmolLM2-135M-Instruct's answers: at temperature 0.7
-# at most 10 % of its samples run past it (`python bench/pretrained_testbeds.py story` measures it).
+# The response budget (`max_new_tokens`); `python bench/pretrained_testbeds.py story` measures the share
+# of SmolLM2-135M-Instruct's answers it cuts at this and other budgets.
 STORY_MAX_NEW_TOKENS = 128
 MAX_RESPONSE_CHARS = 1024
 MAX_PROBLEMS = 6000
