@@ -10,9 +10,9 @@ The format of a built-in task is read off its verifier: at most `max_chars` char
 (verified reward > 0) holds only printable text, newlines and tabs (no control or format character:
 no terminal escape, bidi override or zero-width character) and is written in the task's answer form
 (chain: at most `terms - 1` worked steps `a+b=c` with numbers of the task's size and a last line
-`Answer: N`; add2: one integer; add2-words: an integer; a math task: the `\\boxed{}` or number its
-verifier reads). A failure is held to the length alone. What each verifier leaves unread is said in
-docs/security.md ("What a verifier does not check").
+`Answer: N`; add2: one integer; add2-words: an integer; add2-story: a final `Answer: N`; a math task:
+the `\\boxed{}` or number its verifier reads). A failure is held to the length alone. What each
+verifier leaves unread is said in docs/security.md ("What a verifier does not check").
 
     fmt = response_format(task)
     fmt.why_not("1+2=3\\nAnswer: 3", 1.0)   # None: it fits
@@ -29,6 +29,8 @@ from hacfed.tasks.base import Task
 from hacfed.tasks.chain import MAX_RESPONSE_CHARS, ChainTask
 from hacfed.tasks.math_data import MathDataTask
 from hacfed.tasks.math_verifier import MathVerifierConfig
+from hacfed.tasks.story import MAX_RESPONSE_CHARS as STORY_MAX_CHARS
+from hacfed.tasks.story import StoryTask
 
 # A response cap for a task whose verifier has none: the math verifier's default (hacfed.tasks.math_verifier).
 # Read from the field's default: building a MathVerifierConfig checks the sandbox's network isolation,
@@ -76,6 +78,8 @@ def response_format(task: Task) -> ResponseFormat:
         return ResponseFormat(task.name, 64, re.compile(r"\A-?\d+\Z"), "one integer only")
     if isinstance(task, ArithmeticTask):  # words: the last integer of free text
         return ResponseFormat(task.name, GENERIC_MAX_CHARS, re.compile(r"\d"), "an integer")
+    if isinstance(task, StoryTask):  # verify_story_answer: the last integer, marked `Answer: N`
+        return ResponseFormat(task.name, STORY_MAX_CHARS, re.compile(r"Answer:"), "a final 'Answer: N'")
     if isinstance(task, MathDataTask):
         mode = task.verifier.answer_mode
         success, marker = {"boxed": (r"\\boxed", "a \\boxed{} answer"), "last_number": (r"\d", "a number")}.get(

@@ -34,19 +34,24 @@ def export_model(spec: str, directory: Path, dtype: str | None = None) -> Export
         raise ValueError(f"{directory} already exists and is not an empty directory; choose a new one")
     loaded = load_model(spec, dtype=dtype, progress=False)
     model = loaded.model
-    # A GGUF load leaves its quantization config behind although the weights are plain tensors now.
-    for holder in (model, model.config):
-        if getattr(holder, "quantization_config", None) is not None:
-            delattr(holder, "quantization_config")
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    model.is_quantized = False
+    forget_quantization(model)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     loaded.tokenizer.save_pretrained(directory)
     parameters = sum(p.numel() for p in model.parameters())
     dtypes = {p.dtype for p in model.parameters()}
     return Exported(directory, parameters, ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)))
+
+
+def forget_quantization(model: torch.nn.Module) -> None:
+    """Drop the quantization config a GGUF load leaves behind although the weights are plain tensors now,
+    so that `save_pretrained` writes an ordinary model."""
+    for holder in (model, model.config):
+        if getattr(holder, "quantization_config", None) is not None:
+            delattr(holder, "quantization_config")
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    model.is_quantized = False
 
 
 def is_quantized(model: torch.nn.Module) -> bool:

@@ -5,6 +5,8 @@ two CPU cores, yet a real transformers architecture, so the same code path serve
 
     model, tokenizer = build_untrained("tiny-gpt2", seed=0)   # random init, no network
 
+A preset with a `base` starts from a pretrained model instead (`smollm2-drilled`: SmolLM2-135M-Instruct
+after a short supervised fine-tune), so one model at two training states is a pair of agents.
 `hacfed.models.store.ensure_built` adds the supervised warm-up and the on-disk cache on top.
 """
 
@@ -40,6 +42,10 @@ ADD2_TASK: Mapping[str, Any] = MappingProxyType(
 
 Arch = Literal["llama", "gpt2", "qwen2"]
 ARCHS: tuple[str, ...] = get_args(Arch)
+# Pretrained models a preset may start from (hacfed.models.loading), and the tokenizer such a preset
+# names: the base model's own.
+BASES = ("smollm2",)
+BASE_TOKENIZER = "base"
 
 _CONFIG_CLASSES = {"llama": LlamaConfig, "gpt2": GPT2Config, "qwen2": Qwen2Config}
 _MODEL_CLASSES = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel, "qwen2": Qwen2ForCausalLM}
@@ -54,7 +60,9 @@ class Preset:
     """A zoo entry: architecture, tokenizer and the warm-up recipe that makes it a useful RL start.
 
     warmup.target_accuracy is deliberately modest (~0.4 held-out greedy accuracy on 2-digit
-    addition) so RL has headroom to show gains.
+    addition) so RL has headroom to show gains. base: "" (a random initialisation of `arch` with the
+    zoo tokenizer `tokenizer`), or a pretrained model of BASES that the warm-up fine-tunes, whole; its
+    tokenizer is then the base's own (BASE_TOKENIZER) and config_kwargs is empty.
     """
 
     name: str
@@ -64,13 +72,18 @@ class Preset:
     warmup: WarmupConfig = WarmupConfig()
     description: str = ""
     task: Mapping[str, Any] = field(default_factory=lambda: dict(ADD2_TASK), hash=False)  # load_task spec
+    base: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").isalnum():
             raise ValueError(f"Preset.name must be non-empty, letters/digits/dashes, got {self.name!r}")
         if self.arch not in ARCHS:
             raise ValueError(f"Preset {self.name}: arch must be one of {ARCHS}, got {self.arch!r}")
-        if self.tokenizer not in TOKENIZER_KINDS:
+        if self.base:
+            if self.base not in BASES or self.tokenizer != BASE_TOKENIZER or self.config_kwargs:
+                raise ValueError(f"Preset {self.name}: base must be one of {BASES}, with tokenizer "
+                                 f"{BASE_TOKENIZER!r} and no config_kwargs, got {self.base!r}/{self.tokenizer!r}")
+        elif self.tokenizer not in TOKENIZER_KINDS:
             raise ValueError(f"Preset {self.name}: tokenizer must be one of {TOKENIZER_KINDS}, got {self.tokenizer!r}")
         if not isinstance(self.warmup, WarmupConfig):
             raise ValueError(f"Preset {self.name}: warmup must be a WarmupConfig, got {self.warmup!r}")
@@ -86,10 +99,11 @@ class Preset:
 
     def recipe(self) -> dict[str, Any]:
         """Everything that determines the built model (cache metadata and staleness checks)."""
-        return {
+        recipe = {
             "name": self.name, "arch": self.arch, "tokenizer": self.tokenizer,
             "config_kwargs": dict(self.config_kwargs), "warmup": asdict(self.warmup), "task": dict(self.task),
         }
+        return {**recipe, "base": self.base} if self.base else recipe  # the zoo's recipes (hashes) unchanged
 
 
 LLAMA_CONFIG: Mapping[str, Any] = MappingProxyType(dict(
@@ -122,6 +136,25 @@ ADD2_WORDS_TASK: Mapping[str, Any] = MappingProxyType(
     {"kind": "arithmetic", "digits": 2, "operators": "+", "num_eval": 500, "num_validation": 200, "style": "words"}
 )
 WORDS_WARMUP = WarmupConfig(target_accuracy=0.35, max_accuracy=0.60)
+# The same sums with worked answers (`37 + 58 = 95`, SmolLM2's own form), for a cross-architecture
+# partner whose successes SmolLM2 finds likely. Its greedy answers take ~12 BPE tokens (24 budget);
+# the band is above SmolLM2's ~0.22, so the partner rescues prompts SmolLM2 fails.
+ADD2_WORDS_WORKED_TASK: Mapping[str, Any] = MappingProxyType({**ADD2_WORDS_TASK, "solution_form": "worked"})
+WORKED_WARMUP = WarmupConfig(target_accuracy=0.40, max_accuracy=0.60, max_steps=3000, check_every=5,
+                             coarse_check_every=25, eval_max_new_tokens=24)
+# "state" for a pretrained model: SmolLM2 fine-tuned (every weight) on the same worked sums of the train
+# split, stopped in a band above its own ~0.22. Batches of 8 (a step of the 135M model takes seconds on one
+# core); greedy screens on the first 64 problems of add2-words' validation split (the teacher-forced
+# screen reads the worked form only, which SmolLM2 writes in its own words at first).
+DRILL_TASK: Mapping[str, Any] = MappingProxyType({**ADD2_WORDS_TASK, "solution_form": "worked", "num_validation": 64})
+# The drill lifts accuracy fast (0.22 -> 0.58 within 10 steps at lr 2e-5), so it steps gently and
+# screens every other step.
+DRILL_WARMUP = WarmupConfig(target_accuracy=0.40, max_accuracy=0.60, max_steps=60, check_every=2,
+                            coarse_check_every=2, batch_size=8, learning_rate=1e-5, lr_warmup_steps=5,
+                            weight_decay=0.0, eval_max_new_tokens=32, greedy_screens=True)
+QWEN2_WIDE_CONFIG: Mapping[str, Any] = MappingProxyType({
+    **QWEN2_CONFIG, "hidden_size": 192, "intermediate_size": 576, "num_attention_heads": 6, "num_key_value_heads": 3,
+})
 
 
 # "Mostly" specialists see this many of the other half's train problems in their warm-up (~10 % of
@@ -167,6 +200,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     # A partner for SmolLM2 & co. on `--task add2-words`: reads the whole sentence, answers the number.
     Preset("tiny-llama-words", "llama", "char", LLAMA_CONFIG, WORDS_WARMUP, task=dict(ADD2_WORDS_TASK),
            description="tiny-llama warmed up on 'What is 37 + 58? Reply with only the number.'"),
+    # A cross-architecture partner for SmolLM2 on `--task add2-words` that answers in SmolLM2's form.
+    Preset("tiny-qwen2-worked", "qwen2", "bpe", QWEN2_WIDE_CONFIG, WORKED_WARMUP, task=dict(ADD2_WORDS_WORKED_TASK),
+           description="tiny-qwen2 at 1.5x width warmed up on add2-words with worked answers ('37 + 58 = 95')"),
+    # "state" for SmolLM2: the same model after a short supervised fine-tune on worked sums.
+    Preset("smollm2-drilled", "llama", BASE_TOKENIZER, {}, DRILL_WARMUP, task=dict(DRILL_TASK), base="smollm2",
+           description="SmolLM2-135M-Instruct fine-tuned on add2-words' train split with worked answers "
+                       "('37 + 58 = 95'), stopped at greedy accuracy 0.40-0.60"),
     # The testbed (chain task): "model" heterogeneity is any two of these three.
     Preset("chain-llama", "llama", "char", LLAMA_CONFIG, CHAIN_WARMUP, task=_chain(),
            description="tiny-llama warmed up on worked 3-term add/sub chains"),
@@ -236,6 +276,8 @@ def build_untrained(name: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrain
     Deterministic in `seed`; the caller's global torch RNG state is left untouched.
     """
     preset = get_preset(name)
+    if preset.base:
+        raise ValueError(f"preset {name!r} starts from the pretrained {preset.base!r}; it has no untrained form")
     tokenizer = build_tokenizer(preset.tokenizer)
     config = _CONFIG_CLASSES[preset.arch](
         vocab_size=len(tokenizer),
@@ -277,19 +319,38 @@ def parameter_count(model: torch.nn.Module) -> int:
 def preset_recipe(name: str, seed: int) -> dict[str, Any]:
     """Everything that determines a warmed-up build; its hash keys the on-disk cache."""
     preset = get_preset(name)
-    return {"preset": preset.recipe(), "seed": seed, "task": {"name": preset.warmup_task().name, **preset.task}}
+    recipe = {"preset": preset.recipe(), "seed": seed, "task": {"name": preset.warmup_task().name, **preset.task}}
+    if preset.base:  # another release of the base model is another build
+        from hacfed.model_spec import smollm2_version
+
+        recipe["base_version"] = smollm2_version()
+    return recipe
+
+
+def start_model(name: str, seed: int) -> tuple[PreTrainedModel, Any]:
+    """What a preset's warm-up starts from: `build_untrained`, or its pretrained base as hacfed loads it
+    (float32, no dropout, eval mode), ready to be saved as an ordinary model."""
+    preset = get_preset(name)
+    if not preset.base:
+        return build_untrained(name, seed)
+    from hacfed.models.export import forget_quantization  # loading imports this module
+    from hacfed.models.loading import load_model
+
+    loaded = load_model(preset.base, dtype="float32", progress=False)
+    forget_quantization(loaded.model)
+    return loaded.model, loaded.tokenizer
 
 
 def warm_up_preset(
     name: str, seed: int, *, progress: bool = True
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, WarmupResult]:
-    """`build_untrained` + supervised warm-up on WARMUP_TASK, in memory (deterministic in `seed`).
+    """`start_model` + supervised warm-up on the preset's task, in memory (deterministic in `seed`).
 
     Raises if warm-up misses its accuracy band: a cached model outside the band would silently
     change every experiment built on it.
     """
     preset = get_preset(name)
-    model, tokenizer = build_untrained(name, seed)
+    model, tokenizer = start_model(name, seed)
     task = preset.warmup_task()
     result = warm_up(model, tokenizer, task, preset.warmup, seed, progress=progress, desc=f"warm-up {name}")
     if not result.reached_target:

@@ -13,6 +13,11 @@ Two prompt styles:
                        carry a `w` (``add2w:37+58``); the problems are the symbols style's, in the
                        same splits.
 
+The reference solution (`Problem.solution`, what a supervised warm-up teaches) is the bare answer;
+with `solution_form="worked"` (words style only) it is the sum written out, `37 + 58 = 95`, the form
+SmolLM2-135M-Instruct answers in, so a partner warmed up on it writes text a pretrained chat model
+finds likely. Prompts, prompt ids, splits and the verifier are the same in both forms.
+
     task = ArithmeticTask(digits=2, operators="+")
     p = task.train_problems()[0]; task.verify(p, "95").reward
 """
@@ -30,6 +35,7 @@ from hacfed.trajectory import ChatMessage
 _OPS = {"+": "add", "-": "sub", "*": "mul"}
 _WORDS = {"+": "+", "-": "-", "*": "times"}
 STYLES = ("symbols", "words")
+SOLUTION_FORMS = ("answer", "worked")
 WORDS_TEMPLATE = "What is {a} {op} {b}? Reply with only the number."
 # The words style's response budget (`max_new_tokens`), from bench/arith_words.py on
 # SmolLM2-135M-Instruct (the first 48 validation problems of `hacfed sim --task add2-words`).
@@ -57,6 +63,7 @@ class ArithmeticTask(SplitLookup):
     num_eval: int = 200
     num_validation: int = 0  # for choosing settings; drawn after train, so old splits never move
     style: str = "symbols"
+    solution_form: str = "answer"  # the reference solution: "answer" (95) or "worked" (37 + 58 = 95)
 
     def __post_init__(self) -> None:
         if isinstance(self.digits, bool) or not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
@@ -66,6 +73,12 @@ class ArithmeticTask(SplitLookup):
             raise ValueError(f"ArithmeticTask.operators must be a non-empty set of '+-*', got {self.operators!r}")
         if self.style not in STYLES:
             raise ValueError(f"ArithmeticTask.style must be one of {STYLES}, got {self.style!r}")
+        if self.solution_form not in SOLUTION_FORMS:
+            raise ValueError(f"ArithmeticTask.solution_form must be one of {SOLUTION_FORMS}, "
+                             f"got {self.solution_form!r}")
+        if self.solution_form == "worked" and self.style != "words":
+            raise ValueError("ArithmeticTask.solution_form 'worked' needs style 'words' (the symbols style's verifier "
+                             f"reads one integer only), got style {self.style!r}")
         if self.num_train < 1 or self.num_eval < 1 or self.num_validation < 0:
             raise ValueError(
                 f"ArithmeticTask needs num_train/num_eval >= 1 and num_validation >= 0, got "
@@ -94,7 +107,8 @@ class ArithmeticTask(SplitLookup):
     @property
     def name(self) -> str:
         ops = "".join(_OPS[o] for o in self.operators)
-        return f"arith-{ops}{self.digits}" + ("-words" if self.style == "words" else "")
+        worked = "-worked" if self.solution_form == "worked" else ""
+        return f"arith-{ops}{self.digits}" + ("-words" if self.style == "words" else "") + worked
 
     @cached_property
     def _all(self) -> tuple[Problem, ...]:
@@ -111,7 +125,7 @@ class ArithmeticTask(SplitLookup):
             if expr in seen:
                 continue
             seen.add(expr)
-            problems.append(_make_problem(self.digits, op, a, b, self.style))
+            problems.append(_make_problem(self.digits, op, a, b, self.style, self.solution_form))
         return tuple(problems)
 
     @property
@@ -145,15 +159,17 @@ class ArithmeticTask(SplitLookup):
         return verify_exact_integer(problem.answer, response)
 
 
-def _make_problem(digits: int, op: str, a: int, b: int, style: str = "symbols") -> Problem:
+def _make_problem(digits: int, op: str, a: int, b: int, style: str = "symbols",
+                  solution_form: str = "answer") -> Problem:
     answer = a + b if op == "+" else a - b if op == "-" else a * b
+    solution = f"{a} {op} {b} = {answer}" if solution_form == "worked" else str(answer)
     expr = f"{a}{op}{b}"
     if style == "words":
         prompt_id, text = f"{_OPS[op]}{digits}w:{expr}", WORDS_TEMPLATE.format(a=a, op=_WORDS[op], b=b)
     else:
         prompt_id, text = f"{_OPS[op]}{digits}:{expr}", f"{expr}="
     return Problem(prompt_id=prompt_id, messages=(ChatMessage("user", text),), answer=str(answer),
-                   solution=str(answer))
+                   solution=solution)
 
 
 def verify_exact_integer(gold: str, response: str) -> Verdict:

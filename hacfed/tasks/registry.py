@@ -5,6 +5,7 @@ Torch-free on purpose: the coordinator builds its task here and must never impor
 
     load_task({"kind": "arithmetic", "digits": 2, "operators": "+", "seed": 0})
     load_task({"kind": "arithmetic", "style": "words"})   # "What is 37 + 58? Reply with only the number."
+    load_task({"kind": "story"})   # "Tom has 19 apples and buys 20 more. How many ... End with 'Answer: N'."
     load_task({"kind": "jsonl", "name": "gsm8k", "train_files": ["gsm8k/train.jsonl"],
                "eval_files": ["gsm8k/test.jsonl"], "answer_format": "gsm8k",
                "verifier": {"answer_mode": "boxed", "sandbox": {"timeout_s": 5}}}, base_dir="configs/")
@@ -29,8 +30,9 @@ from hacfed.tasks.math_data import GSM8K_MAX_NEW_TOKENS, MathDataTask, gsm8k_tas
 from hacfed.tasks.math_verifier import MathVerifierConfig
 from hacfed.tasks.plugin import PluginTaskConfig, load_plugin_task
 from hacfed.tasks.sandbox import SandboxLimits
+from hacfed.tasks.story import STORY_MAX_NEW_TOKENS, StoryTask
 
-TASK_KINDS = ("arithmetic", "chain", "jsonl", "parquet", "plugin", "gsm8k")
+TASK_KINDS = ("arithmetic", "chain", "story", "jsonl", "parquet", "plugin", "gsm8k")
 
 
 def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) -> Task:
@@ -44,7 +46,8 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
     if kind == "arithmetic":
         _check_keys("arithmetic task", options, _field_names(ArithmeticTask))
         _check_types("arithmetic task", options, {"digits": int, "seed": int, "num_train": int, "num_eval": int,
-                                                     "num_validation": int, "operators": str, "style": str})
+                                                     "num_validation": int, "operators": str, "style": str,
+                                                     "solution_form": str})
         return ArithmeticTask(**options)  # type: ignore[arg-type]
     if kind == "chain":
         _check_keys("chain task", options, _field_names(ChainTask))
@@ -58,6 +61,10 @@ def load_task(spec: Mapping[str, object], base_dir: str | Path | None = None) ->
                     raise ValueError(f"chain task: {key!r} must be a list of strings, got {values!r}")
                 options[key] = tuple(values)
         return ChainTask(**options)  # type: ignore[arg-type]
+    if kind == "story":
+        _check_keys("story task", options, _field_names(StoryTask))
+        _check_types("story task", options, {"seed": int, "num_train": int, "num_validation": int, "num_eval": int})
+        return StoryTask(**options)  # type: ignore[arg-type]
     if kind == "gsm8k":  # the GSM8K copy that ships with hacfed (hacfed.tasks.math_data.gsm8k_task)
         if "verifier" in options:
             options["verifier"] = _verifier_config(options["verifier"])
@@ -73,7 +80,8 @@ def task_sampling_defaults(spec: object) -> dict[str, object]:
     """The sampling a task spec asks for when `[sampling]` does not say (SamplingParams fields), read
     from the spec alone without loading data: the built-in gsm8k task's budget (its `max_new_tokens`
     option, else GSM8K_MAX_NEW_TOKENS), a data-file task's `max_new_tokens` when given, the words-style
-    arithmetic task's budget. Empty for everything else and for a malformed spec (load_task judges it)."""
+    arithmetic task's budget, the story task's. Empty for everything else and for a malformed spec
+    (load_task judges it)."""
     if not isinstance(spec, Mapping):
         return {}
     kind, budget = spec.get("kind"), spec.get("max_new_tokens")
@@ -83,6 +91,8 @@ def task_sampling_defaults(spec: object) -> dict[str, object]:
         return {"max_new_tokens": budget}
     if kind == "arithmetic" and spec.get("style") == "words":
         return {"max_new_tokens": WORDS_MAX_NEW_TOKENS}
+    if kind == "story":
+        return {"max_new_tokens": STORY_MAX_NEW_TOKENS}
     return {}
 
 

@@ -58,7 +58,11 @@ def _run_models(args: argparse.Namespace) -> int:
     if args.seed < 0:
         print(f"hacfed models build: --seed must be >= 0, got {args.seed}", file=sys.stderr)
         return 2
-    path = store.ensure_built(args.name, args.seed, force=args.force, progress=sys.stderr.isatty())
+    try:
+        path = store.ensure_built(args.name, args.seed, force=args.force, progress=sys.stderr.isatty())
+    except ValueError as exc:  # a preset's pretrained base that is not installed: one line
+        print(f"hacfed models build: {args.name}: {exc}", file=sys.stderr)
+        return 2
     meta = store.read_metadata(path) or {}
     print(
         f"{args.name}: {path}\n  held-out accuracy {meta.get('heldout_accuracy')} on {meta.get('task')} "

@@ -41,6 +41,8 @@ TASKS = {
     # 500 held-out problems, so a report can evaluate on 500 (--eval-problems 500).
     "add2-words": ({"kind": "arithmetic", "digits": 2, "operators": "+", "num_eval": 500, "num_validation": 200,
                     "style": "words"}, None),
+    # One-step add/sub word problems told as stories (hacfed.tasks.story); the budget is the task's own.
+    "add2-story": ({"kind": "story"}, None),
     # GSM8K from the copy that ships with hacfed; its budget is the task's (hacfed.tasks.math_data).
     "gsm8k": ({"kind": "gsm8k"}, None),
     "chain": ({"kind": "chain", "terms": 3}, 40),

