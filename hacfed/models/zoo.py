@@ -29,6 +29,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from hacfed.models import gguf
+from hacfed.models.prepare import configure_generation, prepare_for_rl
 from hacfed.models.tokenizers import TOKENIZER_KINDS, build_tokenizer
 from hacfed.models.warmup import WarmupConfig, WarmupResult, warm_up
 from hacfed.tasks.base import Task
@@ -294,23 +296,6 @@ def build_untrained(name: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrain
     return model, tokenizer
 
 
-def configure_generation(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
-    """Make `model.generation_config` agree with the tokenizer and sample from the full distribution.
-
-    transformers' defaults (top_k=50, a 20-token max_length) silently change the sampling
-    distribution and bias every importance ratio; callers pass their own sampling settings.
-    """
-    gen = model.generation_config
-    gen.pad_token_id = tokenizer.pad_token_id
-    gen.eos_token_id = tokenizer.eos_token_id
-    gen.bos_token_id = tokenizer.bos_token_id
-    gen.do_sample = False
-    gen.temperature = 1.0
-    gen.top_k = None
-    gen.top_p = 1.0
-    gen.max_length = None
-
-
 def parameter_count(model: torch.nn.Module) -> int:
     """Unique parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
@@ -321,9 +306,7 @@ def preset_recipe(name: str, seed: int) -> dict[str, Any]:
     preset = get_preset(name)
     recipe = {"preset": preset.recipe(), "seed": seed, "task": {"name": preset.warmup_task().name, **preset.task}}
     if preset.base:  # another release of the base model is another build
-        from hacfed.model_spec import smollm2_version
-
-        recipe["base_version"] = smollm2_version()
+        recipe["base_version"] = gguf.smollm2_version()
     return recipe
 
 
@@ -333,12 +316,10 @@ def start_model(name: str, seed: int) -> tuple[PreTrainedModel, Any]:
     preset = get_preset(name)
     if not preset.base:
         return build_untrained(name, seed)
-    from hacfed.models.export import forget_quantization  # loading imports this module
-    from hacfed.models.loading import load_model
-
-    loaded = load_model(preset.base, dtype="float32", progress=False)
-    forget_quantization(loaded.model)
-    return loaded.model, loaded.tokenizer
+    model, tokenizer = gguf.load_smollm2(torch.float32)  # BASES: SmolLM2 is the one base there is
+    prepare_for_rl(model, tokenizer, preset.base)
+    gguf.forget_quantization(model)
+    return model, tokenizer
 
 
 def warm_up_preset(

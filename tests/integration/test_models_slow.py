@@ -16,7 +16,8 @@ import torch
 
 from hacfed.data import GSM8K_DIR as GSM8K
 from hacfed.models import store
-from hacfed.models.loading import SMOLLM2_DISTRIBUTION, load_model
+from hacfed.models.gguf import SMOLLM2_DISTRIBUTION
+from hacfed.models.loading import load_model
 from hacfed.models.zoo import get_preset, parameter_count
 from hacfed.rollout.greedy_eval import evaluate_accuracy
 from hacfed.rollout.hf import generate

