@@ -17,8 +17,8 @@
 # The long tier holds the checks whose duration is the point: the coordinator down for 60 s, a
 # 10-minute soak of a real federation, 10^6 fuzz executions of the decoders, the complementary-skills
 # learning result (two chain-* presets built from scratch, then trained), the example task's README
-# run as written (SmolLM2 in a real federation), and tiny-gpt2 and tiny-qwen2 rebuilt from their
-# recipes. The first three have a short version of the same check in the default run; the others have
+# run as written (SmolLM2 in a real federation), tiny-gpt2 and tiny-qwen2 rebuilt from their
+# recipes, and the pretrained testbeds' presets (tiny-qwen2-worked, smollm2-drilled) built and checked. The first three have a short version of the same check in the default run; the others have
 # their parts checked there (each test's docstring says which). Run --long before resolving an issue
 # that touches the coordinator (server/, the round loop), the journal, the lab's outbox, the transport
 # (Flower, hacfed/wire/, the envelope) or the warm-up of a shipped preset (hacfed/models/), and before

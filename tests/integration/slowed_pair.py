@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.federation import TRACE, Federation, coordinator_toml
+from tests.federation import TRACE, Federation, TomlValue, coordinator_toml
 from tests.processes import running_descendants, still_running, wait_nothing_left
 
 LABS = ("lab-a", "lab-b")  # lab-b is the slowed one
 PER_ROUND = 2 * 2  # samples per lab and round: 2 prompts x G = 2
 
 
-def server_toml(run_id: str, rounds: int, **settings: int) -> str:
+def server_toml(run_id: str, rounds: int, **settings: TomlValue) -> str:
     """A small arithmetic run for the two labs; `settings`: more top-level keys (e.g. max_staleness)."""
     return coordinator_toml(run_id, rounds=rounds, expected_participants=2, min_participants=2, round_deadline_s=600,
                             eval_every=0, **settings)

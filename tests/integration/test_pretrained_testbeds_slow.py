@@ -14,7 +14,7 @@ from hacfed.models.store import ensure_built, read_metadata
 from hacfed.models.zoo import get_preset
 from hacfed.rollout.greedy_eval import greedy_generate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # builds: tiny-qwen2-worked ~4 min, smollm2-drilled 0.5 GB
 WORKED = re.compile(r"(\d+) \+ (\d+) = (\d+)")
 
 

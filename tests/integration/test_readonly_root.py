@@ -38,7 +38,8 @@ case "$REPO" in /tmp/*)  # ...and put back, read-only, at its own path (its venv
 esac
 if touch "$REPO/.readonly-probe" 2>/dev/null; then rm -f "$REPO/.readonly-probe"; echo "ROOT WRITABLE"; exit 3; fi
 mkdir -p /tmp/coordinator /tmp/lab-volume/home
-[ -z "$MODELS" ] || cp -r "$MODELS" /tmp/lab-volume/home/models
+# only the lab's preset: the store may hold far larger models (smollm2-drilled, 0.5 GB) than the tmpfs
+[ -z "$MODELS" ] || { mkdir -p /tmp/lab-volume/home/models; cp -r "$MODELS/tiny-gpt2" /tmp/lab-volume/home/models/; }
 cd /
 export OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
 coordinator="env HOME=/nonexistent HACFED_HOME=/tmp/coordinator/home HF_HOME=/tmp/coordinator/home/huggingface"

@@ -17,35 +17,35 @@ import re
 
 import pytest
 
-from tests.faults.conftest import TRACE
-from tests.faults.conftest import Federation as JournalView
+from tests.federation import TRACE, Federation
 from tests.integration.slowed_pair import LABS, server_toml
-from tests.integration.test_federation_flower import Federation, _running_descendants, wait_nothing_left
+from tests.processes import running_descendants
 
 ROUNDS = 6
 K = 2
 FACTOR = 4
-SERVER_TOML = server_toml("it-join", ROUNDS, extra=f'max_staleness = {K}\nround_join = "newest"')
+SERVER_TOML = server_toml("it-join", ROUNDS, max_staleness=K, round_join="newest")
 
 
 @pytest.mark.slow
 def test_newest_frees_the_fast_lab_and_sends_every_sample_at_most_once_and_k_rounds_old(tmp_path, zoo_presets):
     zoo_presets("tiny-llama")
-    fed = Federation(tmp_path, SERVER_TOML)
+    fed = Federation(tmp_path)
     fed.env["OMP_NUM_THREADS"] = "1"
-    view = JournalView(tmp_path, fed.env)
-    before = _running_descendants()
+    fed.configure(SERVER_TOML)
+    before = running_descendants()
+    passed = False
     try:
-        server = fed.server("127.0.0.1:0", "server.log")
-        fed.address = server.wait_for(r"hacfed-server: ready: Fleet API on (127\.0\.0\.1:\d+)").group(1)
-        lab_a = fed.client("lab-a", "tiny-llama", extra=("--eval-problems", "4"))
-        lab_b = fed.client("lab-b", "tiny-llama", extra=("--eval-problems", "4", "--slowdown", str(FACTOR)))
+        server = fed.start(())
+        lab_a = fed.lab("lab-a", "tiny-llama")
+        lab_b = fed.lab("lab-b", "tiny-llama", extra=("--eval-problems", "4", "--slowdown", str(FACTOR)))
         assert server.exit_code(900) == 0, server.text()[-5000:]
         assert lab_a.exit_code(180) == 0, lab_a.text()[-5000:]
         assert lab_b.exit_code(180) == 0, lab_b.text()[-5000:]
+        passed = True
     finally:
-        fed.stop_all()
-    wait_nothing_left(before)
+        fed.teardown(before, strict=passed)
+    view = fed
     text = server.text()
     assert f"federation finished: {ROUNDS} rounds, final reports from ['lab-a', 'lab-b']" in text, text[-3000:]
     for pid, lab in (("lab-a", lab_a), ("lab-b", lab_b)):

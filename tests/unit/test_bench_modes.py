@@ -140,7 +140,7 @@ def test_setting_overrides_defaults_and_rollout_cost():
      r"\[defaults\]: minibatch_size must be an int >= 1, got True"),
     (lambda d: d["defaults"].update(minibatch_size="96"), r"minibatch_size must be an int >= 1, got '96'"),
     (lambda d: d["defaults"].update(task="chess"),
-     r"task must be one of add2, add2-words, gsm8k, chain, chain-notations, got 'chess'"),
+     r"task must be one of add2, add2-words, add2-story, gsm8k, chain, chain-notations, got 'chess'"),
     (lambda d: d["defaults"].update(eval_split="train"), r"eval_split must be one of test, validation"),
     (lambda d: d["settings"]["pair"].update(agents=["a,b"]), r"without commas"),
     (lambda d: d["settings"]["pair"].update(description=3), r"description must be a string"),
