@@ -1,4 +1,4 @@
-"""Bounded staleness over real Flower: `max_staleness = 1`, one lab at `hacfed-client --slowdown 4`,
+"""Bounded staleness over real Flower: `max_staleness = 1`, one lab at `hacfed-client --slowdown 8`,
 the coordinator killed with SIGKILL mid-run and started again (docs/staleness.md).
 
 hacfed-server and two hacfed-client processes on loopback, as in test_slowdown_flower.py (K = 0),
@@ -27,7 +27,7 @@ from tests.integration.slowed_pair import LABS, check_finished_run, run_with_a_k
 ROUNDS = 5
 K = 1
 KILL_AT_STEP = 3  # killed once lab-a was sent this step while round KILL_AT_STEP - 1 is still open
-FACTOR = 4
+FACTOR = 8
 SERVER_TOML = server_toml("it-staleness", ROUNDS, max_staleness=K)
 
 
@@ -44,7 +44,7 @@ def _wait_ahead(view: Federation, step: int, timeout: float = 300.0) -> list[str
 
 
 @pytest.mark.slow
-def test_k1_with_a_lab_at_slowdown_4_runs_ahead_and_survives_a_coordinator_kill(tmp_path, zoo_presets) -> None:
+def test_k1_with_a_lab_at_slowdown_8_runs_ahead_and_survives_a_coordinator_kill(tmp_path, zoo_presets) -> None:
     zoo_presets("tiny-llama")
     run = run_with_a_kill(tmp_path, SERVER_TOML, FACTOR, lambda view, first: _wait_ahead(view, KILL_AT_STEP))
     view, states = run.view, run.before_kill
