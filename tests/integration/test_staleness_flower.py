@@ -69,5 +69,8 @@ def test_k1_with_a_lab_at_slowdown_8_runs_ahead_and_survives_a_coordinator_kill(
                       "WHERE s.participant_id='lab-a' AND s.step < ? AND s.sent_at < r.closed_at", ROUNDS)
     print(f"\nlab-a was sent steps {[t for (t,) in ahead]} before the round before them closed; staleness of "
           f"the peer submissions each lab was sent: {staleness}")
-    assert len(ahead) >= 2, ahead
+    # The step before the kill is ahead by construction (`_wait_ahead`, which times out if K = 1 never
+    # acts); on a loaded machine lab-a's own compute can stretch past lab-b's sleep, so the other
+    # steps need not be ahead (seen in CI: only step 3).
+    assert (KILL_AT_STEP,) in ahead, ahead
     assert "max_staleness 1" in run.first.text()
