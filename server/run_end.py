@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from hacfed.envelope import DOMAIN_UPDATE, seal
+from hacfed.envelope import DOMAIN_UPDATE, seal, write_atomic
 from hacfed.keys import FINAL_ACK_TYPE
 from hacfed.messages import Submission
 from hacfed.server.coordinator import Coordinator, Journal
@@ -127,7 +127,7 @@ class RunEnd:
         write_status(self._state_dir, self._coordinator, self.done)
         done = {"rounds": rounds, "final_reports": sorted(reports), "missing_final_reports": missing,
                 "torch_loaded": "torch" in sys.modules}
-        (self._state_dir / DONE_FILE).write_text(json.dumps(done, sort_keys=True) + "\n", encoding="utf-8")
+        write_atomic(self._state_dir / DONE_FILE, (json.dumps(done, sort_keys=True) + "\n").encode("utf-8"), 0o644)
         self.done = True
         self._console(f"federation finished: {rounds} rounds, final reports from {sorted(reports)}"
                       f"{f', none from {missing}' if missing else ''}; torch loaded in the ServerApp: "
@@ -136,10 +136,11 @@ class RunEnd:
 
 def write_status(state_dir: Path, coordinator: Coordinator, done: bool) -> None:
     """`driver-status.json`: where the rounds stand (`open_round`: the newest open round; `open_rounds`:
-    every open one, oldest first, up to K + 1 with max_staleness K), and whether torch was ever loaded here."""
+    every open one, oldest first, up to K + 1 with max_staleness K), and whether torch was ever loaded here.
+    Written whole or not at all (`write_atomic`): hacfed-server reads it after a kill -9 of this process."""
     status = {"torch_loaded": "torch" in sys.modules, "next_round": coordinator.next_round_id,
               "open_round": coordinator.current_round, "open_rounds": coordinator.open_rounds(), "done": done}
-    (state_dir / STATUS_FILE).write_text(json.dumps(status, sort_keys=True) + "\n", encoding="utf-8")
+    write_atomic(state_dir / STATUS_FILE, (json.dumps(status, sort_keys=True) + "\n").encode("utf-8"), 0o644)
 
 
 def _fmt(value: float | None) -> str:

@@ -272,12 +272,17 @@ class Server:
         self.submit()
 
     def _progress(self) -> tuple[int, int | None, tuple[int, ...]]:
-        """Where the rounds stand (`driver-status.json`): a round opened or closed since is progress."""
-        status = self.state / "driver-status.json"
-        if not status.exists():
-            return (-1, None, ())
-        data = json.loads(status.read_text(encoding="utf-8"))
+        return rounds_progress(self.state)
+
+
+def rounds_progress(state: Path) -> tuple[int, int | None, tuple[int, ...]]:
+    """Where the rounds stand (`driver-status.json`): a round opened or closed since is progress. A
+    missing or unreadable file (one torn by a kill -9 before its writes were atomic) says nothing."""
+    try:
+        data = json.loads((state / STATUS_FILE).read_text(encoding="utf-8"))
         return (int(data["next_round"]), data.get("open_round"), tuple(data.get("open_rounds") or ()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return (-1, None, ())
 
 
 def start_link_on_known_port(server: Server, port: int) -> SuperLink:
