@@ -11,6 +11,10 @@ id). So each CLI records its
 children's pids with their start times in `<state-dir>/children.json`, and a restarted one kills
 those (by pid and process group, after checking the start time so a recycled pid is never hit)
 before it starts anything.
+
+The file is replaced whole (`hacfed.envelope.write_atomic`), so a kill -9 mid-write leaves the previous
+list; one that still cannot be read (torn by an older version, or not hacfed's) names no child: a
+restarted CLI says so and starts, and each child's guard ends what it cannot find.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
+
+from hacfed.envelope import write_atomic
 
 CHILDREN_FILE = "children.json"
 
@@ -59,7 +66,7 @@ def _descendants(root: int) -> list[tuple[int, int]]:
 def record_children(state_dir: Path, pids: list[tuple[str, int]]) -> None:
     """Remember (name, pid) of the running children, with their start times."""
     entries = [{"name": name, "pid": pid, "start_ticks": start_ticks(pid)} for name, pid in pids]
-    (Path(state_dir) / CHILDREN_FILE).write_text(json.dumps(entries) + "\n", encoding="utf-8")
+    write_atomic(Path(state_dir) / CHILDREN_FILE, (json.dumps(entries) + "\n").encode("utf-8"), 0o644)
 
 
 def forget_children(state_dir: Path) -> None:
@@ -74,9 +81,9 @@ def kill_leftovers(state_dir: Path, grace_s: float = 5.0, timeout_s: float = 10.
     if not path.exists():
         return []
     killed, victims, groups = [], [], []
-    for entry in json.loads(path.read_text(encoding="utf-8")):
-        pid, ticks = int(entry["pid"]), entry.get("start_ticks")
-        if ticks is None or not _alive(pid, int(ticks)):
+    for entry in recorded_children(path):
+        pid, ticks = entry["pid"], entry["start_ticks"]
+        if ticks is None or not _alive(pid, ticks):
             continue
         victims += [(pid, int(ticks)), *_descendants(pid)]
         groups.append(pid)  # each child leads its own process group
@@ -94,6 +101,28 @@ def kill_leftovers(state_dir: Path, grace_s: float = 5.0, timeout_s: float = 10.
         raise RuntimeError(f"leftover processes of a previous run survived SIGKILL: {killed}")
     path.unlink()
     return killed
+
+
+def recorded_children(path: Path) -> list[dict]:
+    """The entries of a children file ({"name", "pid", "start_ticks"}, checked); [] for a file that
+    cannot be read as one, with a line on stderr naming it."""
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(entries, list):
+            raise TypeError(f"a list was expected, not {type(entries).__name__}")
+        return [{"name": str(e["name"]), "pid": _positive(e["pid"]),
+                 "start_ticks": None if e.get("start_ticks") is None else _positive(e["start_ticks"])}
+                for e in entries]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        print(f"warning: {path} is unreadable ({type(exc).__name__}); no leftover children are known from it",
+              file=sys.stderr)
+        return []
+
+
+def _positive(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"not a positive integer: {value!r}")
+    return value
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hacfed.config_values import check_port_free
+from hacfed.envelope import write_atomic
 from hacfed.keys import describe_key, ensure_key_pair
 from hacfed.leftovers import CHILDREN_FILE, forget_children, kill_leftovers, record_children
 from hacfed.procs import ManagedProcess, ProcessError, ProcessSupervisor
@@ -289,8 +290,8 @@ def start_link_on_known_port(server: Server, port: int) -> SuperLink:
     """With port 0, a restarted server first tries the port its previous life used, so the labs'
     SuperNodes (which keep retrying that address) find it again; the OS picks one if it is taken."""
     remembered = server.state / PORT_FILE
-    if port == 0 and remembered.exists():
-        previous = int(remembered.read_text(encoding="utf-8").strip())
+    previous = remembered_port(remembered) if port == 0 else None
+    if previous is not None:
         try:
             link = server.start_link(previous)
         except (ProcessError, TimeoutError):
@@ -298,8 +299,24 @@ def start_link_on_known_port(server: Server, port: int) -> SuperLink:
             link = server.start_link(0)
     else:
         link = server.start_link(port)
-    remembered.write_text(f"{link.fleet_port}\n", encoding="utf-8")
+    write_atomic(remembered, f"{link.fleet_port}\n".encode(), 0o644)
     return link
+
+
+def remembered_port(path: Path) -> int | None:
+    """The Fleet port a previous run wrote to `path`, or None when there is none or it is not a port
+    (a file torn by a kill -9 before its write was atomic, or not hacfed's): the OS picks one then."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        say(f"cannot read {path} ({exc}); letting the OS pick the port")
+        return None
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        say(f"{path} holds no port ({text[:40]!r}); letting the OS pick one")
+        return None
+    return int(text)
 
 
 def start_dashboard_of(cfg: ServerConfig):  # noqa: ANN201 - RunningDashboard | None
