@@ -3,9 +3,9 @@
     run config: driver = "hacfed.server.driver:make_driver", driver-config = <state>/driver-settings.json
 
 hacfed-server writes its `ServerConfig` there and submits the run; the SuperLink starts the ServerApp, whose
-`RoundLoop` (hacfed.server.serverapp) asks this driver for payloads, hands it every reply or error, and tells it
-when an exchange ends. The driver owns a `Coordinator` over the journal in the server's state dir, so a restarted
-ServerApp (or hacfed-server) resumes where the journal stands.
+`RoundLoop` (hacfed.server.serverapp) asks this driver for payloads at every poll, hands it every reply or error
+(each ends an exchange), and asks it to close what may close. The driver owns a `Coordinator` over the journal
+in the server's state dir, so a restarted ServerApp (or hacfed-server) resumes where the journal stands.
 
 One coordinator round may take several exchanges: a participant whose exchange failed (down, unreachable, timed out)
 is sent the same round again after `retry_interval_s` until it submits or the round closes (quorum, or the deadline
@@ -93,9 +93,7 @@ class FederationDriver:
         self.journal = Journal(self.cfg.journal_path, audit=AuditLog(self.cfg.audit_path))
         self.coordinator = Coordinator(self.cfg, load_task_from_config(self.cfg, str(config.config_dir)),
                                        self.journal, clock=clock, sent_journaled=True)
-        # Labs at different steps (the engine journals each lab's steps) run every exchange on its own.
-        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s,  # the round loop's
-                                 streaming=self.coordinator.engine.journaled)
+        self.timing = LoopTiming(config.server.poll_interval_s, self.cfg.round_deadline_s)  # the round loop's
         self._key = load_private_key(config.coordinator_key)
         self.answers = AnswerQueue(self._key, self.cfg.run_id)
         self.membership = Membership(config.keys_dir, self.console,
@@ -105,7 +103,7 @@ class FederationDriver:
         self.deliveries = Deliveries(self._key, self.answers, monotonic)
         self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
         self.stale = StaleRounds(self.coordinator, self._key, self.deliveries, self.console) \
-            if self.timing.streaming else None  # K >= 1 or round_join "newest": the steps each lab is sent
+            if self.coordinator.engine.journaled else None  # K >= 1 or round_join "newest": each lab's steps
         self.hellos = Hellos(self._key, self.cfg.run_id, self.membership, monotonic)
         self.run_end = RunEnd(self.cfg, self.coordinator, self.journal, self.membership, self.deliveries, self._key,
                               self.console, monotonic, self.metrics_out)
@@ -277,16 +275,6 @@ class FederationDriver:
         if self._last_error.get(pid) != error:  # a participant that stays down is named once
             self._last_error[pid] = error
             self.console(f"{what(sent)} {pid}: exchange failed: {safe_text(error, 300)}")
-
-    def round_done(self) -> bool:
-        if not supervisor_alive(self.supervisor):
-            return True  # end the exchange; next_round then stops this orphaned ServerApp
-        if self.headroom.paused():  # a deadline extension is a journal write: none while paused
-            return False
-        with self._fail_closed_guard():  # a deadline extension is a journal write
-            if self.coordinator.current_round is not None:
-                return self.coordinator.poll() is not None
-        return False
 
     def close_round(self) -> None:
         if self.headroom.paused():  # nothing is closed (or written) until the state dir has room again

@@ -7,16 +7,21 @@ Why push/pull and not `grid.send_and_receive`: the latter sleeps 3 s between pul
 the loop polls every `poll_interval_s` (hacfed: `server.poll_interval_s`, 0.05 s by default) and
 closes each round at its own deadline, so a round costs what the SuperNodes cost and no more.
 
-The ServerApp knows nothing of the payload. Each round it asks the driver for one payload
-per participant, sends them as `train.exchange` messages, and hands every reply (or error)
-back to the driver. Participants are discovered continuously: every node that appears in
+The ServerApp knows nothing of the payload or of rounds: one loop runs every exchange on its own.
+Each poll interval it asks the driver for the payloads of the nodes it wants to send something now
+(`next_round`), sends them as `train.exchange` messages, hands every reply (or error) that came back
+to the driver, gives an exchange unanswered after `round_timeout_s` an error, and lets the driver
+close what may close (`close_round`). Whether labs are in lockstep (hacfed's synchronous rounds,
+max_staleness K = 0) or each at its own step (K >= 1, round_join "newest") is the driver's business:
+it sends a lab nothing while that lab's exchange is out, and decides itself when a round is over.
+Participants are discovered continuously: every node that appears in
 `grid.get_node_ids()` gets a `query.hello` carrying the driver's challenge; the reply names a
 participant id (from the SuperNode's node config; a ServerApp cannot read node configs itself)
 and carries the participant's proof, and the node becomes that participant only if the driver's
 `identify` accepts it (hacfed: `hacfed.hello`, `hacfed.server.membership`). A refused node is
 asked again at once, the first time (that hello may tell it why: hacfed's notice that its id is not
 registered, `hacfed.server.hellos`, on which its hacfed-client stops), then after `hello_timeout_s`.
-A node that joins late takes part from the next round on.
+A node that joins late is sent whatever the driver sends it at the next poll.
 
 The run config names the driver: `driver` = "pkg.module:factory", `factory(run_config) ->
 RoundDriver` (the other keys, declared in `server/flower_app/pyproject.toml`, are the driver's).
@@ -51,20 +56,17 @@ class RoundDriver(Protocol):
     """What the coordinator implements; the ServerApp calls it from one thread."""
 
     def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
-        """Payloads of the next round by node id (a subset of `participants`, node id ->
-        participant id), or None (or {}) to wait, e.g. for a quorum, and be asked again."""
+        """Payloads to send now by node id (a subset of `participants`, node id -> participant id,
+        none of whose exchange is still out), or None (or {}) to send nothing this poll."""
 
     def on_replies(self, replies: Sequence[tuple[int, bytes]]) -> None:
-        """The (node id, reply bytes) of one pull for the current round, in the order pulled."""
+        """The (node id, reply bytes) of one pull, in the order pulled; each ends that node's exchange."""
 
     def on_error(self, node_id: int, error: str) -> None:
-        """A node's failure for the current round, as "HACFED-E-...: message"."""
-
-    def round_done(self) -> bool:
-        """True to close the current round before every reply is in (e.g. quorum reached)."""
+        """A node's exchange failed or ran out, as "HACFED-E-...: message"; it ends that exchange."""
 
     def close_round(self) -> None:
-        """The current round is closed: all replied, `round_done()`, or the deadline passed."""
+        """Called after every poll: close whatever may close now (quorum, deadline), else nothing."""
 
     def finished(self) -> bool:
         """True when the run is over; the ServerApp then returns."""
@@ -86,17 +88,15 @@ class LoopTiming:
     """The round loop's intervals in seconds. Not checked here: a driver derives them from its
     config, validated where it was loaded (hacfed: `ServerConfig`).
 
-    poll_interval_s: pull interval while waiting for replies; round_timeout_s: deadline of one
-    round, also the TTL of its messages; hello_timeout_s: how long a hello may stay unanswered
-    before it is sent again; discovery_interval_s: how often to look for new nodes; streaming: run
-    every exchange on its own (`RoundLoop.run_streaming`) instead of in rounds (hacfed: max_staleness
-    K >= 1, where labs are at different rounds)."""
+    poll_interval_s: how often the loop asks the driver and pulls replies; round_timeout_s: how long
+    an exchange may stay unanswered before it gets an error, also the TTL of its messages;
+    hello_timeout_s: how long a hello may stay unanswered before it is sent again;
+    discovery_interval_s: how often to look for new nodes."""
 
     poll_interval_s: float
     round_timeout_s: float
     hello_timeout_s: float = 60.0
     discovery_interval_s: float = 1.0
-    streaming: bool = False
 
 
 def driver_spec(run_config: Mapping[str, object]) -> str:
@@ -114,7 +114,7 @@ def load_driver(spec: str, run_config: Mapping[str, object]) -> RoundDriver:
     if not callable(factory):
         raise ValueError(f"driver {spec!r}: {attr!r} is not a callable in {module_name}")
     driver = factory(run_config)
-    missing = [m for m in ("next_round", "on_replies", "on_error", "round_done", "close_round", "finished", "hello",
+    missing = [m for m in ("next_round", "on_replies", "on_error", "close_round", "finished", "hello",
                            "identify") if not callable(getattr(driver, m, None))]
     if not isinstance(getattr(driver, "timing", None), LoopTiming):
         missing.append("timing (a LoopTiming)")
@@ -173,7 +173,7 @@ def _message(node_id: int, message_type: str, payload: bytes | None, group_id: s
 
 
 class RoundLoop:
-    """Discovery plus rounds over a Grid; see the module docstring."""
+    """Discovery plus every exchange on its own over a Grid; see the module docstring."""
 
     def __init__(self, grid: Grid, driver: RoundDriver, timing: LoopTiming) -> None:
         self.grid = grid
@@ -184,22 +184,55 @@ class RoundLoop:
         self._hello_retry_at: dict[int, float] = {}  # node id -> when to say hello again
         self._refused: set[int] = set()  # nodes refused once: their next hellos wait hello_timeout_s
         self._next_discovery = 0.0
-        self.rounds_run = 0
+        self._outstanding: dict[str, int] = {}  # message id -> node id of the exchanges out
+        self._expires: dict[str, float] = {}  # message id -> when its exchange gets an error
+        self.sends = 0  # pushes of one or more exchanges
 
     def run(self) -> None:
-        if self.timing.streaming:
-            self.run_streaming()
-            return
         while not self.driver.finished():
-            self.discover()
-            payloads = self.driver.next_round(dict(self.participants))
-            if not payloads:  # None or empty: nothing to send yet
-                time.sleep(self.timing.poll_interval_s)
-                continue
-            self.run_round(payloads)
-            # Let the round's deliveries go before the next are built: at 64 labs they are ~380 MB,
-            # and holding them through next_round doubled the peak (bench/coordinator_scale.py).
-            payloads = None
+            self.poll()
+
+    def poll(self) -> None:
+        """One turn: discovery, the driver's payloads out, a pull, the exchanges run out, a close."""
+        self.discover()
+        payloads = self.driver.next_round(dict(self.participants))
+        if payloads:
+            self.send(payloads)
+        # Let this poll's deliveries go before the next are built: at 64 labs a round's are ~380 MB,
+        # and holding them through next_round doubled the peak (bench/coordinator_scale.py).
+        payloads = None
+        time.sleep(self.timing.poll_interval_s)
+        if self._outstanding:
+            self._pull()
+        now = time.monotonic()
+        timeout = self.timing.round_timeout_s
+        for msg_id in [m for m, at in self._expires.items() if at <= now]:
+            del self._expires[msg_id]
+            node_id = self._outstanding.pop(msg_id)
+            self.driver.on_error(node_id, f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s")
+        self.driver.close_round()
+
+    def send(self, payloads: Mapping[int, bytes]) -> None:
+        """One exchange per node, in place of any still out to it; the driver gets an error for each
+        the SuperLink refused."""
+        unknown = set(payloads) - set(self.participants)
+        if unknown:
+            raise ValueError(f"driver returned payloads for unknown node ids {sorted(unknown)}")
+        for msg_id in [m for m, node in self._outstanding.items() if node in payloads]:
+            # Superseded: the driver let that exchange go (its round closed) and sends the node anew. Its
+            # reply, should it still come, is never pulled, so it cannot pass for the new exchange's.
+            del self._outstanding[msg_id], self._expires[msg_id]
+        self.sends += 1
+        node_ids = list(payloads)
+        timeout = self.timing.round_timeout_s
+        messages = [_message(n, EXCHANGE_TYPE, payloads[n], str(self.sends), timeout) for n in node_ids]
+        expires = time.monotonic() + timeout
+        for node_id, msg_id in zip(node_ids, self.grid.push_messages(messages), strict=True):
+            if msg_id:
+                self._outstanding[msg_id] = node_id
+                self._expires[msg_id] = expires
+            else:
+                self.driver.on_error(node_id, "HACFED-E-PUSH-FAILED: the SuperLink refused the message")
 
     def discover(self) -> None:
         """Say hello to new nodes, collect hello replies, forget nodes that left."""
@@ -250,82 +283,19 @@ class RoundLoop:
             if now - sent_at > self.timing.hello_timeout_s:
                 del self._hellos[msg_id]  # expired; a new hello goes out at the next discovery
 
-    def run_round(self, payloads: Mapping[int, bytes]) -> None:
-        """Send one payload per node, pull replies until all are in, the driver closes the
-        round, or the deadline passes; unanswered nodes get an error."""
-        unknown = set(payloads) - set(self.participants)
-        if unknown:
-            raise ValueError(f"driver returned payloads for unknown node ids {sorted(unknown)}")
-        self.rounds_run += 1
-        group_id = str(self.rounds_run)
-        timeout = self.timing.round_timeout_s
-        outstanding = self._push(payloads, group_id)  # the SuperLink holds the messages now
-        deadline = time.monotonic() + timeout
-        while outstanding and not self.driver.round_done() and time.monotonic() < deadline:
-            time.sleep(self.timing.poll_interval_s)
-            self._pull(outstanding, group_id)
-            self.discover()
-        reason = (f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s" if time.monotonic() >= deadline
-                  else "HACFED-E-ROUND-CLOSED: the round closed before this node replied")
-        for node_id in outstanding.values():
-            self.driver.on_error(node_id, reason)
-        self.driver.close_round()
-
-    def run_streaming(self) -> None:
-        """Every exchange on its own, for a driver whose labs are at different rounds: each poll
-        interval the driver's payloads for its idle labs go out (`next_round`), the replies and errors
-        that came back are handed to it, an exchange unanswered after `round_timeout_s` gets an error,
-        and the driver closes what may close (`close_round`, which the driver makes a no-op while no
-        round may close). `round_done` is not asked: no exchange waits for a round."""
-        timeout = self.timing.round_timeout_s
-        outstanding: dict[str, int] = {}  # message id -> node id
-        expires: dict[str, float] = {}  # message id -> when its exchange gets an error
-        while not self.driver.finished():
-            self.discover()
-            payloads = self.driver.next_round(dict(self.participants))
-            if payloads:
-                unknown = set(payloads) - set(self.participants)
-                if unknown:
-                    raise ValueError(f"driver returned payloads for unknown node ids {sorted(unknown)}")
-                self.rounds_run += 1
-                pushed = self._push(payloads, str(self.rounds_run))
-                outstanding.update(pushed)
-                expires.update({msg_id: time.monotonic() + timeout for msg_id in pushed})
-            payloads = None
-            time.sleep(self.timing.poll_interval_s)
-            if outstanding:
-                self._pull(outstanding, "(streaming)")
-            now = time.monotonic()
-            for msg_id in [m for m in outstanding if expires[m] <= now]:
-                self.driver.on_error(outstanding.pop(msg_id), f"HACFED-E-ROUND-DEADLINE: no reply within {timeout:g}s")
-            for msg_id in [m for m in expires if m not in outstanding]:
-                del expires[msg_id]
-            self.driver.close_round()
-
-    def _push(self, payloads: Mapping[int, bytes], group_id: str) -> dict[str, int]:
-        """Send one exchange per node; message id -> node id of those the SuperLink took (the driver
-        gets an error for each of the others)."""
-        node_ids = list(payloads)
-        messages = [_message(n, EXCHANGE_TYPE, payloads[n], group_id, self.timing.round_timeout_s) for n in node_ids]
-        outstanding: dict[str, int] = {}
-        for node_id, msg_id in zip(node_ids, self.grid.push_messages(messages), strict=True):
-            if msg_id:
-                outstanding[msg_id] = node_id
-            else:
-                self.driver.on_error(node_id, "HACFED-E-PUSH-FAILED: the SuperLink refused the message")
-        return outstanding
-
-    def _pull(self, outstanding: dict[str, int], group_id: str) -> None:
+    def _pull(self) -> None:
         """Hand the driver the replies (together: it overlaps their judging) and errors that came back
-        for `outstanding` (message id -> node id), each taken out of it."""
+        for the exchanges out, each taken out of them."""
         replied: list[tuple[int, bytes]] = []
-        for reply in self.grid.pull_messages(list(outstanding)):
-            node_id = outstanding.pop(reply.metadata.reply_to_message_id, None)
+        for reply in self.grid.pull_messages(list(self._outstanding)):
+            msg_id = reply.metadata.reply_to_message_id
+            node_id = self._outstanding.pop(msg_id, None)
             if node_id is None:
-                log(WARNING, "[hacfed] ignoring a reply to unknown message %s", reply.metadata.reply_to_message_id)
+                log(WARNING, "[hacfed] ignoring a reply to unknown message %s", msg_id)
                 continue
+            self._expires.pop(msg_id, None)
             relayed = parse_reply(reply)
-            log(INFO, "[hacfed] round %s: node %s (%s) %s; relay torch loaded: %s", group_id, node_id,
+            log(INFO, "[hacfed] exchange %s: node %s (%s) %s; relay torch loaded: %s", msg_id, node_id,
                 printable(relayed.participant_id), f"replied {len(relayed.payload)} bytes"
                 if relayed.payload is not None else f"failed: {relayed.error}", relayed.torch_loaded)
             if relayed.payload is not None:
@@ -348,4 +318,4 @@ def main(grid: Grid, context: Context) -> None:
         spec, timing.poll_interval_s, timing.round_timeout_s)
     loop = RoundLoop(grid, driver, timing)
     loop.run()
-    log(INFO, "[hacfed] ServerApp finished after %d rounds", loop.rounds_run)
+    log(INFO, "[hacfed] ServerApp finished after %d sends", loop.sends)

@@ -7,7 +7,7 @@ not used. docs/staleness.md has the schedule: lab l starts step t once its own s
 is in and round t - 1 - K has closed, S_l(t) = max(F_l(t - 1), C(t - 1 - K)); the final update (step
 R) waits for round R - 1 to close.
 
-The driver's ServerApp loop runs each exchange on its own (`RoundLoop.run_streaming`), so a lab whose
+The ServerApp's loop runs each exchange on its own (`RoundLoop`, at every K), so a lab whose
 reply was judged is sent its next step at the next poll, while slower labs' exchanges are still out.
 Which step a lab is at comes from the journal alone (`RoundEngine.step_of`, or `RoundEngine.next_step`
 under round_join "newest"). Round t is opened when the first lab is ready for it, which

@@ -80,29 +80,30 @@ class RecordingDriver:
         self.rounds, self.quorum = rounds, quorum
         self.round = 0
         self.open = False
+        self.waiting: set[int] = set()  # nodes whose exchange of the open round has not ended
         self.log: list[tuple[int, str, int, object]] = []
         self.on_next_round: Callable[[int], None] = lambda r: None
 
     def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
-        if len(participants) < self.quorum:
+        if self.open or self.round >= self.rounds or len(participants) < self.quorum:
             return None
         self.round += 1
-        self.open = True
+        self.open, self.waiting = True, set(participants)
         self.on_next_round(self.round)
         return {n: f"r{self.round}-{p}".encode() for n, p in participants.items()}
 
     def on_replies(self, replies) -> None:
         for node_id, payload in replies:
             self.log.append((self.round, "reply", node_id, payload))
+            self.waiting.discard(node_id)
 
     def on_error(self, node_id: int, error: str) -> None:
         self.log.append((self.round, "error", node_id, error.split(":")[0]))
-
-    def round_done(self) -> bool:
-        return False
+        self.waiting.discard(node_id)
 
     def close_round(self) -> None:
-        self.open = False
+        """The round closes once every exchange of it ended (a reply, an error or its deadline)."""
+        self.open = self.open and bool(self.waiting)
 
     def finished(self) -> bool:
         return self.round >= self.rounds and not self.open
@@ -145,16 +146,17 @@ class EchoDriver:
         self.timing = LoopTiming(poll_interval_s=0.2, round_timeout_s=120.0)
         self.round = 0
         self.open = False
+        self.waiting: set[int] = set()  # nodes whose exchange of the open round has not ended
         self.names: dict[int, str] = {}
         self.sent: dict[int, bytes] = {}
         self.results: dict[str, dict[str, object]] = {}
         self.started = 0.0
 
     def next_round(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
-        if len(participants) < self.expected or self.round >= self.rounds:
+        if self.open or len(participants) < self.expected or self.round >= self.rounds:
             return None
         self.round += 1
-        self.open, self.names, self.results = True, dict(participants), {}
+        self.open, self.names, self.results, self.waiting = True, dict(participants), {}, set(participants)
         self.started = time.monotonic()
         pad = self.pad if self.round == 2 else 0
         self.sent = {node: f"round-{self.round}-{name}|".encode().ljust(pad, b".")
@@ -164,6 +166,7 @@ class EchoDriver:
     def _record(self, node_id: int, **result: object) -> None:
         result["seconds"] = round(time.monotonic() - self.started, 3)
         self.results[self.names[node_id]] = result
+        self.waiting.discard(node_id)
 
     def on_replies(self, replies) -> None:
         for node_id, payload in replies:
@@ -173,10 +176,9 @@ class EchoDriver:
     def on_error(self, node_id: int, error: str) -> None:
         self._record(node_id, error=error)
 
-    def round_done(self) -> bool:
-        return False
-
     def close_round(self) -> None:
+        if not self.open or self.waiting:  # closes once every exchange of the round ended
+            return
         line = {"round": self.round, "results": self.results, "seconds": round(time.monotonic() - self.started, 3)}
         with open(self.out, "a", encoding="utf-8") as file:
             file.write(json.dumps(line) + "\n")

@@ -99,7 +99,7 @@ def test_two_rounds_over_real_superlink_and_supernodes(tmp_path: Path) -> None:
     down_log = (tmp_path / "lab-down" / "supernode.log").read_text(encoding="utf-8")
     assert "flwr-clientapp" in down_log and "hacfed ClientApp runner" not in down_log
     # Every relay (in the runner thread or a flwr-clientapp process) reported torch not loaded.
-    relay_lines = re.findall(r"round \d+: node \d+ \((lab-[a-z]+)\) .*relay torch loaded: (\w+)", stream)
+    relay_lines = re.findall(r"exchange \S+: node \d+ \((lab-[a-z]+)\) .*relay torch loaded: (\w+)", stream)
     assert sorted(name for name, _ in relay_lines) == sorted(["lab-a", "lab-b"] * 2)
     assert {flag for _, flag in relay_lines} == {"False"}
     assert len({n.node_id for n in nodes.values()}) == 3

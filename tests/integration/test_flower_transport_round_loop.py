@@ -67,5 +67,5 @@ def test_driver_payload_for_unknown_node_is_a_bug_not_a_silent_skip() -> None:
     grid.nodes = [1]
     loop = RoundLoop(grid, RecordingDriver(1, 1), loop_timing())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"unknown node ids \[99\]"):
-        loop.run_round({99: b"x"})
+        loop.send({99: b"x"})
 

@@ -88,7 +88,7 @@ def test_a_file_size_limit_on_the_journal_is_a_journal_write_error(tmp_path: Pat
 
 
 def test_a_deadline_extension_that_cannot_be_written_fails_closed(tmp_path: Path) -> None:
-    """The round loop's `round_done` extends a passed deadline below quorum: a journal write too."""
+    """The round loop's `close_round` extends a passed deadline below quorum: a journal write too."""
     clock = FakeClock()
     fed = Federation(tmp_path, clock, expected_participants=1)
     fed.add(1, "lab-a")
@@ -97,5 +97,5 @@ def test_a_deadline_extension_that_cannot_be_written_fails_closed(tmp_path: Path
     journal._db = FullDisk(journal._db)
     clock.t += fed.config.coordinator.round_deadline_s + 1
     with pytest.raises(FailedClosed, match="journal .* cannot be written"):
-        fed.driver.round_done()
+        fed.driver.close_round()
     assert sum(line.startswith("WRITE FAILED: ") for line in fed.lines) == 1

@@ -1,5 +1,5 @@
 """round_join "newest" over the Flower round driver (docs/staleness.md "Joining the newest round"), with
-direct calls: the streaming ServerApp loop played by hand (`test_stale_driver.Poller`) over real
+direct calls: the ServerApp loop played by hand (`test_stale_driver.Poller`) over real
 `ParticipantService`s. The fast lab answers every poll, the slow one every fourth: the fast lab runs
 ahead, the slow one joins the newest round and skips the others, and each lab is sent every sample at
 most once, at most K rounds old, also across a restart of the coordinator."""
@@ -25,7 +25,7 @@ def _run(tmp_path: Path, restart_at: int | None = None, a_every: int = 1, b_ever
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
     loop = Poller(fed)
-    assert fed.driver.timing.streaming
+    assert fed.driver.stale is not None
     for turn in range(200):
         if fed.driver.finished():
             break
@@ -99,4 +99,4 @@ def test_a_restarted_coordinator_goes_on_where_the_journal_says(tmp_path: Path) 
 def test_hacfed_server_takes_round_join_newest_at_any_k(tmp_path: Path, k: int) -> None:
     fed = Federation(tmp_path, FakeClock(), rounds=4, max_staleness=k, round_join="newest")
     assert isinstance(fed.config, ServerConfig) and fed.config.coordinator.round_join == "newest"
-    assert fed.driver.timing.streaming
+    assert fed.driver.stale is not None

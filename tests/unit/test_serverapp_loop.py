@@ -38,9 +38,6 @@ class Driver:
     def on_error(self, node_id: int, error: str) -> None:
         self.errors.append((node_id, error))
 
-    def round_done(self) -> bool:
-        return True
-
     def close_round(self) -> None:
         pass
 
@@ -112,9 +109,6 @@ class BatchRecordingDriver(Driver):
 
     def on_replies(self, replies) -> None:
         self.pulls.append(list(replies))
-
-    def round_done(self) -> bool:
-        return False
 
 
 def test_the_replies_of_one_pull_reach_the_driver_together_in_the_order_pulled() -> None:
@@ -228,24 +222,81 @@ class StreamingDriver:
         self.busy.discard(node_id)
         self.errors.append((node_id, error))
 
-    def round_done(self) -> bool:
-        raise AssertionError("a streaming loop asks no round_done")
-
     def close_round(self) -> None:
         self.closes += 1
 
 
 def test_a_streaming_loop_sends_a_lab_its_next_exchange_while_another_is_out() -> None:
-    """With `streaming` (max_staleness K >= 1) each exchange stands alone: node 1 gets its second and
-    third payloads while node 2's first is still unanswered, which then runs out on its own."""
+    """Each exchange stands alone (labs at their own steps, max_staleness K >= 1): node 1 gets its second
+    and third payloads while node 2's first is still unanswered, which then runs out on its own."""
     driver, grid = StreamingDriver(), StreamingGrid()
-    loop = RoundLoop(grid, driver, LoopTiming(0.01, 0.5, 5.0, 60.0, streaming=True))
+    loop = RoundLoop(grid, driver, LoopTiming(0.01, 0.5, 5.0, 60.0))
     loop.participants.update({1: "lab-a", 2: "lab-b"})
     loop.run()
     assert list(zip(grid.to, grid.pushed)) == [(1, b"step 0"), (2, b"step 0"), (1, b"step 1"), (1, b"step 2")]
     assert driver.replied == [1, 1, 1]
     assert driver.errors == [(2, "HACFED-E-ROUND-DEADLINE: no reply within 0.5s")]
     assert driver.closes >= 3
+
+
+class LateGrid(Grid):
+    """Node 1; its reply to the first message comes only after a second message was pushed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.asked: list[list[str]] = []
+
+    def get_node_ids(self):
+        return [1]
+
+    def push_messages(self, messages):
+        super().push_messages(messages)
+        self.ids += [f"m{len(self.ids) + i}" for i in range(len(messages))]
+        return self.ids[-len(messages):]
+
+    def pull_messages(self, ids):
+        self.asked.append(list(ids))
+        return [_Reply(i, b"reply to " + i.encode()) for i in ids if len(self.ids) == 2]
+
+
+class SupersedingDriver:
+    """Sends node 1 an exchange, lets it go (as a closed round's), sends it another at the next poll,
+    and is done once a reply came."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.replies: list[tuple[int, bytes]] = []
+        self.errors: list[tuple[int, str]] = []
+
+    def finished(self) -> bool:
+        return bool(self.replies)
+
+    def next_round(self, participants):
+        self.polls += 1
+        return {1: b"step %d" % self.polls} if self.polls <= 2 else None
+
+    def on_replies(self, replies) -> None:
+        self.replies += replies
+
+    def on_error(self, node_id: int, error: str) -> None:
+        self.errors.append((node_id, error))
+
+    def close_round(self) -> None:
+        pass
+
+
+def test_a_new_exchange_to_a_node_supersedes_its_old_one_whose_reply_is_never_pulled() -> None:
+    """A node sent anew (its old exchange's round closed) may still answer the old message: that
+    reply must not reach the driver as the reply to the new exchange, so the old one is dropped."""
+    driver, grid = SupersedingDriver(), LateGrid()
+    loop = RoundLoop(grid, driver, LoopTiming(0.01, 5.0, 5.0, 60.0))
+    loop.participants[1] = "lab-a"
+    loop.run()
+    assert grid.pushed == [b"step 1", b"step 2"]
+    assert grid.asked[-1] == ["m1"]  # only the new exchange is pulled
+    assert driver.replies == [(1, b"reply to m1")]
+    assert driver.errors == []  # the superseded exchange gets no error either: the driver let it go
 
 
 class HelloGrid:

@@ -1,7 +1,7 @@
 """The federation driver at max_staleness K = 1 (`hacfed.server.stale_rounds`), with direct calls.
 
 The nodes are real `ParticipantService`s around scripted participants (tests/unit/test_server_driver.py's
-`Federation`); each test plays the streaming ServerApp loop by hand: `poll` asks the driver for payloads,
+`Federation`); each test plays the ServerApp loop by hand: `poll` asks the driver for payloads,
 keeps them pending, and answers those of the labs it is told to, so one lab can be held back while
 the other runs ahead. What each lab was sent is read from the journal (`sent_steps`, `sent_sources`).
 """
@@ -27,7 +27,7 @@ K = 1
 
 
 class Poller:
-    """The streaming loop by hand: payloads are kept pending until `answer` hands their replies back."""
+    """The ServerApp loop by hand: payloads are kept pending until `answer` hands their replies back."""
 
     def __init__(self, fed: Federation) -> None:
         self.fed = fed
@@ -85,7 +85,7 @@ def _check_sources(fed: Federation, rounds: int) -> None:
 def test_the_fast_lab_starts_its_next_step_before_the_round_closes(tmp_path: Path) -> None:
     fed, loop = _two_labs(tmp_path)
     coordinator = fed.driver.coordinator
-    assert fed.driver.timing.streaming
+    assert fed.driver.stale is not None
     loop.poll("lab-a")  # round 0 opens; both are sent step 0; only lab-a replies
     loop.poll("lab-a")  # lab-a may start step 1 at once: its step 0 is in, round -1 needs no close
     assert loop.steps("lab-a") == [0, 1] and loop.steps("lab-b") == []
@@ -164,7 +164,7 @@ def test_k0_journals_no_deliveries(tmp_path: Path) -> None:
     fed = Federation(tmp_path, FakeClock())
     fed.add(1, "lab-a")
     fed.add(2, "lab-b")
-    assert not fed.driver.timing.streaming
+    assert fed.driver.stale is None
     fed.run()
     assert fed.driver.journal.count("sent_steps") == 0
 
