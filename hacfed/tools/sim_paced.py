@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
-from hacfed.messages import RoundUpdate, Submission
+from hacfed.messages import ROUND_JOINS, RoundUpdate, Submission
 
 NOMINAL_FLOPS = 1e9  # FLOPs per simulated second
 
@@ -73,11 +73,24 @@ def check_pacing(max_staleness: int, lab_speeds: Sequence[tuple[str, float]], id
                  round_join: str = "every") -> None:
     """A SimConfig's K, lab speeds and round_join: K an integer >= 0, each speed for an agent of the
     run, in [MIN_SPEED, MAX_SPEED], round_join "every" or "newest"."""
-    from hacfed.server.coordinator.transport import check_max_staleness, check_round_join, check_speeds
+    from hacfed.server.coordinator.transport import check_speeds
 
     check_max_staleness(max_staleness)
     check_speeds(dict(lab_speeds), ids)
     check_round_join(round_join)
+
+
+def check_max_staleness(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_staleness must be an integer >= 0, got {value!r}")
+    return value
+
+
+def check_round_join(value: object) -> str:
+    if value not in ROUND_JOINS:
+        raise ValueError(f"round_join must be one of {', '.join(map(repr, ROUND_JOINS))}, got {value!r}")
+    return value  # type: ignore[return-value]
+
 
 
 def parameters_of(endpoint: Any) -> int | None:

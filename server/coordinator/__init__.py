@@ -17,9 +17,9 @@ from hacfed.server.coordinator.errors import GRPC_STATUS, STRIKE_CODES, Coordina
 from hacfed.server.coordinator.journal import Journal, ParticipantRecord, RoundRecord
 from hacfed.server.coordinator.metrics import ParticipantRoundMetrics, RoundSummary, append_jsonl
 from hacfed.server.coordinator.plan import make_plan, plan_from_dict, plan_to_dict
-from hacfed.server.coordinator.results import Receipt, ResumeReport, RoundClosed, SubmissionResult
+from hacfed.server.coordinator.results import Receipt, ResumeReport, RoundClosed, RoundOutcome, SubmissionResult
 from hacfed.server.coordinator.state import Coordinator
-from hacfed.server.coordinator.transport import ParticipantEndpoint, RoundOutcome, run_rounds
+from hacfed.server.coordinator.transport import ParticipantEndpoint, run_rounds
 from hacfed.server.coordinator.validation import Rejection, ValidationLimits, submission_digest, validate_submission
 
 

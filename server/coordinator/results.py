@@ -1,4 +1,5 @@
-"""What the coordinator answers: a submission's result and its receipt, and a closed round's summary.
+"""What the coordinator answers: a submission's result and its receipt, a closed round's summary, and
+what a transport reports of a round and of each lab's step (`RoundOutcome`, `StepRecord`).
 
 Runs in the coordinator's ServerApp process (the Flower ServerApp that hacfed-server's SuperLink
 starts, through `hacfed.server.driver`) and, in-process, in `hacfed sim`.
@@ -12,10 +13,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from hacfed.server.coordinator.errors import ErrorCode
 from hacfed.server.coordinator.validation import Rejection
+
+if TYPE_CHECKING:
+    from hacfed.server.coordinator.metrics import RoundSummary
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,42 @@ class ResumeReport:
     open_round: int | None
     closed_on_resume: RoundClosed | None
     next_round: int
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One lab's step on the transport's clock (simulated seconds; 0 on the real clock) and what it trained on."""
+
+    participant_id: str
+    step: int  # the round whose plan it rolled out; `rounds` for the final update
+    start: float
+    finish: float
+    idle: float  # waited since its previous step finished
+    compute: float  # cost x speed factor
+    staleness: tuple[int, ...]  # of each sample it was sent (0: the round just before its step)
+    own_step: int | None = None  # round_join "newest": how many rounds the lab rolled out before this step
+    skipped: int = 0  # round_join "newest": accepted samples of peer rounds skipped for this step
+
+    def metrics(self) -> dict[str, float]:
+        """The metrics row's `sim/*` keys (docs/experiments.md)."""
+        out = {"sim/start_s": self.start, "sim/finish_s": self.finish, "sim/idle_s": self.idle,
+               "sim/compute_s": self.compute, "sim/trained_samples": float(len(self.staleness))}
+        if self.staleness:
+            out["sim/staleness_mean"] = sum(self.staleness) / len(self.staleness)
+            out["sim/staleness_max"] = float(max(self.staleness))
+        for s in sorted(set(self.staleness)):
+            out[f"sim/staleness_{s}"] = float(self.staleness.count(s))
+        if self.own_step is not None:
+            out["sim/own_step"] = float(self.own_step)
+            out["sim/skipped_samples"] = float(self.skipped)
+        return out
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    round_id: int
+    closed: RoundClosed
+    results: Mapping[str, SubmissionResult]  # participant -> what its submission got
+    failures: Mapping[str, str]  # participant -> why it produced no submission
+    summary: RoundSummary
+    steps: Mapping[str, StepRecord] = field(default_factory=dict)  # participant -> its step of this round

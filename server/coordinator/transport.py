@@ -31,12 +31,11 @@ import heapq
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from hacfed.messages import ROUND_JOINS, RoundUpdate, Submission
-from hacfed.server.coordinator.metrics import RoundSummary
-from hacfed.server.coordinator.results import RoundClosed, SubmissionResult
+from hacfed.messages import RoundUpdate, Submission
+from hacfed.server.coordinator.results import RoundOutcome, StepRecord, SubmissionResult
 from hacfed.server.coordinator.state import Coordinator
 
 log = logging.getLogger("hacfed.server.coordinator.transport")
@@ -51,45 +50,6 @@ class ParticipantEndpoint(Protocol):
     participant_id: str
 
     def exchange(self, update: RoundUpdate) -> Submission | None: ...
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One lab's step on the transport's clock (simulated seconds; 0 on the real clock) and what it trained on."""
-
-    participant_id: str
-    step: int  # the round whose plan it rolled out; `rounds` for the final update
-    start: float
-    finish: float
-    idle: float  # waited since its previous step finished
-    compute: float  # cost x speed factor
-    staleness: tuple[int, ...]  # of each sample it was sent (0: the round just before its step)
-    own_step: int | None = None  # round_join "newest": how many rounds the lab rolled out before this step
-    skipped: int = 0  # round_join "newest": accepted samples of peer rounds skipped for this step
-
-    def metrics(self) -> dict[str, float]:
-        """The metrics row's `sim/*` keys (docs/experiments.md)."""
-        out = {"sim/start_s": self.start, "sim/finish_s": self.finish, "sim/idle_s": self.idle,
-               "sim/compute_s": self.compute, "sim/trained_samples": float(len(self.staleness))}
-        if self.staleness:
-            out["sim/staleness_mean"] = sum(self.staleness) / len(self.staleness)
-            out["sim/staleness_max"] = float(max(self.staleness))
-        for s in sorted(set(self.staleness)):
-            out[f"sim/staleness_{s}"] = float(self.staleness.count(s))
-        if self.own_step is not None:
-            out["sim/own_step"] = float(self.own_step)
-            out["sim/skipped_samples"] = float(self.skipped)
-        return out
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    round_id: int
-    closed: RoundClosed
-    results: Mapping[str, SubmissionResult]  # participant -> what its submission got
-    failures: Mapping[str, str]  # participant -> why it produced no submission
-    summary: RoundSummary
-    steps: Mapping[str, StepRecord] = field(default_factory=dict)  # participant -> its step of this round
 
 
 Cost = Callable[[str, RoundUpdate, "Submission | None"], float]
@@ -111,18 +71,6 @@ def check_speeds(speeds: Mapping[str, float], labs: Sequence[str]) -> dict[str, 
                              f"got {factor!r}")
         out[lab] = float(factor)
     return out
-
-
-def check_max_staleness(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"max_staleness must be an integer >= 0, got {value!r}")
-    return value
-
-
-def check_round_join(value: object) -> str:
-    if value not in ROUND_JOINS:
-        raise ValueError(f"round_join must be one of {', '.join(map(repr, ROUND_JOINS))}, got {value!r}")
-    return value  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from hacfed.messages import ROUND_JOINS
-from hacfed.server.coordinator.transport import check_round_join, run_paced
+from hacfed.server.coordinator.transport import run_paced
 from hacfed.tools.cli import main
 from hacfed.tools.experiments.runner import plan_runs
 from hacfed.tools.sim import SimConfig
+from hacfed.tools.sim_paced import check_round_join
 from tests.unit.paced_events import paced_events
 from tests.unit.test_bench_modes import _matrix
 from tests.unit.test_coordinator_fakes import ScriptedLab, make_config, make_coordinator, scripted_submission

@@ -10,10 +10,10 @@ import random
 import pytest
 
 from hacfed.server.coordinator import CoordinatorStateError
-from hacfed.server.coordinator.transport import check_max_staleness, check_speeds, run_paced, run_rounds
+from hacfed.server.coordinator.transport import check_speeds, run_paced, run_rounds
 from hacfed.tools.cli import main
 from hacfed.tools.sim import SimConfig
-from hacfed.tools.sim_paced import parse_lab_speeds
+from hacfed.tools.sim_paced import check_max_staleness, parse_lab_speeds
 from tests.unit.paced_events import Event, paced_events
 from tests.unit.test_coordinator_fakes import FakeClock, ScriptedLab, make_config, make_coordinator, scripted_submission
 
