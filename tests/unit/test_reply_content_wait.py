@@ -11,6 +11,7 @@ hands the loop an error reply for that lab.
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ import pytest
 from flwr.supercore.inflatable import inflatable_utils
 from flwr.superlink.grid import grpc_grid
 
-from hacfed.flower_pulls import REPLY_CONTENT_WAIT_S, quick_pull_objects, reply_content_wait_s
+from hacfed.flower_pulls import MAX_RETRY_WAIT_S, REPLY_CONTENT_WAIT_S, quick_pull_objects, reply_content_wait_s
 from hacfed.server.config import write_server_config
 from hacfed.server.driver import make_driver
 from tests.unit.test_coordinator_fakes import FakeClock
@@ -30,9 +31,20 @@ def test_the_bound_is_the_exchange_timeout_and_at_most_a_minute() -> None:
     assert reply_content_wait_s(900.0) == REPLY_CONTENT_WAIT_S == 60.0
 
 
+class _NoWaitEvent(threading.Event):
+    """flwr's retry backoff without the real waits (the fake clock below is the pull's time); records each."""
+
+    waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return self.is_set()
+
+
 def test_a_pull_whose_content_never_arrives_gives_up_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = {"t": 0.0}
     monkeypatch.setattr(inflatable_utils, "time", SimpleNamespace(monotonic=lambda: clock["t"]))
+    monkeypatch.setattr(inflatable_utils, "threading", SimpleNamespace(Lock=threading.Lock, Event=_NoWaitEvent))
 
     def never_there(object_id: str) -> bytes:
         clock["t"] += 7.0  # each try: 7 s of (fake) time
@@ -46,6 +58,7 @@ def test_a_pull_whose_content_never_arrives_gives_up_at_the_bound(monkeypatch: p
     clock["t"] = 0.0
     with pytest.raises(RuntimeError, match="still waiting"):  # unbounded, as the SuperNode's pulls stay
         quick_pull_objects()(["a" * 64], never_there)
+    assert _NoWaitEvent.waits and max(_NoWaitEvent.waits) <= MAX_RETRY_WAIT_S * 1.2  # hacfed's short retries
 
 
 def test_the_serverapp_driver_bounds_its_grid_pulls_by_the_round_deadline(tmp_path: Path,
