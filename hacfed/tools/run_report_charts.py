@@ -88,6 +88,43 @@ def draw_lab_curves(data: RunData, agent: str) -> Draw:
     return draw
 
 
+# How a lab's partners' samples act on it (docs/partner_rules.md "What a lab sees every update"): shares in [0, 1].
+LEARNER_SHARES = (("train/partner/grad_frac", "partners' samples with gradient (rules)"),
+                  ("train/cross_grad_frac", "partners' samples with gradient"),
+                  ("train/partner/in_context_frac", "partners' samples as hints"),
+                  ("train/answer_form_start_share", "answers in its starting form"),
+                  ("train/rollout_truncated_frac", "responses cut at the budget"))
+TRUST_PREFIX = "train/trust/"
+
+
+def trust_keys(data: RunData, agent: str) -> list[str]:
+    return sorted({str(k) for r in data.rows if r["agent"] == agent for k in r if str(k).startswith(TRUST_PREFIX)})
+
+
+def has_learner_view(data: RunData, agent: str) -> bool:
+    keys = [k for k, _ in LEARNER_SHARES] + ["train/kl"] + trust_keys(data, agent)
+    return any(series(data.rows, agent, key) for key in keys)
+
+
+def draw_learner(data: RunData, agent: str) -> Draw:
+    def draw(ax: Any) -> None:
+        left_out = sum(_plot_series(ax, series(data.rows, agent, key), marker=".", label=label)
+                       for key, label in LEARNER_SHARES)
+        left_out += sum(_plot_series(ax, series(data.rows, agent, key), linestyle="--", marker=".",
+                                     label=f"trust in {text(key[len(TRUST_PREFIX):])}")
+                        for key in trust_keys(data, agent))
+        kl = series(data.rows, agent, "train/kl")
+        if kl:  # its own scale, on the right; its legend entry with the others
+            style = {"color": "black", "linestyle": ":", "marker": "x"}
+            twin = ax.twinx()
+            left_out += _plot_series(twin, kl, **style)
+            twin.set_ylabel("KL to the start model")
+            ax.plot([], [], label="KL to the start model (right axis)", **style)
+        _finish(ax, f"{text(agent)}: its partners' samples, its drift and its trust", "round", "share",
+                left_out=left_out)
+    return draw
+
+
 def draw_omega(data: RunData) -> Draw:
     def draw(ax: Any) -> None:
         left_out = sum(_plot_series(ax, points, log=True, marker=".", label=f"{text(learner)} ← {text(source)}")
@@ -219,4 +256,10 @@ def lab_charts(data: RunData, agent: str) -> list[Chart]:
                             "p10–p90 (band) of the samples this lab trained on.", draw_cross_over_time(data, agent)))
         charts.append(Chart(f"{agent}: cross-ratio histogram", "This lab's per-round ratio quantiles per source.",
                             draw_cross_hist(data, [agent])))
+    if has_learner_view(data, agent):
+        charts.append(Chart(f"{agent}: partners' samples and drift", "From this lab's step reports: the share of "
+                            "its partners' samples that carried gradient or served as hints, the share of its answers "
+                            "still in the form of its first rollout, the share cut at the budget, its trust weight in "
+                            "each partner (`train/trust/*`) and, on the right axis, the KL of its own samples to the "
+                            "model it started from (`train/kl`).", draw_learner(data, agent)))
     return charts

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
+from hacfed.server.dashboard.learner import learner_view
 from hacfed.server.dashboard.pace import NO_STALENESS, lab_paces, lab_staleness
 from hacfed.server.reporting import MAX_STEP_TIME_S, StepTimes, split_round
 from hacfed.truncation_warnings import TRUNCATION_WARN_FRAC, truncation_warning
@@ -235,6 +236,7 @@ def participants_table(journal: dict[str, Any], fingerprints: dict[str, str], ro
             "truncation_warning": truncation_warning(pid, cut, BUDGET_SETTING)  # what hacfed-client says
             if cut is not None and cut > TRUNCATION_WARN_FRAC else None,
             "capability": _num(last.get("capability")),
+            **learner_view(last),
             **paces.get(pid, no_pace),
             **staleness.get(pid, NO_STALENESS),
         })

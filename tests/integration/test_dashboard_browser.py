@@ -207,7 +207,37 @@ def test_the_page_warns_of_a_lab_whose_responses_are_mostly_cut_at_the_budget(tm
                                   "max_new_tokens")], dom.stdout[-3000:]
     rows = dict(re.findall(r'<tr data-participant="([^"]+)">(.*?)</tr>', dom.stdout))
     cells = re.findall(r'<td(?: class="([^"]*)")?>(.*?)</td>', rows["lab-a"])
-    assert cells[-2] == ("num bad", "0.62"), cells  # the "cut" column, before P̂
+    assert cells[-6] == ("num bad", "0.62"), cells  # the "cut" column, before P̂ and the four learner columns
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_the_page_shows_how_the_partners_samples_act_on_each_lab(tmp_path, federation):  # noqa: F811
+    """lab-a's last step report carries its KL to the start model, the share of its answers still in
+    its first form, the share of partners' samples it used and its trust in each partner (one named
+    with markup, as a hostile peer could be): the page shows them as text; lab-b, which reported none,
+    shows dashes and empty cells (issue 39, "What a lab sees every update")."""
+    from hacfed.server.dashboard.bind import parse_dashboard_address
+    from hacfed.server.dashboard.serve import start_dashboard
+    from hacfed.server.reporting import append_rows
+
+    sources = federation["sources"]
+    append_rows(sources.metrics, [{"round": 2, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
+                                   "train/kl": 0.3141, "train/answer_form_start_share": 0.38,
+                                   "train/partner/grad_frac": 0.22, "train/partner/in_context_frac": 0.5,
+                                   "train/trust/lab-b": 0.08, "train/trust/<b>x</b>": 1.0}])
+    dashboard = start_dashboard(parse_dashboard_address("127.0.0.1:0"), sources)
+    try:
+        dom = _chromium(tmp_path, "--dump-dom", dashboard.url)
+    finally:
+        dashboard.stop()
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    rows = dict(re.findall(r'<tr data-participant="([^"]+)">(.*?)</tr>', dom.stdout))
+    learner = {pid: re.findall(r'<td class="([^"]*learner[^"]*)">(.*?)</td>', row) for pid, row in rows.items()}
+    assert learner["lab-a"] == [("num learner-kl", "0.314"), ("num bad learner-form", "0.38"),
+                                ("learner-partners", "22 % with gradient, 50 % as hints"),
+                                ("learner-trust", "&lt;b&gt;x&lt;/b&gt; 1.00, lab-b 0.08")], dom.stdout[-3000:]
+    assert learner["lab-b"] == [("num learner-kl", "-"), ("num learner-form", "-"), ("learner-partners", ""),
+                                ("learner-trust", "")]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)

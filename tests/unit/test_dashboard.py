@@ -357,3 +357,38 @@ def test_pace_of_the_last_round_ends_at_its_close_and_absurd_times_are_left_out(
     assert json.loads(json.dumps(paces, allow_nan=False)) == paces
     rounds[1] = {**rounds[1], "state": "OPEN", "closed_at": None}
     assert lab_paces(subs, rounds, 2, now=100.0)["fast"]["waiting_s"] == 94.0  # replied, round 1 still open
+
+
+def test_the_learner_columns_take_only_numbers_in_range_and_a_bounded_list_of_partners():
+    """A lab's step report is its own claim: a value out of range or not a number is shown as missing,
+    and a report naming many partners (or long names) cannot grow the table without bound."""
+    from hacfed.server.dashboard.learner import MAX_NAME, MAX_TRUST, learner_view
+
+    assert learner_view({}) == {"kl_start": None, "form_share": None, "partner_grad": None,
+                                "partner_context": None, "trust": {}, "trust_more": 0}
+    good = learner_view({"train/kl": 0.25, "train/answer_form_start_share": 0.9, "train/cross_grad_frac": 0.2,
+                         "train/trust/lab-b": 0.5})
+    assert (good["kl_start"], good["form_share"], good["partner_grad"], good["trust"]) == (0.25, 0.9, 0.2,
+                                                                                          {"lab-b": 0.5})
+    ruled = learner_view({"train/partner/grad_frac": 0.0, "train/cross_grad_frac": 0.7})
+    assert ruled["partner_grad"] == 0.0  # with a learner-side rule, its own share wins
+    bad = learner_view({"train/kl": float("inf"), "train/answer_form_start_share": 1.5, "train/cross_grad_frac": True,
+                        "train/partner/in_context_frac": "0.5", "train/trust/lab-b": -1, "train/trust/": 0.5,
+                        "train/trust/lab-c": float("nan")})
+    assert bad == {"kl_start": None, "form_share": None, "partner_grad": None, "partner_context": None,
+                   "trust": {}, "trust_more": 0}
+    assert learner_view({"train/kl": -0.5})["kl_start"] is None
+    many = learner_view({f"train/trust/{i:02d}{'p' * 100}": 0.5 for i in range(MAX_TRUST + 5)})
+    assert len(many["trust"]) == MAX_TRUST and many["trust_more"] == 5
+    assert all(len(name) == MAX_NAME for name in many["trust"])
+    cut_alike = learner_view({f"train/trust/{'p' * 100}{i}": 0.5 for i in range(3)})
+    assert len(cut_alike["trust"]) == 1 and cut_alike["trust_more"] == 2  # none lost without a count
+
+
+def test_the_participants_table_carries_the_learner_columns(federation):
+    sources = federation["sources"]
+    append_rows(sources.metrics, [{"round": 1, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
+                                   "train/kl": 0.31, "train/trust/lab-b": 0.08}])
+    parts = {p["id"]: p for p in Snapshotter(sources, clock=federation["clock"]).get()["participants"]}
+    assert parts["lab-a"]["kl_start"] == 0.31 and parts["lab-a"]["trust"] == {"lab-b": 0.08}
+    assert parts["lab-b"]["kl_start"] is None and parts["lab-b"]["trust"] == {}

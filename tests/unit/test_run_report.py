@@ -167,3 +167,28 @@ def test_sources_of_a_sim_dir_a_demo_root_and_an_ambiguous_dir(tmp_path: Path) -
     append_rows(sim / "other.jsonl", _rows())
     with pytest.raises(NoMetrics, match="several metrics files"):
         find_sources(sim)
+
+
+def test_a_lab_reporting_its_partners_use_drift_and_trust_gets_a_chart_of_them(tmp_path: Path) -> None:
+    """Issue 39, "What a lab sees every update": the share of partners' samples used, the trust weight in each
+    partner, the KL to the start model, the truncated fraction and the answer-form share, per lab."""
+    from hacfed.tools.run_report import load_run
+    from hacfed.tools.run_report_charts import has_learner_view, lab_charts
+
+    rows = _rows(cross=False)
+    for r in rows:
+        if r["agent"] == AGENTS[0] and not r.get("final"):
+            r.update({"train/kl": 0.1 * r["round"], "train/answer_form_start_share": 1.0 - 0.1 * r["round"],
+                      "train/partner/grad_frac": 0.2, "train/trust/$\\frac{$": 0.5,
+                      "train/rollout_truncated_frac": 0.05})
+    state = tmp_path / "state"
+    append_rows(state / "metrics.jsonl", rows)
+    data = load_run(state)
+    assert has_learner_view(data, AGENTS[0]) and not has_learner_view(data, AGENTS[1])
+    titles = [c.title for c in lab_charts(data, AGENTS[0])]
+    assert titles == [f"{AGENTS[0]}: curves", f"{AGENTS[0]}: partners' samples and drift"]
+    out = tmp_path / "r.html"
+    assert main(["report", str(state / "metrics.jsonl"), "--out", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert len(_images(page)) == 5 + 2 * 1 + 1  # the other tests' count, plus this lab's new chart
+    assert f"{AGENTS[0]}: partners&#x27; samples and drift" in page or f"{AGENTS[0]}: partners' samples" in page

@@ -55,6 +55,20 @@
     return "max " + p.stale_max + ", mean " + fmt(p.stale_mean, 2) + " (step " + p.stale_step + ")";
   }
 
+  // How its partners' samples act on a lab, from its latest step report (learner.py).
+  function partnerUse(p) {
+    if (p.partner_grad === null && p.partner_context === null) return "";
+    return (p.partner_grad === null ? "" : fmt(100 * p.partner_grad, 0) + " % with gradient") +
+      (p.partner_context === null ? "" : (p.partner_grad === null ? "" : ", ") +
+       fmt(100 * p.partner_context, 0) + " % as hints");
+  }
+
+  function trust(p) {
+    const names = Object.keys(p.trust || {});
+    return names.map(function (n) { return n + " " + fmt(p.trust[n], 2); }).join(", ") +
+      (p.trust_more ? " (+" + p.trust_more + " more)" : "");
+  }
+
   function drawParticipants(list) {
     fillTable("participants", list, function (tr, p) {
       tr.dataset.participant = p.id;
@@ -77,6 +91,11 @@
       cell(tr, fmt(p.reward, 2), "num");
       cell(tr, fmt(p.truncated, 2), p.truncated > 0.1 ? "num bad" : "num");
       cell(tr, fmt(p.capability, 2), "num");
+      cell(tr, fmt(p.kl_start, 3), "num learner-kl");
+      cell(tr, fmt(p.form_share, 2), p.form_share !== null && p.form_share < 0.5 ? "num bad learner-form" :
+           "num learner-form");
+      cell(tr, partnerUse(p), "learner-partners");
+      cell(tr, trust(p), "learner-trust");
     });
   }
 
