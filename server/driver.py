@@ -56,16 +56,8 @@ from hacfed.server.hellos import Hellos
 from hacfed.server.membership import Membership
 from hacfed.server.node_auth import BINDINGS_FILE
 from hacfed.server.replies import LabReplies
-from hacfed.server.reporting import (
-    StepTimes,
-    append_rows,
-    participant_lines,
-    round_line,
-    round_rows,
-    rounds_written,
-    split_round,
-)
 from hacfed.server.round_members import RoundMembers
+from hacfed.server.round_report import RoundReport
 from hacfed.server.round_updates import SealedUpdates
 from hacfed.server.round_waiting import WaitingLine
 from hacfed.server.run_end import RunEnd, write_status
@@ -100,6 +92,7 @@ class FederationDriver:
                                      trust_on_first_use=config.server.trust_on_first_use,
                                      bindings_path=self.state_dir / BINDINGS_FILE if config.supernode_auth else None)
         self.metrics_out = config.metrics_out
+        self.report = RoundReport(self.coordinator, self.metrics_out, self.console, monotonic)
         self.deliveries = Deliveries(self._key, self.answers, monotonic)
         self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
         self.stale = StaleRounds(self.coordinator, self._key, self.deliveries, self.console) \
@@ -110,15 +103,14 @@ class FederationDriver:
         self.replies = LabReplies(
             coordinator=self.coordinator, journal=self.journal, membership=self.membership, answers=self.answers,
             deliveries=self.deliveries, run_end=self.run_end, key=self._key, rounds=self.cfg.rounds,
-            console=self.console, monotonic=monotonic, on_step_times=self._record_steps,
+            console=self.console, monotonic=monotonic, on_step_times=self.report.record_steps,
         )
         self._nodes: dict[int, str] = {}  # node id -> participant id (the loop's hellos)
         self._last_error: dict[str, str] = {}
         self.members = RoundMembers(self.coordinator, self.membership, self.console)  # whom rounds count on
         self._registered: set[str] = set()  # registered with the coordinator by this driver
         self._connected: set[str] = set()  # admitted participants the loop currently knows
-        self._steps: dict[int, dict[str, StepTimes]] = {}  # round -> lab -> the step times its submission reported
-        self._coordinator_s, self._waiting_since = 0.0, None  # (a round's coordinator seconds; see _maybe_open)
+        self._waiting_since: float | None = None  # since when the next round waits for participants
         self._waiting_line = WaitingLine(self.console)  # every 30 s: whom an open round waits for
         self.headroom = Headroom(self.state_dir, config.server.min_free_mib, self.console, monotonic,
                                  on_resume=self._hold_deadlines)
@@ -129,9 +121,6 @@ class FederationDriver:
         with self._fail_closed_guard():
             for round_id in self.journal.hold_deadlines(paused_s, self.coordinator.now(), held_detail(paused_s)):
                 self.console(f"round {round_id}: deadline held {paused_s:.0f}s (the time paused)")
-
-    def _record_steps(self, participant_id: str, round_id: int, times: StepTimes) -> None:
-        self._steps.setdefault(round_id, {})[participant_id] = times
 
     # -- RoundDriver ----------------------------------------------------------------------------
 
@@ -162,7 +151,10 @@ class FederationDriver:
             raise SupervisorGone(f"hacfed-server (pid {self.supervisor[0]}) is gone")
         if self.headroom.paused():  # the state dir's disk is (nearly) full: open, close and send nothing
             return None
-        started = self._monotonic()
+        with self.report.timed():
+            return self._payloads(participants)
+
+    def _payloads(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
         admitted = self._admit(participants)
         unknown = {pid for pid in self._nodes.values() if not self.membership.known(pid)}
         payloads = self.replies.key_requests(self._nodes, unknown)
@@ -178,7 +170,6 @@ class FederationDriver:
         elif self.coordinator.finished:
             payloads.update(self._final_payloads(admitted))
         payloads.update(self._answer_deliveries(admitted, set(payloads)))
-        self._coordinator_s += self._monotonic() - started
         return payloads or None
 
     def _admit(self, participants: Mapping[int, str]) -> set[str]:
@@ -230,14 +221,14 @@ class FederationDriver:
                 self._timed_finish(keep=0)
 
     def _timed_finish(self, keep: int) -> None:
-        started = self._monotonic()
-        try:
+        with self.report.timed():
             self.replies.finish_judging(keep)
-        finally:
-            self._coordinator_s += self._monotonic() - started
 
     def _on_reply(self, node_id: int, payload: bytes) -> None:
-        started = self._monotonic()
+        with self.report.timed():
+            self._judge_reply(node_id, payload, self._monotonic())
+
+    def _judge_reply(self, node_id: int, payload: bytes, started: float) -> None:
         sent = self.deliveries.take(node_id)
         if sent is None:
             log.warning("ignoring a reply from node %s that was sent nothing", node_id)
@@ -256,7 +247,6 @@ class FederationDriver:
                 self.run_end.acknowledged(pid)
             else:
                 self.replies.take(sent, payload, started - sent.at)
-        self._coordinator_s += self._monotonic() - started
 
     def on_error(self, node_id: int, error: str) -> None:
         sent = self.deliveries.take(node_id)
@@ -279,13 +269,11 @@ class FederationDriver:
     def close_round(self) -> None:
         if self.headroom.paused():  # nothing is closed (or written) until the state dir has room again
             return
-        started = self._monotonic()
-        with self._fail_closed_guard():
+        with self.report.timed(), self._fail_closed_guard():
             if self.coordinator.current_round is not None and (reason := self.coordinator.poll()) is not None:
                 self._close(reason)
             elif self.coordinator.finished and not self.run_end.done:
                 self.run_end.maybe_finish(self._nodes)
-        self._coordinator_s += self._monotonic() - started
 
     def finished(self) -> bool:
         return self.run_end.done
@@ -310,7 +298,8 @@ class FederationDriver:
                 return
         self._waiting_since = None
         plan = self.coordinator.open_round()
-        self._steps, self._coordinator_s, self._last_error = {}, 0.0, {}
+        self.report.opened()
+        self._last_error = {}
         self.deliveries.clear_holds()
         self.console(f"round {plan.round_id} open: {len(plan.prompts)} prompts x G={plan.group_size}"
                      f"{' (+ evaluation)' if plan.evaluate else ''}, deadline {self.cfg.round_deadline_s:.0f}s")
@@ -352,15 +341,8 @@ class FederationDriver:
 
     def _close(self, reason: str) -> None:
         round_id = self.coordinator.open_rounds()[0]  # the oldest open round closes (max_staleness K: of K + 1)
-        record, steps = self.coordinator.round_record(round_id), self._steps.pop(round_id, {})
-        closed = self.coordinator.close_round(reason)
-        wall = self.coordinator.now() - record.opened_at
-        summary = self.coordinator.round_summary(round_id)
-        times = split_round(wall, self._coordinator_s, steps)
-        append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, times, steps))
-        for line in participant_lines(summary, steps, set(self._nodes.values())):
-            self.console(line)
-        self.console(round_line(summary, times) + f"; contributors {list(closed.contributors)}")
+        opened_at = self.coordinator.round_record(round_id).opened_at
+        self.report.closed(round_id, opened_at, self.coordinator.close_round(reason), set(self._nodes.values()))
         self.deliveries.forget_round(round_id)
         write_status(self.state_dir, self.coordinator, self.run_end.done)
         if self.coordinator.finished:
@@ -373,12 +355,7 @@ class FederationDriver:
 
     def _resume(self) -> None:
         resumed = self.coordinator.resume()
-        written, _ = rounds_written(self.metrics_out)
-        for round_id in range(self.coordinator.next_round_id):
-            record = self.coordinator.round_record(round_id)
-            if record is not None and record.state != "OPEN" and round_id not in written:
-                summary = self.coordinator.round_summary(round_id)  # closed while down: rows without timings
-                append_rows(self.metrics_out, round_rows(summary, self.cfg.hacpo.mode, self.cfg.seed, None, {}))
+        self.report.rows_missing_after_resume()
         where = (f"round {resumed.open_round} continues (same id and deadline)" if resumed.open_round is not None
                  else "all rounds done" + ("" if self.run_end.done else "; final reports pending")
                  if self.coordinator.finished else f"next round {resumed.next_round}")

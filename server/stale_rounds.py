@@ -21,7 +21,7 @@ A lab's update is sealed whole (`encode_round_update`): its selection is the lab
 shared between labs as in `hacfed.server.round_updates`. One that would not fit in one message
 (`hacfed.wire.MAX_MESSAGE_BYTES`, less `DELIVERY_ROOM` for the delivery around it) is cut as the
 synchronous driver cuts its updates, to fewer peers per prompt down to the lab's own samples, before
-its choice is journaled (`engine.fitted_peers`); the console says so with the number of samples left
+its choice is journaled (`pool_share.fitted_peers`); the console says so with the number of samples left
 out, which that lab is never sent. One whose own samples and plan alone do not fit is sent as it is,
 as a synchronous one is: past the message itself it fails to seal.
 """

@@ -17,7 +17,7 @@ final update. With `max_staleness` K:
 - **what the lab is sent** (`update_for`): of the window, the accepted samples of every submission it
   was not sent before, the capabilities P̂ of the latest closed round, the plan of round t, cut to its
   share (`pool_share`: its own samples and `pool_peers_per_prompt` peers per prompt) and, given
-  `max_bytes`, to fewer peers until it fits one message (`fitted_peers`);
+  `max_bytes`, to fewer peers until it fits one message (`pool_share.fitted_peers`);
 - **the step a lab is at** (`step_of`, over Flower): the first round not closed that it has not
   submitted for; with `round_join = "newest"` (`next_step`) the newest open round it has not taken,
   or the next round once round n - K closed.
@@ -46,9 +46,8 @@ from hacfed.server.coordinator.config import CoordinatorConfig
 from hacfed.server.coordinator.errors import CoordinatorStateError
 from hacfed.server.coordinator.journal import Journal, SentStep
 from hacfed.server.coordinator.kept_pool import KeptSamples
-from hacfed.server.coordinator.pool_share import PoolShares, share_salt, shares_of
+from hacfed.server.coordinator.pool_share import fitted_peers, share_salt, shares_of
 from hacfed.trajectory import Trajectory
-from hacfed.wire.pool_splice import encode_pool_items, header_of, round_update_parts
 
 
 def waits_for(step: int, rounds: int, max_staleness: int) -> int:
@@ -322,26 +321,3 @@ class RoundEngine:
 
     def _fitted(self, update: RoundUpdate, lab: str, k: int, step: int, max_bytes: int) -> tuple[int, int, int]:
         return fitted_peers(update, lab, k, self._salt(step), self.cfg.pool_peer_choice, max_bytes)
-
-
-def fitted_peers(
-    update: RoundUpdate, learner: str, peers_per_prompt: int, salt: str, choice: str, max_bytes: int,
-) -> tuple[int, int, int]:
-    """(k, left out, size): the most peers per prompt k <= `peers_per_prompt` whose share of `update` for
-    `learner` (`shares_of`) encodes in at most `max_bytes`, or 0 (its own samples only) when none does;
-    how many samples of its share at `peers_per_prompt` the share at k leaves out; the bytes of its
-    encoding (over `max_bytes` at k = 0 when even its own samples and the plan do not fit). The
-    synchronous driver's rule (`hacfed.server.round_updates.RoundUpdates`): every pool record is
-    encoded once, and a share's size is summed from them."""
-    items = encode_pool_items(update.pool)
-    header = header_of(update)
-    shares = PoolShares(update.pool, peers_per_prompt, salt, choice)
-    sources = len({t.source_id for t in update.pool})
-    k, full = peers_per_prompt, None
-    while True:
-        chosen = range(len(items)) if sources <= k + 1 else shares.indices_for(learner, k)  # as `shares_of`
-        full = len(chosen) if full is None else full
-        size = sum(map(len, round_update_parts(header, [items[i] for i in chosen])))
-        if size <= max_bytes or k == 0:
-            return k, full - len(chosen), size
-        k -= 1

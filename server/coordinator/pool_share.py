@@ -29,7 +29,8 @@ needs them as its own group) plus the groups of at most `peers_per_prompt` (K) o
   (`success_credit.REFUSED_GROUP`), so text no filtered learner can use does not earn reach.
 
 Capabilities P̂ still cover every agent (they travel in the update, not in the pool). The order of
-the samples is the pool's order, so a selection is a sub-sequence of the pool.
+the samples is the pool's order, so a selection is a sub-sequence of the pool. A share that would not
+fit in one message is cut to fewer peers per prompt (`fitted_peers`, the round engine's rule).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from hacfed.messages import PEER_CHOICES, RoundUpdate
 from hacfed.trajectory import Trajectory
+from hacfed.wire.pool_splice import encode_pool_items, header_of, round_update_parts
 
 
 def share_salt(run_id: str, seed: int, round_id: int) -> str:
@@ -154,4 +156,27 @@ class PoolShares:
         return int.from_bytes(digest[:8], "big") % n
 
 
-__all__ = ["PoolShares", "share_salt", "shares_of"]
+def fitted_peers(
+    update: RoundUpdate, learner: str, peers_per_prompt: int, salt: str, choice: str, max_bytes: int,
+) -> tuple[int, int, int]:
+    """(k, left out, size): the most peers per prompt k <= `peers_per_prompt` whose share of `update` for
+    `learner` (`shares_of`) encodes in at most `max_bytes`, or 0 (its own samples only) when none does;
+    how many samples of its share at `peers_per_prompt` the share at k leaves out; the bytes of its
+    encoding (over `max_bytes` at k = 0 when even its own samples and the plan do not fit). The
+    synchronous driver's rule (`hacfed.server.round_updates.RoundUpdates`): every pool record is
+    encoded once, and a share's size is summed from them."""
+    items = encode_pool_items(update.pool)
+    header = header_of(update)
+    shares = PoolShares(update.pool, peers_per_prompt, salt, choice)
+    sources = len({t.source_id for t in update.pool})
+    k, full = peers_per_prompt, None
+    while True:
+        chosen = range(len(items)) if sources <= k + 1 else shares.indices_for(learner, k)  # as `shares_of`
+        full = len(chosen) if full is None else full
+        size = sum(map(len, round_update_parts(header, [items[i] for i in chosen])))
+        if size <= max_bytes or k == 0:
+            return k, full - len(chosen), size
+        k -= 1
+
+
+__all__ = ["PoolShares", "fitted_peers", "share_salt", "shares_of"]

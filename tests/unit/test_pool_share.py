@@ -13,8 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hacfed.envelope import DOMAIN_UPDATE, key_id, open_envelope
 from hacfed.messages import RoundUpdate
-from hacfed.server.coordinator.engine import fitted_peers
-from hacfed.server.coordinator.pool_share import PoolShares, shares_of
+from hacfed.server.coordinator.pool_share import PoolShares, fitted_peers, shares_of
 from hacfed.server.round_updates import RoundUpdates
 from hacfed.trajectory import ChatMessage, Trajectory
 from hacfed.wire import PayloadType, decode_round_update, encode_round_update
@@ -229,7 +228,7 @@ def test_an_update_too_big_for_one_message_is_sent_with_fewer_peers() -> None:
 
 
 def test_a_stale_update_is_cut_as_a_synchronous_one() -> None:
-    """`engine.fitted_peers` (the Flower driver at max_staleness K >= 1) cuts a lab's share to the
+    """`pool_share.fitted_peers` (the Flower driver at max_staleness K >= 1) cuts a lab's share to the
     same peers per prompt and samples as `RoundUpdates` cuts a synchronous update, for every limit."""
     key = Ed25519PrivateKey.generate()
     pool = make_pool(4, 2, 2, text="y" * 2000)

@@ -28,6 +28,6 @@ def test_a_node_answering_a_round_with_its_previous_reply_is_not_counted_as_this
     line = next(line for line in fed.lines if "lab-a: submitted" in line)
     assert line.startswith("round 0 (sent as the reply to round 1) lab-a: submitted") and "identical resend" in line
     assert not any(line.startswith("round 1 lab-a") for line in fed.lines), fed.lines
-    assert fed.driver._steps == {}  # round 1's step times are not round 0's report
+    assert fed.driver.report.steps_of(1) == {}  # round 1's step times are not round 0's report
     fed.run()  # the lab is asked again and answers round 1 itself
     assert fed.driver.coordinator.finished and fed.driver.journal.count("submissions") >= 2
