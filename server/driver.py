@@ -91,15 +91,14 @@ class FederationDriver:
         self.membership = Membership(config.keys_dir, self.console,
                                      trust_on_first_use=config.server.trust_on_first_use,
                                      bindings_path=self.state_dir / BINDINGS_FILE if config.supernode_auth else None)
-        self.metrics_out = config.metrics_out
-        self.report = RoundReport(self.coordinator, self.metrics_out, self.console, monotonic)
+        self.report = RoundReport(self.coordinator, config.metrics_out, self.console, monotonic)
         self.deliveries = Deliveries(self._key, self.answers, monotonic)
         self.updates = SealedUpdates(self.cfg, self.coordinator, self._key, self.console)
         self.stale = StaleRounds(self.coordinator, self._key, self.deliveries, self.console) \
             if self.coordinator.engine.journaled else None  # K >= 1 or round_join "newest": each lab's steps
         self.hellos = Hellos(self._key, self.cfg.run_id, self.membership, monotonic)
         self.run_end = RunEnd(self.cfg, self.coordinator, self.journal, self.membership, self.deliveries, self._key,
-                              self.console, monotonic, self.metrics_out)
+                              self.console, monotonic, config.metrics_out)
         self.replies = LabReplies(
             coordinator=self.coordinator, journal=self.journal, membership=self.membership, answers=self.answers,
             deliveries=self.deliveries, run_end=self.run_end, key=self._key, rounds=self.cfg.rounds,
@@ -204,15 +203,12 @@ class FederationDriver:
         self.members.rejoined(participant_id)
         return True
 
-    def on_reply(self, node_id: int, payload: bytes) -> None:
-        self.on_replies([(node_id, payload)])
-
     def on_replies(self, replies: Iterable[tuple[int, bytes]]) -> None:
         """The replies of one pull, in order. Each lab's submission is begun (`Coordinator.begin_submit`:
         gates, cheap checks, reward verification sent to the verifier's workers) before the one
         before it is finished (verdicts, journal, answer), so the workers verify one lab's samples
         while this thread decodes and checks the next lab's (bench/coordinator_scale.py). Every
-        submission is journaled and answered before this returns, as with `on_reply`."""
+        submission is journaled and answered before this returns."""
         with self._fail_closed_guard():
             try:
                 for node_id, payload in replies:

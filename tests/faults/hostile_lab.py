@@ -237,7 +237,7 @@ class DriverHarness:
         """The reply as the round loop hands it over; (seconds taken, the new signed answers)."""
         mark = len(self.answered)
         started = time.perf_counter()
-        self.driver.on_reply(self.node_of(pid), reply)
+        self.driver.on_replies([(self.node_of(pid), reply)])
         seconds = time.perf_counter() - started
         new = [a for p, a in self.answered[mark:] if p == pid]
         assert len(new) == len(self.answered) - mark, "an answer went to another lab"

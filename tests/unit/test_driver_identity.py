@@ -84,7 +84,7 @@ def test_each_signature_must_be_the_sending_labs_own(tmp_path: Path, reply_signe
     payloads = fed.driver.next_round(fed.identified()) or {}
     assert set(payloads) == {2, 3}
     reply = fed.nodes[3][1].handle(payloads[3])
-    fed.driver.on_reply(3, _resigned(fed, reply, reply_signer, submission_signer))
+    fed.driver.on_replies([(3, _resigned(fed, reply, reply_signer, submission_signer))])
     refused = [line for line in fed.lines if "mallory: REFUSED HACFED-E-IDENTITY-MISMATCH" in line]
     if reply_signer == submission_signer == "mallory":
         assert not refused and fed.driver.coordinator.has_submitted("mallory", 0), fed.lines

@@ -34,7 +34,7 @@ def test_deleting_a_labs_key_file_by_hand_takes_it_out_by_the_next_round(tmp_pat
     replies = {node: fed.nodes[node][1].handle(payload) for node, payload in payloads.items()}
     (fed.keys_dir / "lab-b.pub").unlink()  # ... then the operator deletes lab-b's key file, as the review did
     for node, reply in replies.items():
-        fed.driver.on_reply(node, reply)
+        fed.driver.on_replies([(node, reply)])
     fed.driver.close_round()
     assert fed.driver.coordinator.has_submitted("lab-a", 1)
     assert not fed.driver.coordinator.has_submitted("lab-b", 1)  # was: accepted

@@ -48,7 +48,7 @@ def test_a_journal_write_that_fails_mid_reply_fails_closed_in_one_line(tmp_path:
     real = journal._db
     journal._db = FullDisk(real)
     with pytest.raises(FailedClosed, match="journal .* cannot be written: database or disk is full"):
-        fed.driver.on_reply(1, reply)
+        fed.driver.on_replies([(1, reply)])
     journal._db = real
     assert fed.driver.coordinator.failed_closed.startswith(f"journal {journal.path} cannot be written")
     failed = [line for line in fed.lines if line.startswith("WRITE FAILED: ")]

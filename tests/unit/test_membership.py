@@ -130,7 +130,7 @@ def test_tofu_hello_with_a_path_id_writes_nothing_outside_the_keys_dir(tmp_path:
     for _ in range(3):
         payloads = fed.driver.next_round({1: evil}) or {}  # even if the loop had mapped it
         for node, payload in payloads.items():
-            fed.driver.on_reply(node, attacker.handle(payload))
+            fed.driver.on_replies([(node, attacker.handle(payload))])
         fed.driver.close_round()
     assert not fed.driver.identify(1, evil, make_key_offer(generate_key()))
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.pub")

@@ -61,7 +61,7 @@ def test_identical_resends_get_the_original_receipt_and_replays_are_refused(tmp_
     # 1. identical resend in the same round (forced now: the driver would only ask at its next delivery)
     _reopen(lab_a, first.nonce)
     fed.driver.deliveries.record(1, Sent("lab-a", ANSWERS, clock.t))
-    fed.driver.on_reply(1, seal_lab_reply(b"", [first.envelope], lab_a._key))
+    fed.driver.on_replies([(1, seal_lab_reply(b"", [first.envelope], lab_a._key))])
     fed.exchange()  # the answer goes back to lab-a
     entry, _ = _answer_for(lab_a, first.nonce)
     assert entry.state == "acked" and entry.answer == receipt  # byte-identical
@@ -119,8 +119,8 @@ def test_a_resend_flood_is_refused_before_decoding_and_the_other_lab_goes_on(tmp
     plan = fed.driver.coordinator.plan_for(0)
     flood = [seal(encode_submission(scripted_submission(plan, "lab-a", nonce=secrets.token_hex(16))),
                   PayloadType.SUBMISSION, lab_a._key, DOMAIN_SUBMIT) for _ in range(40)]
-    fed.driver.on_reply(1, seal_lab_reply(b"", flood, lab_a._key))
-    fed.driver.on_reply(2, fed.nodes[2][1].handle(payloads[2]))
+    fed.driver.on_replies([(1, seal_lab_reply(b"", flood, lab_a._key))])
+    fed.driver.on_replies([(2, fed.nodes[2][1].handle(payloads[2]))])
     refused = [line for line in fed.lines if "lab-a: REFUSED HACFED-E-RATE-LIMITED" in line]
     assert len(refused) == 36 and "retry in" in refused[0]
     assert len(decoded) == 4 + 1  # lab-a's burst, and lab-b's submission: nothing else was decoded

@@ -32,7 +32,7 @@ def test_a_lab_revoked_mid_round_has_its_next_submission_refused(tmp_path: Path)
     replies = {node: fed.nodes[node][1].handle(payload) for node, payload in payloads.items()}
     revoke(fed.keys_dir, "lab-b")  # ...then the operator revokes lab-b, before its reply is read
     for node, reply in replies.items():
-        fed.driver.on_reply(node, reply)
+        fed.driver.on_replies([(node, reply)])
     fed.driver.close_round()
     assert fed.driver.coordinator.has_submitted("lab-a", 1)
     assert not fed.driver.coordinator.has_submitted("lab-b", 1)

@@ -50,7 +50,7 @@ def test_an_open_round_says_whom_it_waits_for_every_30_s(tmp_path):
         if node == 2:  # lab-b is down
             fed.driver.on_error(node, "UNAVAILABLE")
         else:
-            fed.driver.on_reply(node, fed.nodes[node][1].handle(payload))
+            fed.driver.on_replies([(node, fed.nodes[node][1].handle(payload))])
     fed.driver.close_round()
     assert fed.driver.coordinator.current_round == 1
     fed.lines.clear()

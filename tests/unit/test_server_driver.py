@@ -116,7 +116,7 @@ class Federation:
                 self.driver.on_error(node, str(exc))
                 outcome[node] = str(exc)
                 continue
-            self.driver.on_reply(node, reply)
+            self.driver.on_replies([(node, reply)])
             outcome[node] = "reply"
         self.driver.close_round()
         return outcome
@@ -218,11 +218,11 @@ def test_a_synchronous_rounds_receipts_wait_for_its_update_while_another_lab_wor
     fed.add(2, "lab-b")
     payloads = fed.driver.next_round(fed.identified())
     assert set(payloads) == {1, 2}
-    fed.driver.on_reply(1, fed.nodes[1][1].handle(payloads[1]))  # lab-a submits; lab-b still works
+    fed.driver.on_replies([(1, fed.nodes[1][1].handle(payloads[1]))])  # lab-a submits; lab-b still works
     fed.driver.close_round()
     assert fed.driver.coordinator.current_round == 0
     assert not fed.driver.next_round(fed.identified())  # nothing for lab-a while round 0 is out
-    fed.driver.on_reply(2, fed.nodes[2][1].handle(payloads[2]))
+    fed.driver.on_replies([(2, fed.nodes[2][1].handle(payloads[2]))])
     fed.driver.close_round()  # round 0 closes by quorum
     assert fed.driver.journal.round(0).close_reason == "quorum"
     assert not any(n.startswith("round 0: receipt") for n in fed.notices["lab-a"])
@@ -283,7 +283,7 @@ def test_more_trajectories_than_a_full_plan_are_refused_before_any_is_built(tmp_
     real = convert.read_trajectory
     monkeypatch.setattr(convert, "read_trajectory", lambda m: (built.append(m.source_id), real(m))[1])
     for node, reply in replies.items():
-        fed.driver.on_reply(node, reply)
+        fed.driver.on_replies([(node, reply)])
     full_plan = fed.driver.coordinator.max_trajectories
     assert built == ["lab-a"] * full_plan  # lab-a's submission only: nothing of lab-b's was built
     refused = [line for line in fed.lines if "round 0 lab-b: REFUSED HACFED-E-SIZE" in line]

@@ -40,7 +40,7 @@ class Poller:
         payloads = dict(self.fed.driver.next_round(self.fed.identified()) or {})
         self.pending.update(payloads)
         for node in [n for n in self.pending if self.fed.nodes[n][0] in answer]:
-            self.fed.driver.on_reply(node, self.fed.nodes[node][1].handle(self.pending.pop(node)))
+            self.fed.driver.on_replies([(node, self.fed.nodes[node][1].handle(self.pending.pop(node)))])
         self.fed.driver.close_round()
         return payloads
 

@@ -19,11 +19,11 @@ def test_a_node_answering_a_round_with_its_previous_reply_is_not_counted_as_this
     service = fed.add(1, "lab-a")
     payloads = fed.driver.next_round(fed.identified()) or {}
     old_reply = service.handle(payloads[1])
-    fed.driver.on_reply(1, old_reply)
+    fed.driver.on_replies([(1, old_reply)])
     fed.driver.close_round()  # round 0 closed by quorum
     assert fed.driver.next_round(fed.identified()) and fed.driver.coordinator.current_round == 1
     fed.lines.clear()
-    fed.driver.on_reply(1, old_reply)
+    fed.driver.on_replies([(1, old_reply)])
     assert fed.driver.journal.count("submissions") == 1 and not fed.driver.coordinator.has_submitted("lab-a", 1)
     line = next(line for line in fed.lines if "lab-a: submitted" in line)
     assert line.startswith("round 0 (sent as the reply to round 1) lab-a: submitted") and "identical resend" in line
