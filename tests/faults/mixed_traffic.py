@@ -9,7 +9,7 @@
   sends their labs (like a SuperNode, a lab replies only to a delivery; a refused lab is asked
   again at once) at `rate / clients` replies per second each, into one bounded queue (a full queue
   blocks the client, as a transport does); the test's thread is the ServerApp's round loop, handing
-  each reply to `FederationDriver.on_reply` in arrival order and the next deliveries to the clients;
+  each reply to `FederationDriver.on_replies` in arrival order and the next deliveries to the clients;
 - good traffic: each good lab's honest submission for the open round, once per round, one time in
   five with its previous submission riding along as an identical resend (an outbox whose receipt
   was lost), and an empty reply to a delivery of answers only; bad traffic: the hostile corpus's cases that are

@@ -9,7 +9,7 @@ receipt whose rejections carry the codes) and never a crash; an honest lab's sub
 round is accepted afterwards.
 
 `test_hostile_corpus_through_the_round_driver` sends them through the coordinator's round driver in
-this process (`FederationDriver.on_reply`, what the ServerApp's round loop calls with each reply's
+this process (`FederationDriver.on_replies`, what the ServerApp's round loop calls with each reply's
 bytes), with its real `Coordinator`, SQLite journal, audit log and reward verifier. One registered
 lab per case, so every case is that lab's first submission of the round. It times every rejection
 and samples RSS and open file descriptors (measured numbers: docs/security.md). The same corpus in
