@@ -32,8 +32,9 @@ RSS is the coordinator's alone. Per round it reports the coordinator time split 
   journal  SQLite: the used-id and policy-version lookups and `record_submission` (one transaction, audit line)
   answers  the signed receipts
   poll     what the ServerApp's loop asks between two pulls while a round is open: `close_round`
-           (nothing closes yet) and `next_round` (nothing to send: a lab that submitted gets its
-           receipt with the next round's update); here once after each pull but the last
+           (nothing closes yet) and `next_round`, which sends the labs just judged their answers
+           (an answers-only delivery each, whose reply, with no submission, comes in the next pull);
+           here once after each pull but the last
   close    the `close_round` that closes the round (capabilities, round summary, metrics rows)
   pool     the next round's update: the pool (kept from intake with the records cut from the
            submitted bytes, or read back from the journal and encoded), each lab's selection
@@ -112,18 +113,21 @@ def measure(work: Path, replies_per_pull: int = 8) -> dict[str, Any]:
             total += time.perf_counter() - start
             if sorted(payloads) != sorted(participants):
                 raise RuntimeError(f"round {round_id}: the driver sent to {sorted(payloads)}, not every lab")
-            nodes = list(participants.items())
+            nodes, answered = list(participants.items()), {}
             for first in range(0, len(nodes), replies_per_pull):
-                pulled = [(node, (work / "replies" / str(round_id) / f"{pid}.bin").read_bytes())  # not timed:
-                          for node, pid in nodes[first:first + replies_per_pull]]  # the transport's pull
+                pulled = [(node, (work / "replies" / "ack" / f"{participants[node]}.bin").read_bytes())
+                          for node in answered]  # not timed: the transport's pull
+                pulled += [(node, (work / "replies" / str(round_id) / f"{pid}.bin").read_bytes())
+                           for node, pid in nodes[first:first + replies_per_pull]]
                 start = time.perf_counter()
                 with clock.phase("other"):
                     driver.on_replies(pulled)
                 if first + replies_per_pull < len(nodes):
                     with clock.phase("poll"):  # the loop's close_round and next_round poll (every 0.2 s)
                         driver.close_round()
-                        if driver.next_round(participants):
-                            raise RuntimeError(f"round {round_id}: the driver sent something mid-round")
+                        answered = driver.next_round(participants) or {}
+                    if set(answered) != {node for node, _ in nodes[first:first + replies_per_pull]}:
+                        raise RuntimeError(f"round {round_id}: mid-round the driver sent to {sorted(answered)}")
                 total += time.perf_counter() - start
                 del pulled
             start = time.perf_counter()

@@ -113,6 +113,10 @@ def generate(cfg: ScaleConfig, work: Path) -> dict[str, Any]:
         pair = ensure_key_pair(work / "labs" / pid, "participant")
         keys[pid] = pair.load()
         save_public_key(keys[pid].public_key(), keys_dir / f"{pid}.pub")
+    acks = work / "replies" / "ack"  # each lab's reply to an answers-only delivery: no submission
+    acks.mkdir(parents=True, exist_ok=True)
+    for pid in labs:
+        (acks / f"{pid}.bin").write_bytes(seal_lab_reply(b"", (), keys[pid]))
     for round_id in range(cfg.rounds):
         plan = make_plan(ccfg, task, round_id)
         folder = work / "replies" / str(round_id)

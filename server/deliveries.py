@@ -72,10 +72,6 @@ class Deliveries:
         """The labs with an exchange in flight."""
         return {s.participant_id for s in self._sent.values()}
 
-    def in_flight(self, round_id: int | None) -> bool:
-        """Whether an exchange of round `round_id` is out."""
-        return round_id is not None and any(s.round_id == round_id for s in self._sent.values())
-
     def record(self, node_id: int, sent: Sent) -> None:
         self._sent[node_id] = sent
 

@@ -155,7 +155,6 @@ class FederationDriver:
 
     def _payloads(self, participants: Mapping[int, str]) -> Mapping[int, bytes] | None:
         admitted = self._admit(participants)
-        round_out = self.deliveries.in_flight(self.coordinator.current_round)  # before this poll sends any
         unknown = {pid for pid in self._nodes.values() if not self.membership.known(pid)}
         payloads = self.replies.key_requests(self._nodes, unknown)
         if self.run_end.done:
@@ -169,7 +168,7 @@ class FederationDriver:
             self._waiting_line.tick(self.coordinator, self.coordinator.open_rounds()[0], self._monotonic())
         elif self.coordinator.finished:
             payloads.update(self._final_payloads(admitted))
-        payloads.update(self._answer_deliveries(admitted, set(payloads), round_out))
+        payloads.update(self._answer_deliveries(admitted, set(payloads)))
         return payloads or None
 
     def _admit(self, participants: Mapping[int, str]) -> set[str]:
@@ -328,17 +327,12 @@ class FederationDriver:
             self.run_end.maybe_finish(self._nodes)
         return payloads
 
-    def _answer_deliveries(self, admitted: set[str], taken: set[int], round_out: bool) -> dict[int, bytes]:
-        """Answers-only deliveries for idle labs whose answers would otherwise wait. While a synchronous
-        round's exchanges are out (`round_out`, at the start of this poll), a lab that submitted to it
-        gets its answers with the next round's update: an answers-only exchange still out when the
-        round closes would hold that update back."""
-        now, busy, open_round = self._monotonic(), self.deliveries.busy(), self.coordinator.current_round
-        defer = round_out and self.stale is None
+    def _answer_deliveries(self, admitted: set[str], taken: set[int]) -> dict[int, bytes]:
+        """Answers-only deliveries for idle labs whose answers would otherwise wait."""
+        now, busy = self._monotonic(), self.deliveries.busy()
         targets = {node: pid for node, pid in self._nodes.items()
                    if node not in taken and pid in admitted and pid not in busy and self.answers.pending(pid)
-                   and self.deliveries.may_send_answers(pid, now)
-                   and not (defer and self.coordinator.has_submitted(pid, open_round))}
+                   and self.deliveries.may_send_answers(pid, now)}
         return self.deliveries.send(targets, ANSWERS, b"")
 
     def _close(self, reason: str) -> None:
