@@ -183,24 +183,29 @@ def test_the_page_shows_each_labs_staleness_at_k1(tmp_path):
     assert rows["lab-a"] == "max 1, mean 0.50 (step 2)"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
-def test_the_page_warns_of_a_lab_whose_responses_are_mostly_cut_at_the_budget(tmp_path, federation):  # noqa: F811
-    """The journal and metrics of tests/unit/test_dashboard.py's federation, lab-a's last row with 62 %
-    of its responses cut at the budget: the page says so above the table, in the words hacfed-client
-    prints, and its cut cell is marked; lab-b (no fraction reported) gets no warning (issue 43)."""
+def _page_after_a_report(tmp_path, sources, metrics: dict):
+    """The page (Chromium's dumped DOM) after lab-a's round-2 step report carried `metrics`."""
     from hacfed.server.dashboard.bind import parse_dashboard_address
     from hacfed.server.dashboard.serve import start_dashboard
     from hacfed.server.reporting import append_rows
 
-    sources = federation["sources"]
     append_rows(sources.metrics, [{"round": 2, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
-                                   "train/rollout_truncated_frac": 0.62}])
+                                   **metrics}])
     dashboard = start_dashboard(parse_dashboard_address("127.0.0.1:0"), sources)
     try:
         dom = _chromium(tmp_path, "--dump-dom", dashboard.url)
     finally:
         dashboard.stop()
     assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_the_page_warns_of_a_lab_whose_responses_are_mostly_cut_at_the_budget(tmp_path, federation):  # noqa: F811
+    """The journal and metrics of tests/unit/test_dashboard.py's federation, lab-a's last row with 62 %
+    of its responses cut at the budget: the page says so above the table, in the words hacfed-client
+    prints, and its cut cell is marked; lab-b (no fraction reported) gets no warning (issue 43)."""
+    dom = _page_after_a_report(tmp_path, federation["sources"], {"train/rollout_truncated_frac": 0.62})
     warnings = re.findall(r'<li data-participant="([^"]+)">(.*?)</li>', dom.stdout)
     assert warnings == [("lab-a", "warning: lab-a: 62% of its responses were cut at the response budget (finish "
                                   "reason 'length'); their rewards score unfinished answers: raise [sampling] "
@@ -216,21 +221,9 @@ def test_the_page_shows_how_the_partners_samples_act_on_each_lab(tmp_path, feder
     its first form, the share of partners' samples it used and its trust in each partner (one named
     with markup, as a hostile peer could be): the page shows them as text; lab-b, which reported none,
     shows dashes and empty cells (issue 39, "What a lab sees every update")."""
-    from hacfed.server.dashboard.bind import parse_dashboard_address
-    from hacfed.server.dashboard.serve import start_dashboard
-    from hacfed.server.reporting import append_rows
-
-    sources = federation["sources"]
-    append_rows(sources.metrics, [{"round": 2, "agent": "lab-a", "mode": "xhacpo", "seed": 0, "reward_mean": 0.5,
-                                   "train/kl": 0.3141, "train/answer_form_start_share": 0.38,
-                                   "train/partner/grad_frac": 0.22, "train/partner/in_context_frac": 0.5,
-                                   "train/trust/lab-b": 0.08, "train/trust/<b>x</b>": 1.0}])
-    dashboard = start_dashboard(parse_dashboard_address("127.0.0.1:0"), sources)
-    try:
-        dom = _chromium(tmp_path, "--dump-dom", dashboard.url)
-    finally:
-        dashboard.stop()
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    dom = _page_after_a_report(tmp_path, federation["sources"], {
+        "train/kl": 0.3141, "train/answer_form_start_share": 0.38, "train/partner/grad_frac": 0.22,
+        "train/partner/in_context_frac": 0.5, "train/trust/lab-b": 0.08, "train/trust/<b>x</b>": 1.0})
     rows = dict(re.findall(r'<tr data-participant="([^"]+)">(.*?)</tr>', dom.stdout))
     learner = {pid: re.findall(r'<td class="([^"]*learner[^"]*)">(.*?)</td>', row) for pid, row in rows.items()}
     assert learner["lab-a"] == [("num learner-kl", "0.314"), ("num bad learner-form", "0.38"),
