@@ -2,10 +2,11 @@
 
 hacfed-server's state dir lies on a 48 MiB tmpfs in a mount namespace this test owns (`unshare -m`,
 root only, as in test_superlink_disk_full.py), with the free-space check off
-(`server.min_free_mib=0`), so the only thing that notices is a write that fails. One lab; once it
-has taken in a round's task its whole tree is stopped (SIGSTOP), `dd` fills the disk to its last
-byte, and the lab is let go: its submission meets a full disk. The round's deadline passes while
-the disk is full. Then the file is removed. hacfed-server must:
+(`server.min_free_mib=0`), so the only thing that notices is a write that fails. One lab; it stops
+itself in its first step, after taking in round 0's task and before replying
+(`HACFED_STOP_AT=mid_checkpoint`, hacfed.crashpoints), the rest of its tree is stopped too (SIGSTOP),
+`dd` fills the disk to its last byte, and the lab is let go: its submission meets a full disk. The
+round's deadline passes while the disk is full. Then the file is removed. hacfed-server must:
 
 - print `PAUSED: ...` (hacfed.server.disk_space) and not exit, however many ServerApp runs end;
 - print `resumed: ...` once space is back, with the round's deadline held by the time paused;
@@ -29,6 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hacfed.crashpoints import STOP_ENV
 from hacfed.keys import ensure_key_pair
 from hacfed.procs import free_port
 from tests.federation import coordinator_toml, lab_outbox, read_only
@@ -37,9 +39,7 @@ from tests.processes import BIN, Proc, cli_env, running_descendants, wait_nothin
 
 pytestmark = pytest.mark.slow
 
-DEADLINE_S = 60.0  # the lab and a restarted ServerApp come back well within it after the pause
-# 8 prompts x 8 samples: a step long enough (about a second) that the test stops the lab between taking a
-# round's task and writing its submission, on a quiet machine too
+DEADLINE_S = 45.0  # the lab and a restarted ServerApp come back well within it after the pause
 SERVER_TOML = coordinator_toml("it-disk-filled", rounds=4, prompts_per_round=8, group_size=8, expected_participants=1,
                                min_participants=1, round_deadline_s=DEADLINE_S, max_deadline_extensions=0,
                                eval_every=0, max_new_tokens=12, server={"retry_interval_s": 1.0})
@@ -70,21 +70,17 @@ def _signal_tree(proc: Proc, sig: int) -> None:
             pass
 
 
-def _freeze_after_receiving(lab: Proc, lab_dir: Path, server: Proc) -> tuple[int, float]:
-    """Stop the lab's whole tree right after it took in a round's task, before its submission is
-    written; returns that round and when (monotonic) the test saw it open (its deadline is earlier
-    than that plus DEADLINE_S)."""
-    for round_id in range(3):
-        opened = server.wait_for(rf"round {round_id} open: ", timeout=300) and time.monotonic()
-        deadline = time.monotonic() + 240
-        while not _received(lab_dir, round_id):
-            assert time.monotonic() < deadline and lab.popen.poll() is None, lab.text()[-3000:]
-            time.sleep(0.02)
-        _signal_tree(lab, signal.SIGSTOP)
-        if not _submitted(lab_dir, round_id):
-            return round_id, opened
-        _signal_tree(lab, signal.SIGCONT)  # its step was quicker than the stop: the next round
-    raise AssertionError(f"the lab submitted before every SIGSTOP landed:\n{lab.text()[-3000:]}")
+def _held_in_round_0(lab: Proc, lab_dir: Path, server: Proc) -> tuple[int, float]:
+    """Wait until the lab stopped itself in its first step (HACFED_STOP_AT=mid_checkpoint: it took in
+    round 0's task and wrote its submission to its own outbox; its reply is not sent), then stop the rest
+    of its tree; returns round 0 and when (monotonic) the test saw it open (its deadline is earlier than
+    that plus DEADLINE_S). Stopping the lab from outside raced with its step, which takes a fraction of a
+    second on a quiet machine."""
+    opened = server.wait_for(r"round 0 open: ", timeout=300) and time.monotonic()
+    lab.wait_for(rf"{STOP_ENV}=mid_checkpoint: stopped at mid_checkpoint", timeout=240)
+    _signal_tree(lab, signal.SIGSTOP)
+    assert _received(lab_dir, 0) and _submitted(lab_dir, 0), lab.text()[-3000:]
+    return 0, opened
 
 
 def _since(proc: Proc, pattern: str, offset: int, timeout: float) -> re.Match[str]:
@@ -115,7 +111,7 @@ def test_a_disk_filled_by_another_process_pauses_the_coordinator_and_the_open_ro
         lab = Proc("lab-a", [str(BIN / "hacfed-client"), "--model", "tiny-llama", "--server", address,
                              "--participant-id", "lab-a", "--state-dir", str(lab_dir),
                              "--coordinator-key", str(coordinator_pub), "--insecure", "--eval-problems", "4"],
-                   tmp_path / "lab-a.log", env)
+                   tmp_path / "lab-a.log", {**env, STOP_ENV: "mid_checkpoint"})
         procs.append(lab)
         while not (lab_dir / "participant.pub").exists():
             assert lab.popen.poll() is None, lab.text()
@@ -127,7 +123,7 @@ def test_a_disk_filled_by_another_process_pauses_the_coordinator_and_the_open_ro
         server = Proc("server", _in_namespace(holder, *argv, cwd=tmp_path), tmp_path / "server.log", env)
         procs.append(server)
 
-        round_id, opened = _freeze_after_receiving(lab, lab_dir, server)
+        round_id, opened = _held_in_round_0(lab, lab_dir, server)
         filled_at = len(server.text())
         _fill(holder, mount)  # another process takes every byte left
         _since(server, r"hacfed-server: PAUSED: a write of \d+ KiB to the state dir .* fails: No space left on device",

@@ -70,3 +70,31 @@ def test_points_are_a_closed_set(monkeypatch):
     with pytest.raises(ValueError, match="unknown crash point"):
         crash_point("somewhere")
     assert set(POINTS) == {"before_commit", "after_commit_before_ack", "after_ack", "mid_round_close", "mid_checkpoint"}
+
+
+def test_a_stop_point_holds_the_process_there_until_sigcont():
+    import signal
+    import time
+
+    import psutil
+
+    script = "from hacfed.crashpoints import crash_point\nprint('before', flush=True)\n" \
+             "crash_point('mid_checkpoint')\ncrash_point('mid_checkpoint')\nprint('after', flush=True)\n"
+    env = {**os.environ, "HACFED_STOP_AT": "mid_checkpoint@2", "HACFED_CRASH_AT": ""}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert out.split() == ["before", "after"]
+    assert "HACFED_STOP_AT=mid_checkpoint@2: stopped at mid_checkpoint" in err  # the 2nd hit, not the 1st
+    assert err.count("stopped at") == 1
