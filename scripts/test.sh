@@ -47,6 +47,6 @@ echo "ruff check: pyflakes, import order, lines of at most 120 characters"
 workers="${HACFED_TEST_WORKERS:-2}"
 parallel=()
 if [ "$workers" != "0" ]; then
-    parallel=(-n "$workers" --dist loadfile)
+    parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 exec "$venv/bin/python" -m pytest -m "$marks" ${parallel[@]+"${parallel[@]}"} ${args[@]+"${args[@]}"}

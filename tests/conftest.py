@@ -42,6 +42,18 @@ def pytest_unconfigure(config) -> None:  # noqa: ANN001
     hacfed_confine.pytest_unconfigure(config)
 
 
+def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:  # noqa: ANN001
+    """Test files that hold a `slow` test run first, each file's tests in their own order.
+
+    The workers (scripts/test.sh: `--dist loadfile --no-loadscope-reorder`) take files in this order,
+    so the minutes-long files start early and the many short unit files fill the end, instead of two
+    workers finishing minutes apart on the last long files (xdist's default puts the files with the most
+    tests first, which are short unit files, and leaves the one-test integration files for the end).
+    """
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the collected order otherwise
+
+
 @pytest.fixture(scope="session")
 def zoo_presets(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., None]:
     """`zoo_presets("tiny-llama", ...)`: each preset built and cached under HACFED_HOME, two at a time.
