@@ -11,18 +11,20 @@
 #
 # The suite runs on HACFED_TEST_WORKERS pytest-xdist workers (default 2, one per core of the
 # 2-core machines CI runs on), each test file on one worker (--dist loadfile, so a module's fixture
-# is built once); the integration tests spend much of their time waiting on processes, so two
-# workers took the default run from about 21 to about 12 minutes (measured on 2 cores).
+# is built once, in the order tests/conftest.py gives: files with slow tests first); the integration
+# tests spend much of their time waiting on processes, so two workers took the default run from about
+# 21 to about 12 minutes (measured on 2 cores).
 #
 # The long tier holds the checks whose duration is the point: the coordinator down for 60 s, a
 # 10-minute soak of a real federation, 10^6 fuzz executions of the decoders, the complementary-skills
 # learning result (two chain-* presets built from scratch, then trained), the example task's README
 # run as written (SmolLM2 in a real federation), tiny-gpt2 and tiny-qwen2 rebuilt from their
-# recipes, and the pretrained testbeds' presets (tiny-qwen2-worked, smollm2-drilled) built and checked. The first three have a short version of the same check in the default run; the others have
-# their parts checked there (each test's docstring says which). Run --long before resolving an issue
-# that touches the coordinator (server/, the round loop), the journal, the lab's outbox, the transport
-# (Flower, hacfed/wire/, the envelope) or the warm-up of a shipped preset (hacfed/models/), and before
-# publishing learning results.
+# recipes, the pretrained testbeds' presets (tiny-qwen2-worked, smollm2-drilled) built and checked,
+# and SmolLM2 on GSM8K with the task's defaults. The first three have a short version of the same
+# check in the default run; the others have their parts checked there (each test's docstring says
+# which). Run --long before resolving an issue that touches the coordinator (server/, the round
+# loop), the journal, the lab's outbox, the transport (Flower, hacfed/wire/, the envelope) or the
+# warm-up of a shipped preset (hacfed/models/), and before publishing learning results.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 marks="not gpu and not vllm and not long"

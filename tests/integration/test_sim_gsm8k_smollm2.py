@@ -5,7 +5,13 @@ once, naming --max-new-tokens, and the final rows carry the last update's skippe
 
 The task's defaults (a one-sentence answer, 256 tokens, temperature 1: hacfed.tasks.math_data) keep
 SmolLM2-135M's truncated fraction at most 0.2, the issue's bar (1 of 8 cut in this seeded run; 6 % of
-48 validation answers in bench/gsm8k_budget.py), where asking for a worked solution cut 5 of 8 at 320."""
+48 validation answers in bench/gsm8k_budget.py), where asking for a worked solution cut 5 of 8 at 320.
+
+In the long tier (`./scripts/test.sh --long`): it checks what a real model does with the task's
+defaults, about 100 s of CPU-bound generation, the largest single cost of the default run. Its parts
+are checked there: the truncated fraction and its warning (unit/test_gsm8k_task.py,
+unit/test_participant.py), a prompt that fills a tiny model's context (unit/test_participant.py), and
+SmolLM2 in a federation (integration/test_smollm2_cotrain.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import pytest
 
 from tests.smollm2 import NEEDS_SMOLLM2
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 @NEEDS_SMOLLM2
