@@ -28,6 +28,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hacfed.clients.backoff import RECONNECT_MARK
@@ -50,6 +51,10 @@ METRICS_FILE = "metrics.jsonl"  # the lab's own rows (hacfed.metrics_sinks.step_
 _SENT = re.compile(r"Sent successfully|Failed to send|is not in `RUNNING` status")
 _STOCK_RETRY = "Connection attempt failed, retrying in"  # stock flower-supernode (idle_poll_s unset)
 BUDGET_SETTING = "max_new_tokens in the coordinator's [sampling] (its operator's setting)"  # the plan's budget
+# After the answer to a refusal has left: how long the SuperNode stays up. A SuperNode that stops takes
+# the replies the coordinator has not pulled yet with it (the coordinator then sees only "node
+# unavailable", not why), and the coordinator pulls between its other round work, which can take a while.
+REFUSAL_LINGER_S = 5.0
 
 
 def say(text: str) -> None:
@@ -228,6 +233,12 @@ class Client:
             time.sleep(0.2)
         return False
 
+    def leave_after_refusal(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Once the answer in hand has left (a task mismatch: the coordinator learns it too and stops
+        waiting for this lab), keep the SuperNode up REFUSAL_LINGER_S more so the coordinator can pull it."""
+        if self.reply_left(timeout_s=30.0):
+            sleep(REFUSAL_LINGER_S)
+
     def watch_log(self) -> threading.Event:
         """Print the SuperNode's reconnect lines from now on (also while it is still connecting)."""
         stop = threading.Event()
@@ -253,7 +264,7 @@ class Client:
         told = False
         while True:
             if self.refused is not None:
-                self.reply_left(timeout_s=30.0)  # the coordinator learns it too (task mismatch: it stops waiting)
+                self.leave_after_refusal()
                 say(f"{self.refused}. Stopping (exit code 2).")
                 return 2
             if self.final_answered.is_set() and not told:

@@ -228,3 +228,22 @@ def test_a_lab_can_evaluate_on_the_validation_split(flags: dict, tmp_path: Path)
     path = tmp_path / "lab.toml"
     path.write_text('[participant]\neval_split = "validation"\n')
     assert load_client_config(path, flags).participant.eval_split == "validation"
+
+
+def test_a_refused_lab_keeps_its_supernode_up_a_while_after_the_answer_left(flags: dict) -> None:
+    """A SuperNode that stops takes the replies the coordinator has not pulled with it: the answer that
+    tells the coordinator this lab is on another task became "node unavailable" and every round waited
+    for the lab until its deadline (the example task's README run, long tier). Once the answer has left,
+    the lab stays up REFUSAL_LINGER_S more (an earlier answer's "Sent successfully" does not count)."""
+    from hacfed.clients import runner
+
+    client = Client(load_client_config(None, flags))
+    log = client.cfg.state_dir / "supernode" / "supernode.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("INFO: Sending: query.hello message\nINFO: Sent successfully\n")  # an earlier answer
+    client.on_refused("task mismatch: plan prompt 'x' is unknown to this client's task arith-add2")
+    with open(log, "a") as fh:
+        fh.write("INFO: Sending: train.exchange message\nINFO: Sent successfully\n")  # the refusal's answer
+    slept: list[float] = []
+    client.leave_after_refusal(sleep=slept.append)
+    assert slept == [runner.REFUSAL_LINGER_S] and runner.REFUSAL_LINGER_S >= 5.0
