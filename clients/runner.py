@@ -264,8 +264,8 @@ class Client:
         told = False
         while True:
             if self.refused is not None:
+                say(f"{self.refused}. Stopping (exit code 2).")  # said at once; the SuperNode goes after
                 self.leave_after_refusal()
-                say(f"{self.refused}. Stopping (exit code 2).")
                 return 2
             if self.final_answered.is_set() and not told:
                 told = True

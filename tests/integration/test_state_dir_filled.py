@@ -70,17 +70,17 @@ def _signal_tree(proc: Proc, sig: int) -> None:
             pass
 
 
-def _held_in_round_0(lab: Proc, lab_dir: Path, server: Proc) -> tuple[int, float]:
+def _held_in_round_0(lab: Proc, lab_dir: Path, server: Proc) -> float:
     """Wait until the lab stopped itself in its first step (HACFED_STOP_AT=mid_checkpoint: it took in
     round 0's task and wrote its submission to its own outbox; its reply is not sent), then stop the rest
-    of its tree; returns round 0 and when (monotonic) the test saw it open (its deadline is earlier than
-    that plus DEADLINE_S). Stopping the lab from outside raced with its step, which takes a fraction of a
+    of its tree; returns when (monotonic) the test saw round 0 open (its deadline is earlier than that
+    plus DEADLINE_S). Stopping the lab from outside raced with its step, which takes a fraction of a
     second on a quiet machine."""
     opened = server.wait_for(r"round 0 open: ", timeout=300) and time.monotonic()
     lab.wait_for(rf"{STOP_ENV}=mid_checkpoint: stopped at mid_checkpoint", timeout=240)
     _signal_tree(lab, signal.SIGSTOP)
     assert _received(lab_dir, 0) and _submitted(lab_dir, 0), lab.text()[-3000:]
-    return 0, opened
+    return opened
 
 
 def _since(proc: Proc, pattern: str, offset: int, timeout: float) -> re.Match[str]:
@@ -123,7 +123,7 @@ def test_a_disk_filled_by_another_process_pauses_the_coordinator_and_the_open_ro
         server = Proc("server", _in_namespace(holder, *argv, cwd=tmp_path), tmp_path / "server.log", env)
         procs.append(server)
 
-        round_id, opened = _held_in_round_0(lab, lab_dir, server)
+        round_id, opened = 0, _held_in_round_0(lab, lab_dir, server)
         filled_at = len(server.text())
         _fill(holder, mount)  # another process takes every byte left
         _since(server, r"hacfed-server: PAUSED: a write of \d+ KiB to the state dir .* fails: No space left on device",
