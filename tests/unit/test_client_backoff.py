@@ -9,7 +9,7 @@ import grpc
 import pytest
 from flwr.supercore.retry import make_simple_grpc_retry_invoker
 
-from hacfed.clients.backoff import RECONNECT_MARK, backoff_delays, install
+from hacfed.clients.backoff import RECONNECT_MARK, Outage, backoff_delays, install
 from hacfed.clients.runner import LogWatcher
 
 
@@ -32,7 +32,7 @@ class Unavailable(grpc.RpcError):
 
 def test_installed_on_flowers_retry_invoker_it_waits_and_logs_each_attempt():
     lines, waits = [], []
-    invoker = install(make_simple_grpc_retry_invoker(), out=lines.append)
+    invoker = install(make_simple_grpc_retry_invoker(), out=lines.append, outage=Outage())
     invoker.wait_function = waits.append  # no real sleeping
     calls = iter([Unavailable(), Unavailable(), Unavailable(), "pulled"])
 
@@ -47,6 +47,34 @@ def test_installed_on_flowers_retry_invoker_it_waits_and_logs_each_attempt():
     assert lines[0].startswith(f"{RECONNECT_MARK} the coordinator is unreachable (UNAVAILABLE); attempt 1 failed, "
                                f"next attempt in")
     assert lines[-1].startswith(f"{RECONNECT_MARK} connected to the coordinator again after 4 attempts")
+
+
+class Internal(Unavailable):
+    def code(self):
+        return grpc.StatusCode.INTERNAL  # not retried: Flower's invoker gives the call up
+
+
+def test_reconnected_is_said_when_another_call_gets_through_first():
+    """A restarted SuperLink may end a retrying call with a code that is not retried; the call that gets
+    through is then a fresh one, at its first try. The lab must still hear that the coordinator is back."""
+    lines: list[str] = []
+    outage = Outage(clock=iter([100.0, 107.5]).__next__)
+    pull, heartbeat = (install(make_simple_grpc_retry_invoker(), out=lines.append, outage=outage) for _ in range(2))
+    for invoker in (pull, heartbeat):
+        invoker.wait_function = lambda _s: None
+    calls = iter([Unavailable(), Unavailable(), Internal()])
+
+    def failing():
+        raise next(calls)
+
+    with pytest.raises(Internal):
+        pull.invoke(failing)
+    assert [line.split("; ")[1].split(",")[0] for line in lines] == ["attempt 1 failed", "attempt 2 failed"]
+    assert heartbeat.invoke(lambda: "ok") == "ok"  # a fresh call, through at its first try
+    assert lines[-1] == f"{RECONNECT_MARK} connected to the coordinator again after 3 attempts (7.5s)"
+    heartbeat.invoke(lambda: "ok")
+    pull.invoke(lambda: "ok")
+    assert len(lines) == 3, lines  # said once per outage
 
 
 def test_the_client_prints_the_supernodes_reconnect_lines(tmp_path):
