@@ -5,9 +5,10 @@ The setting of docs/results.md (`skills-notation`): chain-llama-sym reads chains
 prompts of the other notation. The task mixes both notations, so each agent alone rarely solves
 half of it, and the peer's verified successes on that half are what sharing can teach it.
 
-One seed, 20 rounds, evaluation on 300 *validation* problems (the held-out test split is for the
-reported numbers only): xhacpo against GSPO with the same rollouts per agent. The assertions keep
-a wide margin below what this machine measured (in the test's comments), since a preset built on
+One seed, 20 rounds, evaluation on 1,000 *validation* problems (the held-out test split is for the
+reported numbers only): xhacpo against GSPO with the same rollouts per agent. The reward is the
+chain verifier's, which scores 0 a right total reached by a false worked step. The assertions keep
+about half of what this machine measured (in the test's comments) as margin, since a preset built on
 another machine starts from a slightly different model. The two presets are
 built first (about 6 minutes, two at a time) when HACFED_HOME does not have them; the two runs go
 side by side, each its own process group, stopped by pid when the test ends.
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(3600)]
 
 AGENTS = ("chain-llama-sym", "chain-qwen2-word")
 SIM = ["--agents", ",".join(AGENTS), "--task", "chain-notations", "--rounds", "20", "--seed", "0",
-       "--eval-every", "20", "--eval-problems", "300", "--eval-split", "validation", "--threads", "1", "--quiet"]
+       "--eval-every", "20", "--eval-problems", "1000", "--eval-split", "validation", "--threads", "1", "--quiet"]
 
 
 def _run_two_at_a_time(tmp_path: Path, jobs: dict[str, list[str]], timeout_s: float) -> None:
@@ -67,12 +68,12 @@ def test_xhacpo_beats_gspo_and_teaches_the_llama_to_read_words(tmp_path, zoo_pre
     def mean(finals):
         return sum(finals[a]["eval_accuracy"] for a in AGENTS) / len(AGENTS)
 
-    # Measured on this machine (docs/results.md): xhacpo 0.490 / 0.277, GSPO 0.310 / 0.277, mean +0.090.
-    assert mean(shared) >= mean(alone) + 0.03, f"xhacpo {mean(shared):.3f} vs gspo {mean(alone):.3f}"
+    # Measured on this machine: xhacpo 0.415 / 0.276, GSPO 0.373 / 0.250, mean +0.034. (The test split's
+    # 5 seeds, against GSPO x2: docs/results.md "The chain testbed".)
+    assert mean(shared) >= mean(alone) + 0.015, f"xhacpo {mean(shared):.3f} vs gspo {mean(alone):.3f}"
     for agent in AGENTS:  # sharing costs no agent its accuracy
         assert shared[agent]["eval_accuracy"] >= alone[agent]["eval_accuracy"] - 0.02, agent
-    # Where the gain comes from: the Llama reads words, the Qwen2's half, far better with the
-    # Qwen2's verified successes than with its own rollouts alone (0.113 at the start; measured
-    # 0.440 against 0.213).
+    # Where the gain comes from: the Llama reads words, the Qwen2's half, better with the Qwen2's
+    # verified successes than with its own rollouts alone (measured 0.358 against 0.278).
     llama_shared, llama_alone = shared["chain-llama-sym"], alone["chain-llama-sym"]
-    assert llama_shared["eval_greedy/word"] >= llama_alone["eval_greedy/word"] + 0.10
+    assert llama_shared["eval_greedy/word"] >= llama_alone["eval_greedy/word"] + 0.04
